@@ -1,0 +1,73 @@
+"""`txstream kafka up/down/status` as a user runs them: real processes, twice in a row."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from txstream.local_broker import free_port_block, port_is_free
+
+
+def _txstream(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "txstream.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    """A private registry so these clusters never meet a user's; every cluster is stopped after."""
+    env = dict(os.environ)
+    registry = tmp_path / "cache"
+    registry.mkdir()
+    # Reuse the jars already resolved, but keep cluster registrations private.
+    env["TXSTREAM_CACHE_DIR"] = str(registry)
+    from txstream.local_broker import KAFKA_VERSION, cache_dir
+
+    shared = cache_dir() / f"kafka-{KAFKA_VERSION}"
+    if shared.exists():
+        os.symlink(shared, registry / f"kafka-{KAFKA_VERSION}")
+    yield env
+    _txstream(env, "kafka", "down", timeout=120)
+
+
+def test_up_down_twice_and_second_up_refused(cli_env: dict[str, str], tmp_path: Path) -> None:
+    port = free_port_block(1)
+    data = str(tmp_path / "data")
+    for _ in range(2):
+        up = _txstream(cli_env, "kafka", "up", "--port", str(port), "--data-dir", data)
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip() == f"localhost:{port}"
+        status = _txstream(cli_env, "kafka", "status")
+        assert f"localhost:{port}  running" in status.stdout
+        again = _txstream(cli_env, "kafka", "up", "--port", str(port), "--data-dir", data)
+        assert again.returncode != 0
+        assert "already runs" in again.stderr and "Traceback" not in again.stderr
+        down = _txstream(cli_env, "kafka", "down")
+        assert down.returncode == 0 and "Stopped" in down.stderr
+        assert port_is_free(port)
+    assert "No local Kafka cluster is running" in _txstream(cli_env, "kafka", "status").stdout
+
+
+def test_port_taken_is_a_clear_error(cli_env: dict[str, str], tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        up = _txstream(cli_env, "kafka", "up", "--port", str(port), "--data-dir", str(tmp_path / "d"))
+    assert up.returncode != 0
+    assert f"Port {port} is already in use" in up.stderr and "Traceback" not in up.stderr
+
+
+def test_missing_java_is_a_clear_error(cli_env: dict[str, str], tmp_path: Path) -> None:
+    env = dict(cli_env, PATH=str(tmp_path))  # no java, no mvn on PATH
+    up = subprocess.run([sys.executable, "-m", "txstream.cli", "kafka", "up", "--port",
+                         str(free_port_block(1)), "--data-dir", str(tmp_path / "d")],
+                        capture_output=True, text=True, env=env, timeout=60)
+    assert up.returncode != 0
+    assert ("Java was not found" in up.stderr or "Maven (`mvn`) was not found" in up.stderr), up.stderr
+    assert "Traceback" not in up.stderr

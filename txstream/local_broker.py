@@ -1,0 +1,472 @@
+"""A real Apache Kafka cluster on this machine, from the broker jars on Maven Central.
+
+Why not a mock: librdkafka's mock cluster and the Kafka lookalikes we tried get read_committed
+and transactional offset commits wrong, which is exactly what txstream promises. So development,
+tests and benchmarks run Apache Kafka itself, in KRaft mode (combined broker+controller nodes),
+on the machine's Java 17. The jars are resolved once with Maven into a per-user cache.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+# 4.4.0's kafka-tools artifacts are not on Maven Central (checked 2026-11); 4.3.1 is complete.
+KAFKA_VERSION = os.environ.get("TXSTREAM_KAFKA_VERSION", "4.3.1")
+LOG4J_VERSION = "2.25.4"
+SLF4J_VERSION = "2.0.17"
+
+
+class BrokerError(RuntimeError):
+    """A problem starting or reaching the local broker, phrased for the user (no stack trace)."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("TXSTREAM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "txstream")
+    return Path(base)
+
+
+def registry_dir() -> Path:
+    """Where `kafka up` records running clusters so `down` and `status` can find them."""
+    path = cache_dir() / "clusters"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Jars
+# ---------------------------------------------------------------------------------------------
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>txstream.local</groupId><artifactId>kafka-classpath</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId><version>{slf4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+
+def _require_java() -> str:
+    java = shutil.which("java")
+    if not java:
+        raise BrokerError("Java was not found on PATH. Apache Kafka 4 and Spark 4 need Java 17 or "
+                          "newer: install a JDK 17 (e.g. `apt-get install openjdk-17-jdk-headless`).")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    try:
+        major = int(out.split('"')[1].split(".")[0])
+    except (IndexError, ValueError):
+        major = 0
+    if major and major < 17:
+        raise BrokerError(f"Java {major} found at {java}; Apache Kafka 4 needs Java 17 or newer.")
+    return java
+
+
+def kafka_libs(progress: Callable[[str], None] = lambda _m: None) -> Path:
+    """The directory of Kafka's jars, resolved from Maven Central on first use."""
+    libs = cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
+    done = libs.parent / ".complete"
+    if done.exists():
+        return libs
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise BrokerError("Maven (`mvn`) was not found on PATH. txstream resolves the Apache Kafka "
+                          "broker jars from Maven Central with it: install Maven "
+                          "(e.g. `apt-get install maven`), or set TXSTREAM_BOOTSTRAP_SERVERS to use "
+                          "an existing cluster.")
+    work = libs.parent
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(_POM.format(kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION, log4j=LOG4J_VERSION))
+    tmp = work / "libs.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"Resolving Apache Kafka {KAFKA_VERSION} from Maven Central into {libs} (first use only) ...")
+    proc = subprocess.Popen(
+        [mvn, "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+         f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    downloaded = 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-30:]
+        if line.startswith("Downloaded from") and line.rstrip().endswith(".jar"):
+            downloaded += 1
+            if downloaded % 10 == 0:
+                progress(f"  ... {downloaded} jars downloaded")
+    if proc.wait() != 0:
+        raise BrokerError("Maven could not resolve the Kafka jars:\n" + "\n".join(tail))
+    shutil.rmtree(libs, ignore_errors=True)
+    tmp.rename(libs)
+    done.touch()
+    progress(f"  Kafka {KAFKA_VERSION}: {len(list(libs.glob('*.jar')))} jars ready.")
+    return libs
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster
+# ---------------------------------------------------------------------------------------------
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int) -> int:
+    """A base port such that base .. base+count-1 and base+100 .. are all free."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + 100 + count > 65000:
+            continue
+        if all(port_is_free(base + i) and port_is_free(base + 100 + i) for i in range(count)):
+            return base
+    raise BrokerError("Could not find free ports for a local Kafka cluster.")
+
+
+_LOG4J2 = """status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+@dataclass
+class Node:
+    node_id: int
+    port: int
+    controller_port: int
+    directory: str
+    pid: int | None = None
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.directory) / "server.log"
+
+
+@dataclass
+class LocalKafkaCluster:
+    """One or more combined broker+controller KRaft nodes on localhost.
+
+    Broker i listens on `port + i`, its controller on `port + 100 + i`. With three nodes the
+    internal topics use replication 3 and min ISR 2, as Kafka's transactions system test does.
+    """
+
+    port: int = 9092
+    data_dir: str = ""
+    brokers: int = 1
+    heap: str = "768m"
+    nodes: list[Node] = field(default_factory=list)
+    cluster_id: str = ""
+    die_with_parent: bool = False  # tests: the JVMs die when the test process dies
+
+    def __post_init__(self) -> None:
+        if not self.data_dir:
+            self.data_dir = str(cache_dir() / "data" / f"kafka-{self.port}")
+        if not self.nodes:
+            self.nodes = [Node(i + 1, self.port + i, self.port + 100 + i,
+                               os.path.join(self.data_dir, f"node-{i + 1}")) for i in range(self.brokers)]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"localhost:{n.port}" for n in self.nodes)
+
+    @property
+    def state_file(self) -> Path:
+        return registry_dir() / f"{self.port}.json"
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def _properties(self, node: Node) -> str:
+        replication = min(3, len(self.nodes))
+        min_isr = 2 if replication >= 3 else 1
+        voters = ",".join(f"{n.node_id}@localhost:{n.controller_port}" for n in self.nodes)
+        return "\n".join([
+            "process.roles=broker,controller",
+            f"node.id={node.node_id}",
+            f"controller.quorum.voters={voters}",
+            f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port}",
+            f"advertised.listeners=PLAINTEXT://localhost:{node.port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={os.path.join(node.directory, 'data')}",
+            # Transactions on a small cluster: the internal topics must fit the node count.
+            f"offsets.topic.replication.factor={replication}",
+            "offsets.topic.num.partitions=10",
+            f"transaction.state.log.replication.factor={replication}",
+            f"transaction.state.log.min.isr={min_isr}",
+            "transaction.state.log.num.partitions=10",
+            f"default.replication.factor={replication}",
+            f"min.insync.replicas={min_isr}",
+            "num.partitions=1",
+            # Quick tests: no 3 s wait before the first rebalance, quick abort of stale txns.
+            "group.initial.rebalance.delay.ms=0",
+            "group.consumer.heartbeat.interval.ms=1000",
+            "group.consumer.min.heartbeat.interval.ms=1000",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms=5000",
+            "transaction.remove.expired.transaction.cleanup.interval.ms=60000",
+            "auto.create.topics.enable=false",
+            "log.segment.bytes=67108864",
+            "num.network.threads=2",
+            "num.io.threads=4",
+            "",
+        ])
+
+    def _java_command(self, libs: Path, node: Node, main: str, *args: str) -> list[str]:
+        java = _require_java()
+        return [java, f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={os.path.join(node.directory, 'log4j2.properties')}",
+                "-cp", str(libs / "*"), main, *args]
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, progress: Callable[[str], None] = lambda _m: None, timeout: float = 120.0) -> str:
+        """Format (first time), start every node, wait until the cluster serves transactions."""
+        existing = read_registered(self.port)
+        if existing and existing.alive_pids():
+            raise BrokerError(f"A local Kafka cluster already runs at {existing.bootstrap_servers} "
+                              f"(pids {', '.join(map(str, existing.alive_pids()))}); "
+                              "`txstream kafka down` stops it.")
+        for node in self.nodes:
+            for port in (node.port, node.controller_port):
+                if not port_is_free(port):
+                    raise BrokerError(f"Port {port} is already in use; pick another with --port "
+                                      "(or stop what listens there).")
+        libs = kafka_libs(progress)
+        if not self.cluster_id:
+            self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        for node in self.nodes:
+            os.makedirs(node.directory, exist_ok=True)
+            Path(node.directory, "server.properties").write_text(self._properties(node))
+            Path(node.directory, "log4j2.properties").write_text(_LOG4J2.format(log=node.log_file))
+            if not Path(node.directory, "data", "meta.properties").exists():
+                progress(f"Formatting storage of node {node.node_id} in {node.directory}")
+                fmt = subprocess.run(
+                    self._java_command(libs, node, "kafka.tools.StorageTool", "format", "-t",
+                                       self.cluster_id, "-c", os.path.join(node.directory, "server.properties"),
+                                       "--ignore-formatted"),
+                    capture_output=True, text=True)
+                if fmt.returncode != 0:
+                    raise BrokerError(f"Formatting Kafka storage failed:\n{fmt.stdout}\n{fmt.stderr}")
+        for node in self.nodes:
+            self.start_node(node.node_id, wait=False)
+        progress(f"Starting Apache Kafka {KAFKA_VERSION} ({len(self.nodes)} node(s)) ...")
+        self.save()
+        self.wait_ready(timeout)
+        progress(f"Kafka is up at {self.bootstrap_servers}")
+        return self.bootstrap_servers
+
+    def start_node(self, node_id: int, wait: bool = True, timeout: float = 90.0) -> None:
+        node = self.node(node_id)
+        libs = kafka_libs()
+        preexec = _die_with_parent if self.die_with_parent else None
+        self._log_offsets[node_id] = node.log_file.stat().st_size if node.log_file.exists() else 0
+        with open(Path(node.directory) / "stdout.log", "ab") as out:
+            proc = subprocess.Popen(
+                self._java_command(libs, node, "kafka.Kafka", os.path.join(node.directory, "server.properties")),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=preexec, cwd=node.directory)
+        node.pid = proc.pid
+        self._procs[node_id] = proc
+        self.save()
+        if wait:
+            self._wait_node(node, timeout)
+
+    def stop_node(self, node_id: int, hard: bool = False, timeout: float = 60.0) -> None:
+        """Stop one node: SIGKILL when hard, else SIGTERM and wait for a clean shutdown."""
+        node = self.node(node_id)
+        if node.pid is None:
+            return
+        _signal_and_wait(node.pid, signal.SIGKILL if hard else signal.SIGTERM, timeout, self._procs.get(node_id))
+        node.pid = None
+        self._procs.pop(node_id, None)
+        self.save()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        for node in self.nodes:
+            self.stop_node(node.node_id, timeout=timeout)
+        self.state_file.unlink(missing_ok=True)
+
+    def destroy(self) -> None:
+        """Stop and delete all data (tests)."""
+        try:
+            self.stop(timeout=30)
+        finally:
+            for node in self.nodes:
+                if node.pid:
+                    _signal_and_wait(node.pid, signal.SIGKILL, 10, self._procs.get(node.node_id))
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    # -- readiness ----------------------------------------------------------------------------
+
+    def node(self, node_id: int) -> Node:
+        return next(n for n in self.nodes if n.node_id == node_id)
+
+    def _wait_node(self, node: Node, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if node.pid is None or not _alive(node.pid, self._procs.get(node.node_id)):
+                raise BrokerError(f"Kafka node {node.node_id} exited during start-up. "
+                                  f"Last lines of {node.log_file}:\n{self.log_tail(node)}")
+            fresh_log = _read(node.log_file)[self._log_offsets.get(node.node_id, 0):]
+            if not port_is_free(node.port) and "Kafka Server started" in fresh_log:
+                return
+            time.sleep(0.2)
+        raise BrokerError(f"Kafka node {node.node_id} did not come up within {timeout:.0f}s. "
+                          f"Last lines of {node.log_file}:\n{self.log_tail(node)}")
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Every node started, and the cluster answers a metadata request with all brokers."""
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout
+        try:
+            for node in self.nodes:
+                self._wait_node(node, max(1.0, deadline - time.monotonic()))
+            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+            while True:
+                try:
+                    meta = admin.list_topics(timeout=5)
+                    if len(meta.brokers) == len(self.nodes):
+                        return
+                except Exception:  # noqa: BLE001 - still starting; retried until the deadline
+                    pass
+                if time.monotonic() > deadline:
+                    raise BrokerError(f"Kafka at {self.bootstrap_servers} did not answer within "
+                                      f"{timeout:.0f}s. Last lines of its log:\n{self.log_tail(self.nodes[0])}")
+                time.sleep(0.3)
+        except BrokerError:
+            for node in self.nodes:
+                if node.pid:
+                    _signal_and_wait(node.pid, signal.SIGKILL, 10, self._procs.get(node.node_id))
+                    node.pid = None
+            self.state_file.unlink(missing_ok=True)
+            raise
+
+    def log_tail(self, node: Node, lines: int = 25) -> str:
+        text = _read(node.log_file) or _read(Path(node.directory) / "stdout.log")
+        return "\n".join(text.splitlines()[-lines:]) or "(the log is empty)"
+
+    def alive_pids(self) -> list[int]:
+        return [n.pid for n in self.nodes if n.pid and _alive(n.pid, self._procs.get(n.node_id))]
+
+    # -- registry -----------------------------------------------------------------------------
+
+    def save(self) -> None:
+        data = {k: v for k, v in asdict(self).items()}
+        data["kafka_version"] = KAFKA_VERSION
+        self.state_file.write_text(json.dumps(data, indent=2))
+
+    @property
+    def _procs(self) -> dict[int, subprocess.Popen]:
+        # Popen objects let us reap our own children; not part of the saved state.
+        return self.__dict__.setdefault("_procs_store", {})
+
+    @property
+    def _log_offsets(self) -> dict[int, int]:
+        # Where each node's log stood when it was (re)started: readiness is read after it.
+        return self.__dict__.setdefault("_log_offsets_store", {})
+
+
+def read_registered(port: int) -> LocalKafkaCluster | None:
+    path = registry_dir() / f"{port}.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    data.pop("kafka_version", None)
+    data["nodes"] = [Node(**n) for n in data["nodes"]]
+    return LocalKafkaCluster(**data)
+
+
+def registered_clusters() -> list[LocalKafkaCluster]:
+    clusters = []
+    for path in sorted(registry_dir().glob("*.json")):
+        try:
+            cluster = read_registered(int(path.stem))
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            path.unlink(missing_ok=True)
+            continue
+        if cluster is not None:
+            clusters.append(cluster)
+    return clusters
+
+
+# ---------------------------------------------------------------------------------------------
+# Process helpers
+# ---------------------------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the parent (the test run) dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _alive(pid: int, proc: subprocess.Popen | None = None) -> bool:
+    if proc is not None:
+        return proc.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie of someone else's counts as gone
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _signal_and_wait(pid: int, sig: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while _alive(pid, proc):
+        if time.monotonic() > deadline:
+            if sig == signal.SIGKILL:
+                return
+            _signal_and_wait(pid, signal.SIGKILL, 10, proc)
+            return
+        time.sleep(0.1)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

@@ -84,5 +84,13 @@ def kafka_check(bootstrap_servers: str) -> None:
         sys.exit(1)
 
 
+# Command groups that live in modules of their own.
+from txstream.cli_offsets import offsets  # noqa: E402
+from txstream.cli_verify import verify  # noqa: E402
+
+main.add_command(offsets)
+main.add_command(verify)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

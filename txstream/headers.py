@@ -26,3 +26,7 @@ def source_of(headers: list[tuple[str, bytes]] | None) -> tuple[str, int, int] |
     if len(found) != 3:
         return None
     return (found[SOURCE_TOPIC].decode(), int(found[SOURCE_PARTITION]), int(found[SOURCE_OFFSET]))
+
+# One id per published range attempt (one Kafka transaction under exactly-once): `verify`
+# tells two committed publications of the same source offset apart from a 1:n fan-out.
+PUBLICATION = "txstream.publication"

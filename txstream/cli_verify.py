@@ -1,8 +1,55 @@
 """`txstream verify`: audit exactly-once from the topics alone."""
+from __future__ import annotations
+
+import json
+import sys
+
 import click
 
 
+class _ExitTwo(click.ClickException):
+    """Usage or connection problem: a clear message, exit status 2, no traceback."""
+
+    exit_code = 2
+
+
 @click.command("verify")
-def verify() -> None:
-    """Audit an app's output against its input: duplicates and gaps per source partition."""
-    raise click.ClickException("not implemented yet")
+@click.option("--input", "inputs", multiple=True, required=True, metavar="TOPIC",
+              help="Input topic of the app (repeatable).")
+@click.option("--output", "outputs", multiple=True, required=True, metavar="TOPIC",
+              help="Output topic of the app (repeatable).")
+@click.option("--dead-letter", "dead_letter", default=None, metavar="TOPIC",
+              help="The app's dead-letter topic: dead-lettered records count as handled.")
+@click.option("--app-id", default=None,
+              help="Audit only what the app committed (its consumer group's offsets) "
+                   "[default: everything up to the input's last stable offset].")
+@click.option("--one-to-one", is_flag=True,
+              help="The processor emits exactly one record per input record: report gaps "
+                   "(no output, no dead letter), and second outputs without a publication id "
+                   "as duplicates.")
+@click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
+              show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds to wait for the broker, and the longest stall allowed while reading.")
+def verify(inputs: tuple[str, ...], outputs: tuple[str, ...], dead_letter: str | None,
+           app_id: str | None, one_to_one: bool, bootstrap_servers: str, as_json: bool,
+           timeout: float) -> None:
+    """Audit an app's output against its input: duplicates and gaps per source partition.
+
+    Reads every topic with isolation.level=read_committed up to its last stable offset and
+    follows each output's lineage headers back to its source record. Exit status: 0 clean,
+    1 duplicates or gaps found, 2 usage or connection error.
+    """
+    from txstream.verify import AuditError, audit
+
+    try:
+        report = audit(bootstrap_servers, list(inputs), list(outputs), dead_letter=dead_letter,
+                       app_id=app_id, one_to_one=one_to_one, timeout=timeout)
+    except AuditError as exc:
+        raise _ExitTwo(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(report.table())
+    sys.exit(0 if report.clean else 1)

@@ -1,0 +1,1 @@
+"""Example processors users copy: pass-through, Avro enricher, fan-out, router."""

@@ -1,0 +1,421 @@
+"""The driver loop (Kafka Streams' TaskManager): membership, planning, one Spark job per batch.
+
+Each batch is one Spark job of one stage: task i reads planned range i (reading.py), runs the
+processor's narrow transform, and publishes range i's output with its end offset in one
+transaction (publishing.py). The driver only plans, runs and reports; the offsets are committed
+by the tasks (exactly-once) or by `DriverCommits` (the weaker guarantees).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from txstream import faults
+from txstream.membership import GroupMembership
+from txstream.planning import PartitionPlan, Planner, transactional_id
+from txstream.publishing import (ACKED, ALREADY_DONE, COMMITTED, FENCED, RESULT_DDL, STALE_PLAN,
+                                 DriverCommits, publish_partition)
+from txstream.reading import SOURCE_NAME, KafkaRangeSource
+from txstream.serde import SchemaError, check_struct_fits
+from txstream.settings import RunSettings
+
+log = logging.getLogger("txstream")
+
+SINK_COLUMNS = ("key", "value", "topic", "partition", "headers", "offset")
+
+# Errors that no retry can cure: the run stops with the message.
+FATAL_MARKERS = ("PoisonRecordError", "SchemaError", "OutputError", "NoCommittedOffsetError")
+
+
+class TransformError(ValueError):
+    """The processor's transform does not produce what txstream can publish."""
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    plans: list[PartitionPlan]
+    rows: list[dict]
+    seconds: float
+    statuses: dict[str, int] = field(default_factory=dict)
+
+    def total(self, column: str) -> int:
+        return sum(int(r[column]) for r in self.rows)
+
+    def line(self, lag: int | None = None) -> str:
+        parts = [f"batch {self.batch_id}", f"partitions {len(self.plans)}",
+                 f"in {self.total('records_in')}", f"out {self.total('records_out')}",
+                 f"dead-lettered {self.total('dead_letters')}", f"{self.seconds:.2f}s"]
+        timing = {k: max((float(r[k]) for r in self.rows), default=0.0)
+                  for k in ("read_s", "produce_s", "commit_s", "init_s")}
+        parts.append("(read {read_s:.2f} produce {produce_s:.2f} commit {commit_s:.2f} init {init_s:.2f})".format(**timing))
+        others = {s: n for s, n in self.statuses.items() if s not in (COMMITTED, ACKED)}
+        if others:
+            parts.append(" ".join(f"{s}={n}" for s, n in sorted(others.items())))
+        if lag is not None:
+            parts.append(f"lag {lag}")
+        return "  ".join(parts)
+
+
+def build_spark(settings: RunSettings):  # noqa: ANN201 - SparkSession
+    """A Spark session whose Python workers use this interpreter (pyarrow, confluent_kafka)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    paths = [os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p) and p.startswith(os.getcwd())]]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    from pyspark.sql import SparkSession
+
+    master = settings.master
+    if master.startswith("local[") and "," not in master:
+        # Retry failed tasks like a cluster does (local mode's default is no retry).
+        master = master[:-1] + ",4]"
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.python.worker.reuse": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.driver.memory": "2g",
+        **settings.spark_conf,
+    }
+    builder = SparkSession.builder.master(master).appName(settings.app_id)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("TXSTREAM_SPARK_LOG_LEVEL", "ERROR"))
+    spark.dataSource.register(KafkaRangeSource)
+    return spark
+
+
+class Driver:
+    def __init__(self, settings: RunSettings, echo: Callable[[str], None] = print) -> None:
+        self.settings = settings
+        self.echo = echo
+        self.admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers,
+                                  **{k: v for k, v in settings.consumer_config.items()
+                                     if k.startswith(("security.", "sasl.", "ssl."))}})
+        self.stop_requested = threading.Event()
+        self._batch_thread: threading.Thread | None = None
+        self._side_dir = tempfile.mkdtemp(prefix=f"txstream-{settings.app_id}-")
+        self._owner_dir = os.path.join(tempfile.gettempdir(), "txstream-owners", settings.app_id)
+        self.batch_id = 0
+        self.spark = None
+        self.membership: GroupMembership | None = None
+        self.targets: dict[tuple[str, int], int] = {}
+        self.totals = {"records_in": 0, "records_out": 0, "dead_letters": 0, "batches": 0}
+        self._rate: float | None = None    # records/s per partition, measured
+        self._cap_warned = False
+
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def _read_spec(self, plans: list[PartitionPlan]) -> dict[str, Any]:
+        s = self.settings
+        return {"bootstrap_servers": s.bootstrap_servers, "app_id": s.app_id,
+                "consumer_config": s.consumer_config, "key_schema": s.key_schema,
+                "value_schema": s.value_schema, "plans": [p.to_dict() for p in plans],
+                "side_dir": self._side_dir, "batch_id": self.batch_id}
+
+    def _publish_spec(self, plans: list[PartitionPlan], group_metadata: bytes) -> dict[str, Any]:
+        s = self.settings
+        producer_config = {
+            "bootstrap.servers": s.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 1_000_000,
+            # Java clients' default partitioner for keyed records: output lands where Kafka
+            # Streams or Spark would put it.
+            "partitioner": "murmur2_random",
+            "transaction.timeout.ms": int(s.transaction_timeout_s * 1000),
+            "delivery.report.only.error": True,
+            **s.producer_config,
+        }
+        return {**self._read_spec(plans), "guarantee": s.guarantee, "producer_config": producer_config,
+                "output_topic": s.output_topic, "output_value_schema": s.output_value_schema,
+                "output_key_schema": s.output_key_schema, "dead_letter_topic": s.dead_letter_topic,
+                "group_metadata": group_metadata, "lineage": s.lineage, "owner_dir": self._owner_dir,
+                "timeout_s": max(10.0, s.transaction_timeout_s)}
+
+    def _frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
+        assert self.spark is not None
+        return (self.spark.read.format(SOURCE_NAME)
+                .option("spec", json.dumps(self._read_spec(plans))).load())
+
+    def output_frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
+        """The processor's transform over the planned ranges, checked and reduced to sink columns."""
+        out = self.settings.processor.transform(self._frame(plans))
+        self.check_output(out)
+        return out.select(*[c for c in SINK_COLUMNS if c in out.columns])
+
+    def check_output(self, out) -> None:  # noqa: ANN001 - DataFrame
+        from pyspark.sql import types as T
+
+        s = self.settings
+        fields = {f.name: f.dataType for f in out.schema.fields}
+        if "value" not in fields:
+            raise TransformError(
+                f"{type(s.processor).__name__}.transform returned no `value` column (it has: "
+                f"{', '.join(fields) or 'nothing'}). Like Spark's Kafka sink, txstream needs `value` "
+                "(binary, string, or a struct encoded with output_value_schema); `key`, `topic`, "
+                "`partition` and `headers` are optional.")
+        for side, schema in (("value", s.output_value_schema), ("key", s.output_key_schema)):
+            if side not in fields:
+                continue
+            typ = fields[side]
+            if isinstance(typ, T.StructType):
+                if schema is None:
+                    raise TransformError(f"The output `{side}` is a struct but the processor declares no "
+                                         f"output_{side}_schema to encode it with Avro.")
+                check_struct_fits(typ, schema, f"output {side}")
+            elif not isinstance(typ, (T.BinaryType, T.StringType, T.NullType)):
+                raise TransformError(f"The output `{side}` column is {typ.simpleString()}; it must be "
+                                     "binary, string or a struct (encoded with Avro).")
+        if "topic" not in fields and not s.output_topic:
+            raise TransformError("The processor declares no output_topic (or --output) and the output has "
+                                 "no `topic` column: txstream does not know where to publish.")
+        if "topic" in fields and not isinstance(fields["topic"], T.StringType):
+            raise TransformError(f"The output `topic` column is {fields['topic'].simpleString()}; it must be string.")
+        if "partition" in fields and not isinstance(fields["partition"], (T.IntegerType, T.LongType, T.ShortType)):
+            raise TransformError(f"The output `partition` column is {fields['partition'].simpleString()}; it must be int.")
+        plan_text = out._jdf.queryExecution().executedPlan().toString()
+        shuffles = [line.strip() for line in plan_text.splitlines()
+                    if "Exchange" in line and "BroadcastExchange" not in line]
+        merges = [line.strip() for line in plan_text.splitlines() if "Coalesce" in line and "coalesce(" not in line]
+        if shuffles or merges:
+            raise TransformError(
+                "The transform is wide: its physical plan has "
+                + "; ".join((shuffles + merges)[:3])
+                + ". txstream publishes each input partition's output in that partition's own "
+                "transaction, so transforms must be narrow: select, where/filter, withColumn, "
+                "explode, UDFs, and joins with broadcast (small, static) tables are allowed; "
+                "groupBy/agg, distinct, orderBy, repartition/coalesce, limit and shuffled joins are not "
+                "(yet).")
+
+    def validate(self) -> None:
+        """Refuse a wide transform or an unpublishable output before anything is read."""
+        topic = self.settings.input_topics[0]
+        dry = [PartitionPlan(topic, 0, 0, 0, None, transactional_id(self.settings.app_id, topic, 0))]
+        self.output_frame(dry)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _wait_for_batch(self) -> None:
+        thread = self._batch_thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join()
+
+    def _on_group_change(self, what: str, partitions: list[TopicPartition]) -> None:
+        names = ", ".join(f"{p.topic}[{p.partition}]" for p in partitions)
+        self.echo(f"partitions {what}: {names}")
+
+    def _install_signals(self) -> None:
+        def handler(signum, _frame) -> None:  # noqa: ANN001
+            if self.stop_requested.is_set() and self.spark is not None:
+                self.echo("second signal: cancelling the in-flight batch (its transactions abort)")
+                self.spark.sparkContext.cancelAllJobs()
+                return
+            self.echo(f"{signal.Signals(signum).name}: finishing the in-flight batch, then stopping")
+            self.stop_requested.set()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, handler)
+            signal.signal(signal.SIGTERM, handler)
+
+    def run(self) -> int:
+        s = self.settings
+        self._install_signals()
+        self.spark = build_spark(s)
+        try:
+            s.processor.setup(self.spark)
+            self.validate()
+            self.membership = GroupMembership(s.bootstrap_servers, s.app_id, s.input_topics,
+                                              s.consumer_config, self._wait_for_batch, self._on_group_change)
+            commits = DriverCommits(s.guarantee, self.membership)
+            planner = Planner(self.admin, s.app_id, s.auto_offset_reset, s.max_records_per_partition)
+            self._wait_for_assignment()
+            idle = 0.05
+            failures = 0
+            while not self.stop_requested.is_set():
+                started = time.monotonic()
+                self.membership.poll(0)
+                owned = self.membership.owned()
+                committed = self.membership.committed(owned)
+                self._remember_targets(owned)
+                if s.until_caught_up and self._caught_up(owned, committed):
+                    self.echo(self.summary("caught up"))
+                    return 0
+                plans = planner.plan(owned, committed, self._cap()) if owned else []
+                for warning in planner.warnings:
+                    self.echo(warning)
+                planner.warnings.clear()
+                if not plans:
+                    self._idle(idle)
+                    idle = min(idle * 2, s.idle_backoff_max_s)
+                    continue
+                idle = 0.05
+                try:
+                    report = self.run_batch(plans, commits)
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001 - classified: fatal stops, others retry
+                    text = str(exc)
+                    if any(marker in text for marker in FATAL_MARKERS) or isinstance(exc, (TransformError, SchemaError)):
+                        raise
+                    failures += 1
+                    delay = min(0.5 * 2 ** failures, 10.0)
+                    self.echo(f"batch {self.batch_id} failed ({_first_line(text)}); re-planning in {delay:.1f}s")
+                    self._idle(delay)
+                    continue
+                self.echo(report.line(self._lag(owned, report)))
+                faults.maybe_fail("driver.between_batches")
+                if s.max_batches is not None and self.totals["batches"] >= s.max_batches:
+                    break
+                wait = s.trigger_interval - (time.monotonic() - started)
+                if wait > 0:
+                    self._idle(wait)
+            self.echo(self.summary("stopped"))
+            return 0
+        finally:
+            self.close()
+
+    def _wait_for_assignment(self, timeout: float = 60.0) -> None:
+        assert self.membership is not None
+        deadline = time.monotonic() + timeout
+        while not self.membership.owned() and not self.stop_requested.is_set():
+            if time.monotonic() > deadline:
+                if self.settings.until_caught_up:
+                    raise RuntimeError(f"no partition of {', '.join(self.settings.input_topics)} was assigned "
+                                       f"to this instance within {timeout:.0f}s (do the topics exist?)")
+                deadline = float("inf")
+            self.membership.poll(0.1)
+
+    def _idle(self, seconds: float) -> None:
+        assert self.membership is not None
+        deadline = time.monotonic() + seconds
+        while not self.stop_requested.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.membership.poll(min(left, 0.2))
+
+    def run_batch(self, plans: list[PartitionPlan], commits: DriverCommits) -> BatchReport:
+        assert self.membership is not None
+        self.batch_id += 1
+        started = time.monotonic()
+        commits.before_batch(plans)
+        spec = self._publish_spec(plans, self.membership.group_metadata())
+        frame = self.output_frame(plans).mapInArrow(functools.partial(publish_partition, spec), RESULT_DDL)
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["rows"] = [row.asDict() for row in frame.collect()]
+            except BaseException as exc:  # noqa: BLE001 - handed to the driver thread
+                outcome["error"] = exc
+
+        self._batch_thread = threading.Thread(target=work, name=f"txstream-batch-{self.batch_id}", daemon=True)
+        self._batch_thread.start()
+        while self._batch_thread.is_alive():
+            self.membership.poll(0.1)  # heartbeats; a revocation waits for this batch
+            self._batch_thread.join(0.1)
+        shutil.rmtree(os.path.join(self._side_dir, f"batch-{self.batch_id}"), ignore_errors=True)
+        if "error" in outcome:
+            raise outcome["error"]
+        rows = outcome["rows"]
+        commits.after_batch(plans, rows)
+        report = BatchReport(self.batch_id, plans, rows, time.monotonic() - started)
+        for row in rows:
+            report.statuses[row["status"]] = report.statuses.get(row["status"], 0) + 1
+        self._learn_rate(plans, rows)
+        self.totals["batches"] += 1
+        for key in ("records_in", "records_out", "dead_letters"):
+            self.totals[key] += report.total(key)
+        return report
+
+    # -- pacing -----------------------------------------------------------------------------------
+
+    def _learn_rate(self, plans: list[PartitionPlan], rows: list[dict]) -> None:
+        for row in rows:
+            busy = float(row["read_s"]) + float(row["produce_s"]) + float(row["commit_s"])
+            if row["status"] in (COMMITTED, ACKED) and int(row["records_in"]) > 1000 and busy > 0:
+                rate = int(row["records_in"]) / busy
+                self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
+
+    def _cap(self) -> int:
+        """Records per partition per batch, so a transaction stays well inside its timeout."""
+        cap = self.settings.max_records_per_partition
+        if self._rate is None:
+            return cap
+        safe = max(1000, int(self._rate * self.settings.transaction_timeout_s / 3))
+        if safe < cap and not self._cap_warned:
+            self._cap_warned = True
+            self.echo(f"note: {cap} records per partition would take ~{cap / self._rate:.0f}s at the measured "
+                      f"{self._rate:.0f} records/s, too close to transaction.timeout.ms="
+                      f"{self.settings.transaction_timeout_s * 1000:.0f}; batches are capped at {safe}")
+        return min(cap, safe)
+
+    def _remember_targets(self, owned: list[TopicPartition]) -> None:
+        from txstream.planning import watermarks
+
+        new = [tp for tp in owned if (tp.topic, tp.partition) not in self.targets]
+        if new:
+            for key, mark in watermarks(self.admin, new).items():
+                self.targets[key] = mark.last_stable
+
+    def _caught_up(self, owned: list[TopicPartition], committed: dict[tuple[str, int], int | None]) -> bool:
+        if not owned:
+            return False
+        for tp in owned:
+            key = (tp.topic, tp.partition)
+            target = self.targets.get(key, 0)
+            done = committed.get(key)
+            if target > 0 and (done is None or done < target):
+                return False
+        return True
+
+    def _lag(self, owned: list[TopicPartition], report: BatchReport) -> int | None:
+        if not self.settings.until_caught_up:
+            return None
+        done = {(p.topic, p.partition): p.end for p in report.plans}
+        return sum(max(0, self.targets.get((tp.topic, tp.partition), 0) -
+                       done.get((tp.topic, tp.partition), self.targets.get((tp.topic, tp.partition), 0)))
+                   for tp in owned)
+
+    def summary(self, what: str) -> str:
+        t = self.totals
+        return (f"{what}: {t['batches']} batches, {t['records_in']} records in, {t['records_out']} out, "
+                f"{t['dead_letters']} dead-lettered")
+
+    def close(self) -> None:
+        if self.membership is not None:
+            self.membership.close()
+            self.membership = None
+        if self.spark is not None:
+            self.spark.stop()
+            self.spark = None
+        shutil.rmtree(self._side_dir, ignore_errors=True)
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Traceback", "File ", "at ")):
+            return line[:300]
+    return text[:300]
+
+
+__all__ = ["Driver", "TransformError", "BatchReport", "build_spark", "ALREADY_DONE", "FENCED", "STALE_PLAN"]

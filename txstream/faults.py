@@ -1,0 +1,73 @@
+"""Test-only failure injection at the dangerous points of the protocol.
+
+Production code calls `maybe_fail(point)` at a few places; it does nothing unless the
+environment variable TXSTREAM_FAULTS is set, e.g.
+
+    TXSTREAM_FAULTS="publish.before_commit=kill@2,read.end=raise@1"
+    TXSTREAM_FAULTS_DIR=/tmp/faults-xyz        # counts occurrences across processes
+
+`point=action@n` fires on the n-th time any process reaches `point` (default 1), once.
+Actions: `raise` (the Spark task fails, so Spark or the driver retries), `kill` (SIGKILL to the
+whole `txstream run` process group: driver, JVM and Python workers, like a power cut).
+"""
+from __future__ import annotations
+
+import os
+import signal
+from functools import lru_cache
+from pathlib import Path
+
+POINTS = (
+    "read.end",                 # reader finished its range, before the publisher sees the end
+    "publish.before_produce",   # transaction begun, nothing produced
+    "publish.mid_produce",      # half of the range's output produced
+    "publish.before_commit",    # all output and the offsets sent, commit not yet called
+    "publish.after_commit",     # committed, the driver has not heard of it
+    "driver.between_batches",   # in the driver loop, after a batch, before the next plan
+)
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a `raise` fault; never seen unless TXSTREAM_FAULTS is set."""
+
+
+@lru_cache(maxsize=1)
+def _spec() -> dict[str, tuple[str, int]]:
+    raw = os.environ.get("TXSTREAM_FAULTS", "")
+    spec: dict[str, tuple[str, int]] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        point, _, action = item.partition("=")
+        action, _, nth = action.partition("@")
+        if point not in POINTS or action not in ("raise", "kill"):
+            raise ValueError(f"TXSTREAM_FAULTS: unknown fault {item!r} (points: {', '.join(POINTS)})")
+        spec[point] = (action, int(nth or 1))
+    return spec
+
+
+def maybe_fail(point: str, detail: object = None) -> None:
+    if "TXSTREAM_FAULTS" not in os.environ:
+        return
+    entry = _spec().get(point)
+    if entry is None:
+        return
+    action, nth = entry
+    if _occurrence(point) != nth:
+        return
+    if action == "kill":
+        group = int(os.environ.get("TXSTREAM_DRIVER_PGID", os.getpgid(0)))
+        os.killpg(group, signal.SIGKILL)
+    raise InjectedFault(f"injected fault at {point} ({detail})")
+
+
+def _occurrence(point: str) -> int:
+    """1, 2, 3 ... across every process of the run, counted with exclusive file creation."""
+    directory = Path(os.environ.get("TXSTREAM_FAULTS_DIR", "/tmp/txstream-faults"))
+    directory.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        try:
+            fd = os.open(directory / f"{point}.{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.close(fd)
+            return n
+        except FileExistsError:
+            n += 1

@@ -1,0 +1,123 @@
+"""Group membership on the driver (DESIGN.md 2.1).
+
+The driver joins the app's consumer group for the input topics and so owns a set of partitions.
+It never fetches records with this consumer (every assigned partition is paused); it polls only
+to heartbeat and to take part in rebalances. On revocation it first lets the in-flight batch
+finish, so no partition is given up while one of its transactions is open.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+log = logging.getLogger("txstream")
+
+# Cooperative-sticky moves only the partitions that must move: the others keep processing
+# through a rebalance instead of all stopping (eager), which matters when one batch is in flight.
+DEFAULT_ASSIGNMENT = "cooperative-sticky"
+
+
+class GroupMembership:
+    def __init__(self, bootstrap: str, app_id: str, topics: list[str], consumer_config: dict[str, Any],
+                 wait_for_batch: Callable[[], None], on_change: Callable[[str, list[TopicPartition]], None] | None = None) -> None:
+        config = {
+            "bootstrap.servers": bootstrap,
+            "group.id": app_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 1_000,
+            "max.poll.interval.ms": 300_000,
+            **{k: v for k, v in consumer_config.items() if k != "auto.offset.reset"},
+        }
+        if config.get("group.protocol") == "consumer":
+            # KIP-848: the broker assigns; these classic-protocol settings are refused.
+            for key in ("partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms"):
+                config.pop(key, None)
+        else:
+            config.setdefault("partition.assignment.strategy", DEFAULT_ASSIGNMENT)
+        # Incremental (cooperative-sticky, or the KIP-848 protocol) vs eager assignment.
+        self._incremental = (config.get("group.protocol") == "consumer"
+                             or "cooperative" in str(config.get("partition.assignment.strategy", "")))
+        self.consumer = Consumer(config)
+        self.topics = topics
+        self._owned: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        self._wait_for_batch = wait_for_batch
+        self._on_change = on_change
+        self.generation_changes = 0
+        self.consumer.subscribe(topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost)
+
+    # -- rebalance callbacks (run inside poll, on the driver's main thread) ----------------------
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._incremental:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        if partitions:
+            consumer.pause(partitions)
+        with self._lock:
+            self._owned |= {(p.topic, p.partition) for p in partitions}
+            self.generation_changes += 1
+        if self._on_change and partitions:
+            self._on_change("assigned", partitions)
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Finish the in-flight batch before the partitions go to another member.
+        self._wait_for_batch()
+        with self._lock:
+            self._owned -= {(p.topic, p.partition) for p in partitions}
+            self.generation_changes += 1
+        if self._incremental:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
+        if self._on_change and partitions:
+            self._on_change("revoked", partitions)
+
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost (session expired): another member may already own them; our in-flight
+        # transactions carry a stale generation and will be refused. Stop planning them.
+        self._revoked(consumer, partitions)
+
+    # -- driver API ------------------------------------------------------------------------------
+
+    def poll(self, timeout: float) -> None:
+        msg = self.consumer.poll(timeout)
+        if msg is not None and msg.error() is not None:
+            err = msg.error()
+            if err.fatal():
+                raise KafkaException(err)
+            if err.code() not in (KafkaError._PARTITION_EOF,):
+                log.warning("group membership: %s", err.str())
+
+    def owned(self) -> list[TopicPartition]:
+        with self._lock:
+            return [TopicPartition(t, p) for t, p in sorted(self._owned)]
+
+    def group_metadata(self) -> bytes:
+        return self.consumer.consumer_group_metadata()
+
+    def committed(self, partitions: list[TopicPartition], timeout: float = 30) -> dict[tuple[str, int], int | None]:
+        """The group's committed offsets, read stably (read_committed asks for stable offsets)."""
+        if not partitions:
+            return {}
+        result = self.consumer.committed([TopicPartition(p.topic, p.partition) for p in partitions], timeout)
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in result}
+
+    def commit(self, offsets: list[TopicPartition]) -> None:
+        """Synchronous offset commit by the member (at-least-once and at-most-once)."""
+        if offsets:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+
+    def close(self) -> None:
+        """Leave the group now, so the partitions move to other instances without a session timeout."""
+        try:
+            self.consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("leaving the group: %s", exc)

@@ -1,0 +1,113 @@
+"""Planning (DESIGN.md 2.2): for each owned partition, the range the next batch publishes.
+
+`start` is the group's committed offset, read stably (a commit pending in an open transaction
+is resolved first); with none, `auto.offset.reset` decides. `end` is the last stable offset,
+capped. A committed offset that no longer exists (retention deleted it) is reset by the policy
+and reported loudly, never skipped silently.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+try:  # confluent-kafka >= 2.3
+    from confluent_kafka import IsolationLevel
+except ImportError:  # pragma: no cover
+    from confluent_kafka.admin import IsolationLevel  # type: ignore[no-redef]
+
+log = logging.getLogger("txstream")
+
+
+class NoCommittedOffsetError(RuntimeError):
+    """auto.offset.reset=none and some partitions have no committed offset."""
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    topic: str
+    partition: int
+    start: int
+    end: int
+    committed: int | None         # what the group had committed when planned (None: nothing)
+    transactional_id: str
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    earliest: int
+    last_stable: int
+
+
+def transactional_id(app_id: str, topic: str, partition: int) -> str:
+    """Stable per input partition, so a retried or speculative attempt fences the earlier one."""
+    return f"{app_id}-{topic}-{partition}"
+
+
+def watermarks(admin: AdminClient, partitions: list[TopicPartition], timeout: float = 30) -> dict[tuple[str, int], Watermarks]:
+    """Earliest and last stable offsets, one batched ListOffsets request per kind."""
+    if not partitions:
+        return {}
+    earliest = admin.list_offsets({TopicPartition(p.topic, p.partition): OffsetSpec.earliest() for p in partitions},
+                                  isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
+    latest = admin.list_offsets({TopicPartition(p.topic, p.partition): OffsetSpec.latest() for p in partitions},
+                                isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
+    out = {}
+    for tp in partitions:
+        key = TopicPartition(tp.topic, tp.partition)
+        out[(tp.topic, tp.partition)] = Watermarks(earliest[key].result().offset, latest[key].result().offset)
+    return out
+
+
+class Planner:
+    def __init__(self, admin: AdminClient, app_id: str, auto_offset_reset: str, cap: int) -> None:
+        self.admin = admin
+        self.app_id = app_id
+        self.auto_offset_reset = auto_offset_reset
+        self.cap = cap
+        self.warnings: list[str] = []
+
+    def plan(self, owned: list[TopicPartition], committed: dict[tuple[str, int], int | None],
+             cap: int | None = None) -> list[PartitionPlan]:
+        """Plans for partitions with something to do, in a stable order."""
+        marks = watermarks(self.admin, owned)
+        cap = cap or self.cap
+        missing = [f"{t}[{p}]" for (t, p), c in sorted(committed.items()) if c is None]
+        if missing and self.auto_offset_reset == "none":
+            raise NoCommittedOffsetError(
+                f"auto.offset.reset=none and the group {self.app_id!r} has no committed offset for "
+                f"{', '.join(missing)}. Set one with `txstream offsets reset --app-id {self.app_id} "
+                "--to-earliest --execute` (or choose --auto-offset-reset earliest|latest).")
+        plans = []
+        for tp in sorted(owned, key=lambda t: (t.topic, t.partition)):
+            key = (tp.topic, tp.partition)
+            mark = marks[key]
+            done = committed.get(key)
+            start = done
+            if done is None:
+                start = mark.earliest if self.auto_offset_reset == "earliest" else mark.last_stable
+            elif done < mark.earliest or done > mark.last_stable:
+                start = mark.earliest if self.auto_offset_reset != "latest" else mark.last_stable
+                if self.auto_offset_reset == "none":
+                    raise NoCommittedOffsetError(
+                        f"{tp.topic}[{tp.partition}]: committed offset {done} is out of range "
+                        f"[{mark.earliest}, {mark.last_stable}] and auto.offset.reset=none")
+                message = (f"WARNING {tp.topic}[{tp.partition}]: committed offset {done} is out of range "
+                           f"[{mark.earliest}, {mark.last_stable}] (deleted by retention, or the topic was "
+                           f"recreated); resetting to {start} by auto.offset.reset={self.auto_offset_reset}")
+                log.warning(message)
+                self.warnings.append(message)
+            end = min(mark.last_stable, start + cap)
+            if end > start or (done != start and end >= start and done is not None):
+                plans.append(PartitionPlan(tp.topic, tp.partition, start, end, done,
+                                           transactional_id(self.app_id, tp.topic, tp.partition)))
+        return plans

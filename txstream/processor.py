@@ -1,0 +1,47 @@
+"""The class users subclass: what to read, what to write, and the transform in between."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class Processor:
+    """A Kafka-to-Kafka processor whose transform is PySpark DataFrame code.
+
+    The input DataFrame has the columns of Spark's Kafka source: `key`, `value` (binary, or a
+    struct when `value_schema` is set), `topic`, `partition`, `offset`, `timestamp`, `headers`.
+    The transform returns the columns of Spark's Kafka sink: `value` (required), and optionally
+    `key`, `topic` (fan-out to several topics), `partition`, `headers`. Keep the input's
+    `offset` column in the output to stamp exact per-record lineage (it is not published as a
+    column). The transform must be narrow (no shuffle): each input partition's output is
+    published by its own transaction.
+    """
+
+    input_topics: ClassVar[list[str]] = []
+    output_topic: ClassVar[str | None] = None
+    app_id: ClassVar[str | None] = None               # default: derived from the class name
+
+    key_schema: ClassVar[str | None] = None            # .avsc paths, or inline JSON
+    value_schema: ClassVar[str | None] = None
+    output_key_schema: ClassVar[str | None] = None
+    output_value_schema: ClassVar[str | None] = None
+    dead_letter_topic: ClassVar[str | None] = None
+
+    guarantee: ClassVar[str] = "exactly-once"          # | "at-least-once" | "at-most-once"
+    auto_offset_reset: ClassVar[str] = "earliest"      # | "latest" | "none"
+    max_records_per_partition: ClassVar[int] = 100_000
+    trigger_interval: ClassVar[float] = 0.0            # seconds between batch starts
+    lineage: ClassVar[bool] = True                     # stamp source topic/partition/offset headers
+    one_to_one: ClassVar[bool] = False                 # every input yields one output (for audits)
+
+    producer_config: ClassVar[dict[str, Any]] = {}     # librdkafka properties
+    consumer_config: ClassVar[dict[str, Any]] = {}
+    spark_conf: ClassVar[dict[str, str]] = {}
+
+    def setup(self, spark: SparkSession) -> None:
+        """Called once per run, before the first batch (load lookup tables, register UDFs)."""
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        raise NotImplementedError(f"{type(self).__name__} must implement transform(batch)")

@@ -1,0 +1,243 @@
+"""Reading: a Spark Python data source with one input partition per planned Kafka range.
+
+Task i reads exactly `[start, end)` of its Kafka partition with `read_committed` and yields
+Arrow record batches in the columns of Spark's own Kafka source. Offsets may jump (control
+records, aborted transactions), so the reader stops on the consumer's position, never on a count.
+
+Records that cannot be decoded never enter the DataFrame: they are written to a small side file
+keyed by the Spark task attempt, which the publisher of the same task picks up and sends to the
+dead-letter topic inside the same transaction (see publishing.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from txstream.serde import AvroCodec, arrow_type, load_schema, spark_ddl
+
+SOURCE_NAME = "txstream_kafka"
+
+HEADERS_ARROW = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+HEADERS_DDL = "array<struct<key:string,value:binary>>"
+
+
+def input_ddl(key_schema: dict | None, value_schema: dict | None) -> str:
+    """The input DataFrame's schema: Spark's Kafka source columns, Avro-decoded where declared."""
+    key = spark_ddl(key_schema) if key_schema else "binary"
+    value = spark_ddl(value_schema) if value_schema else "binary"
+    return (f"key {key}, value {value}, topic string, partition int, offset long, "
+            f"timestamp timestamp, headers {HEADERS_DDL}")
+
+
+def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa.Schema:
+    return pa.schema([
+        ("key", arrow_type(key_schema) if key_schema else pa.binary()),
+        ("value", arrow_type(value_schema) if value_schema else pa.binary()),
+        ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")), ("headers", HEADERS_ARROW),
+    ])
+
+
+def side_file(side_dir: str, batch_id: int, task_attempt: int, kind: str) -> Path:
+    """Where a task attempt's reader leaves dead letters and counts for its publisher."""
+    return Path(side_dir) / f"batch-{batch_id}" / f"attempt-{task_attempt}.{kind}"
+
+
+def current_task_attempt() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.taskAttemptId() if context is not None else -1
+
+
+@dataclass
+class RangePartition(InputPartition):
+    index: int
+
+
+@dataclass
+class ReadResult:
+    """What the reader tells the publisher of the same task (through the side file)."""
+
+    records: int
+    dead_letters: list[tuple[Any, ...]]  # (key, value, headers, timestamp_ms, offset, stage, error)
+    read_seconds: float
+
+
+class KafkaRangeSource(DataSource):
+    """`spark.read.format("txstream_kafka").option("spec", json)`: the batch's planned ranges."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        spec = json.loads(self.options["spec"])
+        return input_ddl(spec.get("key_schema"), spec.get("value_schema"))
+
+    def reader(self, schema) -> DataSourceReader:  # noqa: ANN001 - pyspark passes a StructType
+        return KafkaRangeReader(json.loads(self.options["spec"]))
+
+
+class KafkaRangeReader(DataSourceReader):
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+
+    def partitions(self) -> list[InputPartition]:
+        return [RangePartition(i) for i in range(len(self.spec["plans"]))]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        plan = self.spec["plans"][partition.index]
+        started = time.perf_counter()
+        dead: list[tuple[Any, ...]] = []
+        count = 0
+        for batch in read_range(self.spec, plan, dead):
+            count += batch.num_rows
+            yield batch
+        # The side file is complete before the JVM sees this iterator end, so the publisher
+        # (downstream in the same task) finds it whole once its own input is exhausted.
+        from txstream import faults
+
+        faults.maybe_fail("read.end", plan)
+        write_side_file(self.spec, ReadResult(count, dead, time.perf_counter() - started))
+
+
+def write_side_file(spec: dict, result: ReadResult) -> None:
+    path = side_file(spec["side_dir"], spec["batch_id"], current_task_attempt(), "read")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as out:
+        pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def read_side_file(side_dir: str, batch_id: int) -> ReadResult | None:
+    path = side_file(side_dir, batch_id, current_task_attempt(), "read")
+    try:
+        with open(path, "rb") as src:
+            result = pickle.load(src)
+    except FileNotFoundError:
+        return None
+    path.unlink(missing_ok=True)
+    return result
+
+
+def read_range(spec: dict, plan: dict, dead: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
+    """Yield Arrow batches of `[plan.start, plan.end)`; append undecodable records to `dead`."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    topic, partition, start, end = plan["topic"], plan["partition"], plan["start"], plan["end"]
+    if end <= start:
+        return
+    key_codec = AvroCodec(spec["key_schema"]) if spec.get("key_schema") else None
+    value_codec = AvroCodec(spec["value_schema"], spec.get("value_schema_id")) if spec.get("value_schema") else None
+    schema = input_arrow_schema(spec.get("key_schema"), spec.get("value_schema"))
+    chunk = int(spec.get("arrow_batch_size", 10_000))
+    config = {
+        "bootstrap.servers": spec["bootstrap_servers"],
+        "group.id": spec["app_id"],  # never subscribes or commits: assign() only
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": False,
+        "auto.offset.reset": "error",
+        "fetch.max.bytes": 52_428_800,
+        "max.partition.fetch.bytes": 10_485_760,
+        "queued.min.messages": 200_000,
+        **spec.get("consumer_config", {}),
+    }
+    consumer = Consumer(config)
+    tp = TopicPartition(topic, partition, start)
+    consumer.assign([tp])
+    deadline_idle = float(spec.get("read_idle_timeout_s", 60))
+    last_progress = time.monotonic()
+    position = start
+    try:
+        while position < end:
+            messages = consumer.consume(num_messages=min(chunk, 100_000), timeout=0.5)
+            rows = _Columns(topic, partition)
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    # Out of range (retention deleted `start`), authorization, fatal: the
+                    # planned range cannot be read as planned. The driver re-plans.
+                    raise KafkaException(err)
+                offset = msg.offset()
+                if offset >= end:
+                    position = end
+                    break
+                rows.add(msg, key_codec, value_codec, dead)
+                position = offset + 1
+            if rows.count:
+                last_progress = time.monotonic()
+                yield rows.to_batch(schema)
+            if position < end:
+                # Control records and aborted data have offsets but are never delivered:
+                # the consumer's position moves past them, so ask it.
+                current = consumer.position([TopicPartition(topic, partition)])[0].offset
+                if current > position:
+                    position = min(current, end)
+                    last_progress = time.monotonic()
+                elif time.monotonic() - last_progress > deadline_idle:
+                    raise TimeoutError(f"No progress reading {topic}[{partition}] at offset {position} "
+                                       f"(planned end {end}) for {deadline_idle:.0f}s")
+    finally:
+        consumer.close()
+
+
+class _Columns:
+    """Column lists for one Arrow batch; decoding happens here, once per record."""
+
+    __slots__ = ("topic", "partition", "keys", "values", "offsets", "timestamps", "headers")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.keys: list = []
+        self.values: list = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.headers: list = []
+
+    @property
+    def count(self) -> int:
+        return len(self.offsets)
+
+    def add(self, msg, key_codec: AvroCodec | None, value_codec: AvroCodec | None,
+            dead: list[tuple[Any, ...]]) -> None:  # noqa: ANN001 - confluent_kafka.Message
+        key, value = msg.key(), msg.value()
+        try:
+            decoded_key = key_codec.decode(key) if key_codec is not None and key is not None else key
+            decoded_value = value_codec.decode(value) if value_codec is not None else value
+        except Exception as exc:  # noqa: BLE001 - any decode failure is a dead letter
+            dead.append((key, value, msg.headers(), msg.timestamp()[1], msg.offset(), "decode",
+                         f"{type(exc).__name__}: {exc}"))
+            return
+        self.keys.append(decoded_key)
+        self.values.append(decoded_value)
+        self.offsets.append(msg.offset())
+        self.timestamps.append(msg.timestamp()[1] * 1000)
+        hdrs = msg.headers()
+        self.headers.append([{"key": k, "value": v} for k, v in hdrs] if hdrs else None)
+
+    def to_batch(self, schema: pa.Schema) -> pa.RecordBatch:
+        n = self.count
+        return pa.RecordBatch.from_arrays([
+            pa.array(self.keys, schema.field("key").type),
+            pa.array(self.values, schema.field("value").type),
+            pa.array([self.topic] * n, pa.string()),
+            pa.array([self.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+            pa.array(self.headers, HEADERS_ARROW),
+        ], schema=schema)

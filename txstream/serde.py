@@ -1,0 +1,233 @@
+"""Avro on the wire, Arrow in between, Spark types at the top: the three must agree exactly.
+
+Why one module: a Spark column declared `int` over an Arrow int64 array fails deep in the JVM
+("Cannot call the method getInt"), so the Spark schema, the Arrow schema and the fastavro
+encoder/decoder are all derived from the same parsed Avro schema here.
+
+Wire format is plain Avro binary (fastavro's schemaless reader/writer). With
+`schema_registry_framing=True` values carry Confluent's 5-byte prefix (magic 0 + schema id),
+which is stripped on read and written with the configured id.
+"""
+from __future__ import annotations
+
+import io
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+
+
+class SchemaError(ValueError):
+    """A schema or a DataFrame does not fit the Avro schema it must be encoded with."""
+
+
+def load_schema(path_or_json: str | dict, base_dir: str | Path | None = None) -> dict:
+    """Parse an .avsc path (relative to base_dir if given) or an inline schema."""
+    if isinstance(path_or_json, dict):
+        raw = path_or_json
+    elif path_or_json.lstrip().startswith("{"):
+        raw = json.loads(path_or_json)
+    else:
+        path = Path(path_or_json)
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = Path(base_dir) / path
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise SchemaError(f"Avro schema file not found: {path_or_json}") from None
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"Avro schema {path} is not valid JSON: {exc}") from None
+    try:
+        return fastavro.parse_schema(raw)
+    except Exception as exc:  # noqa: BLE001 - fastavro raises several types for bad schemas
+        raise SchemaError(f"Invalid Avro schema {path_or_json if isinstance(path_or_json, str) else ''}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Avro -> Arrow / Spark types
+# ---------------------------------------------------------------------------------------------
+
+_PRIMITIVES = {
+    "null": (pa.null(), "void"),
+    "boolean": (pa.bool_(), "boolean"),
+    "int": (pa.int32(), "int"),
+    "long": (pa.int64(), "long"),
+    "float": (pa.float32(), "float"),
+    "double": (pa.float64(), "double"),
+    "bytes": (pa.binary(), "binary"),
+    "string": (pa.string(), "string"),
+}
+
+
+def arrow_type(schema: Any) -> pa.DataType:
+    """The Arrow type that fastavro's decoded Python values of `schema` become."""
+    if isinstance(schema, str):
+        if schema in _PRIMITIVES:
+            return _PRIMITIVES[schema][0]
+        raise SchemaError(f"Unsupported Avro type reference {schema!r}")
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        if len(branches) != 1:
+            raise SchemaError(f"Only unions of null and one type are supported, got {schema}")
+        return arrow_type(branches[0])
+    kind = schema["type"]
+    logical = schema.get("logicalType")
+    if logical in ("timestamp-millis", "timestamp-micros"):
+        return pa.timestamp("us", tz="UTC")
+    if logical == "date":
+        return pa.date32()
+    if logical == "decimal":
+        return pa.decimal128(schema["precision"], schema.get("scale", 0))
+    if kind == "record":
+        return pa.struct([pa.field(f["name"], arrow_type(f["type"]), nullable=_nullable(f["type"]))
+                          for f in schema["fields"]])
+    if kind == "array":
+        return pa.list_(arrow_type(schema["items"]))
+    if kind == "map":
+        return pa.map_(pa.string(), arrow_type(schema["values"]))
+    if kind == "enum":
+        return pa.string()
+    if kind == "fixed":
+        return pa.binary()
+    if isinstance(kind, (dict, list)) or kind in _PRIMITIVES:
+        return arrow_type(kind)
+    raise SchemaError(f"Unsupported Avro type {kind!r}")
+
+
+def _nullable(schema: Any) -> bool:
+    return isinstance(schema, list) and "null" in schema or schema == "null"
+
+
+def spark_ddl(schema: Any) -> str:
+    """Spark SQL DDL type for `schema`, matching arrow_type exactly."""
+    typ = arrow_type(schema)
+    return _arrow_to_ddl(typ)
+
+
+def _arrow_to_ddl(typ: pa.DataType) -> str:
+    if pa.types.is_struct(typ):
+        return "struct<" + ",".join(f"`{f.name}`:{_arrow_to_ddl(f.type)}" for f in typ) + ">"
+    if pa.types.is_list(typ):
+        return f"array<{_arrow_to_ddl(typ.value_type)}>"
+    if pa.types.is_map(typ):
+        return f"map<{_arrow_to_ddl(typ.key_type)},{_arrow_to_ddl(typ.item_type)}>"
+    if pa.types.is_timestamp(typ):
+        return "timestamp"
+    if pa.types.is_date(typ):
+        return "date"
+    if pa.types.is_decimal(typ):
+        return f"decimal({typ.precision},{typ.scale})"
+    for arrow, ddl in _PRIMITIVES.values():
+        if typ == arrow:
+            return ddl
+    raise SchemaError(f"No Spark type for Arrow {typ}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Codecs
+# ---------------------------------------------------------------------------------------------
+
+_CONFLUENT_MAGIC = 0
+
+
+@dataclass
+class AvroCodec:
+    """Encode/decode one side (key or value) of a topic's records with one Avro schema."""
+
+    schema: dict
+    registry_schema_id: int | None = None  # Confluent wire framing when set
+
+    @property
+    def arrow(self) -> pa.DataType:
+        return arrow_type(self.schema)
+
+    def decode(self, payload: bytes) -> Any:
+        if payload is None:
+            raise ValueError("null where an Avro value is required")
+        if self.registry_schema_id is not None:
+            if len(payload) < 5 or payload[0] != _CONFLUENT_MAGIC:
+                raise ValueError("missing schema-registry framing (magic byte 0 + schema id)")
+            payload = payload[5:]
+        buf = io.BytesIO(payload)
+        record = fastavro.schemaless_reader(buf, self.schema, None)
+        if buf.tell() != len(payload):
+            raise ValueError(f"{len(payload) - buf.tell()} trailing bytes after the Avro record")
+        return record
+
+    def encoder(self):
+        """A function value -> bytes, reusing one buffer (the hot path of publishing)."""
+        schema = self.schema
+        writer = fastavro.schemaless_writer
+        prefix = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
+                  if self.registry_schema_id is not None else b"")
+        buf = io.BytesIO()
+
+        def encode(value: Any) -> bytes:
+            buf.seek(0)
+            buf.truncate()
+            writer(buf, schema, value)
+            return prefix + buf.getvalue()
+
+        return encode
+
+
+def check_struct_fits(spark_struct, schema: dict, what: str) -> None:
+    """Refuse, naming the field, a DataFrame struct that cannot be encoded with `schema`.
+
+    `spark_struct` is a pyspark StructType. Missing required fields, unknown fields and
+    incompatible types are errors; nullable columns for non-null Avro fields are allowed
+    (Spark marks computed columns nullable) and fail per record if a null shows up.
+    """
+    from pyspark.sql import types as T
+
+    def compatible(spark_type, avro) -> str | None:
+        expected = arrow_type(avro)
+        if pa.types.is_struct(expected):
+            if not isinstance(spark_type, T.StructType):
+                return f"is {spark_type.simpleString()}, the schema wants a record"
+            return None
+        wanted = _arrow_to_ddl(expected)
+        got = spark_type.simpleString()
+        lenient = {("int", "long"), ("long", "int"), ("float", "double"), ("double", "float"),
+                   ("string", "binary"), ("binary", "string"), ("int", "short"), ("int", "byte"),
+                   ("long", "short"), ("long", "byte")}
+        if got == wanted or (wanted, got) in lenient:
+            return None
+        if wanted == "timestamp" and got in ("timestamp", "timestamp_ntz"):
+            return None
+        return f"is {got}, the schema wants {wanted}"
+
+    def walk(struct_type, record: dict, path: str) -> None:
+        columns = {f.name: f for f in struct_type.fields}
+        for field in record["fields"]:
+            name = field["name"]
+            full = f"{path}.{name}"
+            if name not in columns:
+                if "default" in field:
+                    continue
+                raise SchemaError(f"{what}: field `{full}` is required by the Avro schema "
+                                  f"{record.get('name', '')} but the DataFrame has no such column "
+                                  f"(it has: {', '.join(columns) or 'nothing'})")
+            problem = compatible(columns[name].dataType, field["type"])
+            if problem:
+                raise SchemaError(f"{what}: field `{full}` {problem}")
+            sub = field["type"]
+            if isinstance(sub, list):
+                sub = next(b for b in sub if b != "null")
+            if isinstance(sub, dict) and sub.get("type") == "record":
+                walk(columns[name].dataType, sub, full)
+        known = {f["name"] for f in record["fields"]}
+        extra = [c for c in columns if c not in known]
+        if extra:
+            raise SchemaError(f"{what}: column(s) {', '.join(f'`{path}.{c}`' for c in extra)} are not "
+                              f"in the Avro schema {record.get('name', '')}")
+
+    if schema.get("type") != "record":
+        return
+    if not isinstance(spark_struct, T.StructType):
+        raise SchemaError(f"{what}: is {spark_struct.simpleString()}, the Avro schema wants a record")
+    walk(spark_struct, schema, "value" if "value" in what else "key")

@@ -1,0 +1,170 @@
+"""Run settings: what a processor declares, overridden by the command line, validated once."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from txstream.processor import Processor
+from txstream.publishing import AT_LEAST_ONCE, AT_MOST_ONCE, EXACTLY_ONCE
+from txstream.serde import load_schema
+
+GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE)
+OFFSET_RESETS = ("earliest", "latest", "none")
+
+
+class SettingsError(ValueError):
+    """A setting or processor reference is wrong; the message says what to change."""
+
+
+@dataclass
+class RunSettings:
+    processor: Processor
+    bootstrap_servers: str
+    app_id: str
+    input_topics: list[str]
+    output_topic: str | None
+    dead_letter_topic: str | None
+    guarantee: str
+    auto_offset_reset: str
+    max_records_per_partition: int
+    trigger_interval: float
+    lineage: bool
+    master: str
+    key_schema: dict | None = None
+    value_schema: dict | None = None
+    output_key_schema: dict | None = None
+    output_value_schema: dict | None = None
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    consumer_config: dict[str, Any] = field(default_factory=dict)
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    until_caught_up: bool = False
+    max_batches: int | None = None
+    transaction_timeout_s: float = 60.0
+    idle_backoff_max_s: float = 2.0
+    quiet: bool = False
+
+
+def load_processor(reference: str) -> type[Processor]:
+    """`package.module:Class` (importable from the current directory) or `path/file.py:Class`."""
+    module_ref, sep, class_name = reference.rpartition(":")
+    if not sep or not module_ref or not class_name:
+        raise SettingsError(f"PROCESSOR must look like package.module:ClassName or file.py:ClassName, got {reference!r}")
+    if module_ref.endswith(".py") or os.sep in module_ref:
+        path = Path(module_ref).resolve()
+        if not path.exists():
+            raise SettingsError(f"Processor file not found: {module_ref}")
+        name = f"txstream_user_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, str(path.parent))
+        spec.loader.exec_module(module)
+        # Executors cannot import a module loaded from a path: ship its code by value.
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_ref)
+        except ModuleNotFoundError as exc:
+            raise SettingsError(f"Cannot import {module_ref!r} ({exc}); run from the directory that "
+                                "contains it or pass a file path like path/to/file.py:ClassName") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise SettingsError(f"{module_ref} has no class {class_name!r}")
+    if not (inspect.isclass(cls) and issubclass(cls, Processor)):
+        raise SettingsError(f"{reference} is not a subclass of txstream.Processor")
+    return cls
+
+
+def default_app_id(cls: type[Processor]) -> str:
+    words = re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower()
+    return f"txstream-{words}"
+
+
+def _schema(value: str | None, cls: type[Processor]) -> dict | None:
+    if not value:
+        return None
+    if value.lstrip().startswith("{"):
+        return load_schema(value)
+    candidates = [Path(value)]
+    try:
+        module_dir = Path(inspect.getfile(cls)).resolve().parent
+        candidates += [module_dir / value, module_dir.parent / value]
+    except TypeError:
+        pass
+    for candidate in candidates:
+        if candidate.exists():
+            return load_schema(str(candidate))
+    return load_schema(value)  # raises the clear "not found" error
+
+
+def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None = None,
+            inputs: list[str] | None = None, output: str | None = None, dead_letter: str | None = None,
+            guarantee: str | None = None, auto_offset_reset: str | None = None,
+            max_records_per_partition: int | None = None, trigger_interval: float | None = None,
+            master: str = "local[*]", lineage: bool | None = None,
+            librdkafka: dict[str, str] | None = None, spark_conf: dict[str, str] | None = None,
+            schemas: dict[str, str] | None = None, **extra: Any) -> RunSettings:
+    """Processor declarations, overridden by whatever the command line gives."""
+    schemas = schemas or {}
+    guarantee = guarantee or cls.guarantee
+    if guarantee not in GUARANTEES:
+        raise SettingsError(f"guarantee must be one of {', '.join(GUARANTEES)}, got {guarantee!r}")
+    reset = auto_offset_reset or (librdkafka or {}).get("auto.offset.reset") or cls.auto_offset_reset
+    if reset not in OFFSET_RESETS:
+        raise SettingsError(f"auto.offset.reset must be one of {', '.join(OFFSET_RESETS)}, got {reset!r}")
+    topics = list(inputs or cls.input_topics)
+    if not topics:
+        raise SettingsError(f"{cls.__name__} declares no input_topics and none were given with --input")
+    cap = max_records_per_partition or cls.max_records_per_partition
+    if cap <= 0:
+        raise SettingsError("max records per partition must be positive")
+    # librdkafka properties: the processor's, then -X. Producer vs consumer is decided by name
+    # prefix `producer.` / `consumer.`; unprefixed ones go to both.
+    producer_config = dict(cls.producer_config)
+    consumer_config = dict(cls.consumer_config)
+    for key, value in (librdkafka or {}).items():
+        if key == "auto.offset.reset":
+            continue
+        if key.startswith("producer."):
+            producer_config[key[len("producer."):]] = value
+        elif key.startswith("consumer."):
+            consumer_config[key[len("consumer."):]] = value
+        else:
+            producer_config[key] = value
+            consumer_config[key] = value
+    timeout_ms = int(producer_config.get("transaction.timeout.ms", 60_000))
+    return RunSettings(
+        processor=cls(),
+        bootstrap_servers=bootstrap_servers,
+        app_id=app_id or cls.app_id or default_app_id(cls),
+        input_topics=topics,
+        output_topic=output or cls.output_topic,
+        dead_letter_topic=dead_letter or cls.dead_letter_topic,
+        guarantee=guarantee,
+        auto_offset_reset=reset,
+        max_records_per_partition=cap,
+        trigger_interval=trigger_interval if trigger_interval is not None else cls.trigger_interval,
+        lineage=cls.lineage if lineage is None else lineage,
+        master=master,
+        key_schema=_schema(schemas.get("key") or cls.key_schema, cls),
+        value_schema=_schema(schemas.get("value") or cls.value_schema, cls),
+        output_key_schema=_schema(schemas.get("output_key") or cls.output_key_schema, cls),
+        output_value_schema=_schema(schemas.get("output_value") or cls.output_value_schema, cls),
+        producer_config=producer_config,
+        consumer_config=consumer_config,
+        spark_conf={**cls.spark_conf, **(spark_conf or {})},
+        transaction_timeout_s=timeout_ms / 1000,
+        **extra,
+    )

@@ -1,0 +1,385 @@
+"""Audit exactly-once from the topics alone: every output names its source record.
+
+`audit()` reads the input, output and dead-letter topics with `isolation.level=read_committed`
+from the beginning up to their last stable offsets (taken once, at the start: the audit is a
+snapshot), and checks, per source partition, that each source record in the audited range was
+published once: not by two publications (duplicates) and, for 1:1 processors, not by none
+(gaps). Lineage comes from the headers in `txstream.headers`.
+
+The audited range of a source partition is `[log start, end)` where `end` is the app's committed
+offset (its consumer group) when an app id is given, else the input's last stable offset.
+
+Reading stops on position, never on a count: transactional topics have offset gaps (commit and
+abort markers, aborted records that read_committed never delivers).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, IsolationLevel, KafkaError,
+                             KafkaException, TopicPartition)
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from txstream import headers as hdr
+
+SAMPLES = 20  # offsets listed per partition and problem kind; counts are always complete
+_BATCH = 10_000
+# librdkafka logs connection failures to stderr on its own; the audit reports them itself.
+_QUIET = {"log_level": 0}
+
+
+class AuditError(RuntimeError):
+    """Bad arguments or an unreachable/unknown cluster or topic, phrased for the user."""
+
+
+@dataclass
+class PartitionAudit:
+    """One source partition: what was consumed in the audited range and what became of it."""
+
+    topic: str
+    partition: int
+    start: int                    # audited range [start, end) in source offsets
+    end: int
+    consumed: int = 0             # source records visible under read_committed in the range
+    outputs: int = 0              # output records tracing back to those records
+    dead_lettered: int = 0        # dead-letter records tracing back to them
+    duplicates: int = 0           # source offsets published by more than one publication
+    gaps: int = 0                 # --one-to-one: source offsets with no output, no dead letter
+    unexpected: int = 0           # outputs/dead letters naming this partition outside the range
+    duplicate_offsets: list[int] = field(default_factory=list)   # first SAMPLES of each
+    gap_offsets: list[int] = field(default_factory=list)
+    unexpected_offsets: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass
+class AuditReport:
+    inputs: list[str]
+    outputs: list[str]
+    dead_letter: list[str]
+    app_id: str | None
+    one_to_one: bool
+    partitions: list[PartitionAudit]
+    # Outputs whose lineage names a topic/partition that is not an audited input partition.
+    unexpected_elsewhere: int = 0
+    unexpected_elsewhere_samples: list[tuple[str, int, int]] = field(default_factory=list)
+    # Output / dead-letter records with no (or incomplete) lineage headers: cannot be audited.
+    without_lineage: int = 0
+    # Output / dead-letter records with lineage but no publication id (only --one-to-one can
+    # tell their duplicates apart from a fan-out).
+    without_publication: int = 0
+    seconds: float = 0.0
+    records_read: int = 0
+
+    @property
+    def totals(self) -> dict[str, int]:
+        keys = ("consumed", "outputs", "dead_lettered", "duplicates", "gaps", "unexpected")
+        out = {k: sum(getattr(p, k) for p in self.partitions) for k in keys}
+        out["unexpected"] += self.unexpected_elsewhere
+        return out
+
+    @property
+    def clean(self) -> bool:
+        t = self.totals
+        return t["duplicates"] == 0 and t["gaps"] == 0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["unexpected_elsewhere_samples"] = [list(s) for s in self.unexpected_elsewhere_samples]
+        data["totals"] = self.totals
+        data["clean"] = self.clean
+        return data
+
+    def table(self) -> str:
+        cols = ("source partition", "range", "consumed", "outputs", "dead-letter", "duplicates",
+                "gaps", "unexpected")
+        rows = [(p.name, f"{p.start}..{p.end}", p.consumed, p.outputs, p.dead_lettered,
+                 p.duplicates, p.gaps if self.one_to_one else "-", p.unexpected)
+                for p in self.partitions]
+        t = self.totals
+        rows.append(("total", "", t["consumed"], t["outputs"], t["dead_lettered"], t["duplicates"],
+                     t["gaps"] if self.one_to_one else "-", t["unexpected"]))
+        widths = [max(len(str(r[i])) for r in [cols, *rows]) for i in range(len(cols))]
+
+        def line(row: Iterable) -> str:
+            cells = list(row)
+            return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+        out = [line(cols), line("-" * w for w in widths)]
+        out += [line(r) for r in rows[:-1]]
+        out += [line("-" * w for w in widths), line(rows[-1]), ""]
+        for p in self.partitions:
+            for label, count, sample in (("duplicate", p.duplicates, p.duplicate_offsets),
+                                         ("gap", p.gaps, p.gap_offsets),
+                                         ("unexpected", p.unexpected, p.unexpected_offsets)):
+                if count:
+                    more = f" (+{count - len(sample)} more)" if count > len(sample) else ""
+                    out.append(f"{label} {p.name} at offsets {', '.join(map(str, sample))}{more}")
+        if self.unexpected_elsewhere:
+            sample = ", ".join(f"{t}[{pt}]@{o}" for t, pt, o in self.unexpected_elsewhere_samples)
+            out.append(f"unexpected: {self.unexpected_elsewhere} output(s) name a source outside the "
+                       f"input topics: {sample}")
+        if self.without_lineage:
+            out.append(f"note: {self.without_lineage} output/dead-letter record(s) carry no lineage "
+                       "headers and were not audited")
+        if self.without_publication and not self.one_to_one:
+            out.append(f"note: {self.without_publication} record(s) carry no publication id; "
+                       "their duplicates are detected only with --one-to-one")
+        verdict = ("CLEAN: every audited source record was published at most once"
+                   + (" and exactly once (or dead-lettered)" if self.one_to_one else "")
+                   if self.clean else "NOT CLEAN: duplicates or gaps found")
+        out.append(f"{verdict}. {self.records_read} records read in {self.seconds:.1f}s.")
+        return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _as_list(value: str | Iterable[str] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def _fail(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and exc.args:
+        err = exc.args[0]
+        if isinstance(err, KafkaError):
+            return err.str()
+    return str(exc) or type(exc).__name__
+
+
+def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[str],
+          dead_letter: str | Iterable[str] | None = None, app_id: str | None = None,
+          one_to_one: bool = False, timeout: float = 30.0) -> AuditReport:
+    """Audit `outputs` (and `dead_letter`) against `inputs`; see the module docstring.
+
+    `timeout` bounds each broker round trip and the longest stall while reading.
+    Raises AuditError for bad arguments, an unreachable cluster or a missing topic.
+    """
+    began = time.monotonic()
+    inputs, outputs, dead = _as_list(inputs), _as_list(outputs), _as_list(dead_letter)
+    if not inputs or not outputs:
+        raise AuditError("At least one input and one output topic are required.")
+    overlap = (set(inputs) & set(outputs)) | (set(inputs) & set(dead)) | (set(outputs) & set(dead))
+    if overlap:
+        raise AuditError(f"A topic cannot play two roles (input/output/dead-letter): {sorted(overlap)}")
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, **_QUIET})
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise AuditError(f"Cannot reach Kafka at {bootstrap}: {_fail(exc)}") from None
+    partitions: dict[str, list[int]] = {}
+    for topic in [*inputs, *outputs, *dead]:
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None:
+            raise AuditError(f"Topic {topic!r} does not exist at {bootstrap}.")
+        partitions[topic] = sorted(tmeta.partitions)
+
+    # The snapshot, in this order: the app's committed offsets first, then the last stable
+    # offsets. Every output of a committed range is then inside the snapshot (no false gaps or
+    # duplicates); an output committed while the audit starts shows up as "unexpected" at worst.
+    input_tps = [TopicPartition(t, p) for t in inputs for p in partitions[t]]
+    committed: dict[tuple[str, int], int] = {}
+    if app_id:
+        committed = _committed(admin, app_id, input_tps, timeout)
+    all_tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
+    earliest = _list_offsets(admin, all_tps, OffsetSpec.earliest(), timeout)
+    stable = _list_offsets(admin, all_tps, OffsetSpec.latest(), timeout)
+
+    rows: dict[tuple[str, int], PartitionAudit] = {}
+    for tp in input_tps:
+        key = (tp.topic, tp.partition)
+        start = earliest[key]
+        end = min(committed.get(key, start), stable[key]) if app_id else stable[key]
+        rows[key] = PartitionAudit(tp.topic, tp.partition, start, max(start, end))
+
+    report = AuditReport(inputs, outputs, dead, app_id, one_to_one,
+                         [rows[(tp.topic, tp.partition)] for tp in input_tps])
+
+    # Pass 1: the inputs (visible offsets in each audited range).
+    visible: dict[tuple[str, int], set[int]] = {k: set() for k in rows}
+    read_ranges = {k: (r.start, r.end) for k, r in rows.items()}
+
+    def on_input(msgs: list) -> None:
+        for msg in msgs:
+            key = (msg.topic(), msg.partition())
+            offset = msg.offset()
+            if offset < read_ranges[key][1]:
+                visible[key].add(offset)
+
+    report.records_read += _read(bootstrap, read_ranges, on_input, timeout)
+    for key, row in rows.items():
+        row.consumed = len(visible[key])
+
+    # Pass 2: outputs and dead letters, attributed to source offsets.
+    first_pub: dict[tuple[str, int], dict[int, bytes | None]] = {k: {} for k in rows}
+    dup: dict[tuple[str, int], set[int]] = {k: set() for k in rows}
+    dead_set = set(dead)
+    out_ranges = {(t, p): (earliest[(t, p)], stable[(t, p)]) for t in [*outputs, *dead] for p in partitions[t]}
+    source_of = hdr.source_of
+    pub_key = hdr.PUBLICATION
+
+    def on_output(msgs: list) -> None:
+        for msg in msgs:
+            if msg.offset() >= out_ranges[(msg.topic(), msg.partition())][1]:
+                continue  # published after the snapshot
+            headers = msg.headers()
+            src = source_of(headers)
+            if src is None:
+                report.without_lineage += 1
+                continue
+            key = (src[0], src[1])
+            offset = src[2]
+            row = rows.get(key)
+            if row is None:
+                report.unexpected_elsewhere += 1
+                if len(report.unexpected_elsewhere_samples) < SAMPLES:
+                    report.unexpected_elsewhere_samples.append(src)
+                continue
+            if offset not in visible[key]:
+                row.unexpected += 1
+                if len(row.unexpected_offsets) < SAMPLES:
+                    row.unexpected_offsets.append(offset)
+                continue
+            if msg.topic() in dead_set:
+                row.dead_lettered += 1
+            else:
+                row.outputs += 1
+            pub = None
+            for k, v in headers:
+                if k == pub_key:
+                    pub = v
+                    break
+            if pub is None:
+                report.without_publication += 1
+            seen = first_pub[key]
+            if offset not in seen:
+                seen[offset] = pub
+                continue
+            prev = seen[offset]
+            if pub is not None and prev is not None:
+                if pub != prev:
+                    dup[key].add(offset)
+            elif one_to_one:
+                # No publication id: a 1:1 processor's second record for an offset is a duplicate.
+                dup[key].add(offset)
+
+    report.records_read += _read(bootstrap, out_ranges, on_output, timeout)
+
+    for key, row in rows.items():
+        row.duplicates = len(dup[key])
+        row.duplicate_offsets = sorted(dup[key])[:SAMPLES]
+        if one_to_one:
+            missing = visible[key].difference(first_pub[key])
+            row.gaps = len(missing)
+            row.gap_offsets = sorted(missing)[:SAMPLES]
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _list_offsets(admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec,
+                  timeout: float) -> dict[tuple[str, int], int]:
+    if not tps:
+        return {}
+    try:
+        futures = admin.list_offsets({tp: spec for tp in tps},
+                                     isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=timeout)
+        return {(tp.topic, tp.partition): f.result(timeout=timeout).offset for tp, f in futures.items()}
+    except Exception as exc:  # noqa: BLE001 - KafkaException or a timeout, both for the user
+        raise AuditError(f"Cannot list offsets: {_fail(exc)}") from None
+
+
+def _committed(admin: AdminClient, app_id: str, tps: list[TopicPartition],
+               timeout: float) -> dict[tuple[str, int], int]:
+    """The app's committed offsets, read stable (pending transactional commits resolved)."""
+    request = [ConsumerGroupTopicPartitions(app_id, [TopicPartition(tp.topic, tp.partition) for tp in tps])]
+    try:
+        future = admin.list_consumer_group_offsets(request, require_stable=True,
+                                                   request_timeout=timeout)[app_id]
+        result = future.result(timeout=timeout)
+    except Exception as exc:  # noqa: BLE001
+        raise AuditError(f"Cannot read the committed offsets of app {app_id!r}: {_fail(exc)}") from None
+    return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions
+            if tp.error is None and tp.offset >= 0}
+
+
+def _read(bootstrap: str, ranges: dict[tuple[str, int], tuple[int, int]], handle,
+          timeout: float) -> int:
+    """Feed `handle` batches of the records of every partition in `[start, end)`, read_committed.
+
+    A partition is done when the consumer's position reaches `end` (or its end-of-partition
+    event does): never on a count, as offsets skip over control records and aborted data.
+    Batches may hold a few records at or past `end` (the log grew): `handle` drops them.
+    Raises AuditError when no partition makes progress for `timeout` seconds.
+    """
+    todo = {key: rng[1] for key, rng in ranges.items() if rng[1] > rng[0]}
+    if not todo:
+        return 0
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, **_QUIET,
+        "group.id": f"txstream-verify-{uuid.uuid4().hex}",   # never joined, never committed
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": 8 * 1024 * 1024,
+        "queued.min.messages": 200_000,
+    })
+    count = 0
+    eof = KafkaError._PARTITION_EOF
+    try:
+        consumer.assign([TopicPartition(t, p, ranges[(t, p)][0]) for (t, p) in todo])
+        last_progress = time.monotonic()
+        while todo:
+            msgs = consumer.consume(num_messages=_BATCH, timeout=0.1)
+            batch = []
+            append = batch.append
+            progressed = False
+            for msg in msgs:
+                err = msg.error()
+                if err is None:
+                    append(msg)
+                    continue
+                key = (msg.topic(), msg.partition())
+                if err.code() == eof:
+                    if key in todo and msg.offset() >= todo[key]:
+                        del todo[key]
+                        progressed = True
+                    continue
+                if err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                 KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                                 KafkaError._UNKNOWN_PARTITION):
+                    raise AuditError(f"Reading {msg.topic()}[{msg.partition()}] failed: {err.str()}")
+                # Anything else is transient (a broker down, a leader moving): librdkafka retries.
+            if batch:
+                handle(batch)
+                count += len(batch)
+                progressed = True
+            if todo:
+                # Position is past the last delivered record, and past control records and
+                # aborted data the consumer skipped over.
+                for tp in consumer.position([TopicPartition(t, p) for t, p in todo]):
+                    key = (tp.topic, tp.partition)
+                    if tp.offset >= 0 and tp.offset >= todo[key]:
+                        del todo[key]
+                        progressed = True
+            if progressed:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > timeout:
+                stuck = ", ".join(f"{t}[{p}] (end {e})" for (t, p), e in sorted(todo.items()))
+                raise AuditError(f"No progress for {timeout:.0f}s reading {stuck} from {bootstrap}.")
+    finally:
+        consumer.close()
+    return count

@@ -1,0 +1,1 @@
+"""The txstream benchmark suite: `python -m benchmarks --help`."""

@@ -1,0 +1,193 @@
+"""Shared pieces of the benchmark: schemas, test data, the reference transform, Kafka helpers.
+
+This module imports only fastavro and confluent-kafka (plus the standard library), so the
+harness and the in-process pieces can use it; contender worker scripts that run under another
+interpreter (Quix Streams' venv) carry their own copy of the transform.
+"""
+from __future__ import annotations
+
+import io
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import fastavro
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_DIR = Path(__file__).resolve().parent
+ORDER_SCHEMA_PATH = REPO / "schemas" / "order.avsc"
+ENRICHED_SCHEMA_PATH = REPO / "schemas" / "order_enriched.avsc"
+
+
+def load_schema(path: Path):
+    return fastavro.parse_schema(json.loads(Path(path).read_text()))
+
+
+ORDER_SCHEMA = load_schema(ORDER_SCHEMA_PATH)
+ENRICHED_SCHEMA = load_schema(ENRICHED_SCHEMA_PATH)
+
+
+def encode(schema, record: dict) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, record)
+    return buf.getvalue()
+
+
+def decode(schema, data: bytes) -> dict:
+    return fastavro.schemaless_reader(io.BytesIO(data), schema, None)
+
+
+def transform(order: dict) -> dict | None:
+    """The reference transform every contender implements: None when the order is dropped."""
+    amount = order["amount"]
+    if not amount > 0:
+        return None
+    return {
+        "id": order["id"],
+        "customer_id": order["customer_id"],
+        "amount_cents": int(amount * 100),
+        "currency": order["currency"],
+        "created_at": order["created_at"],
+        "items": order["items"],
+        "is_large": amount > 100,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Test data
+# ---------------------------------------------------------------------------------------------
+
+CURRENCIES = ["EUR", "USD", "JPY", "GBP", "KRW", "RUB", "CHF", "SEK"]
+NOTES = [None, None, "gift wrap, please - it is a birthday present", "leave the parcel at the door, thank you",
+         "call before delivery, the doorbell is broken", "second delivery attempt, customer was away",
+         "fragile: glassware inside, handle with care", "deliver to the reception desk on floor 3"]
+
+
+def make_order(rng: random.Random, seq: int, created_at_ms: int) -> dict:
+    """One Order; about 10% void (amount <= 0), about 20% of the rest above 100."""
+    roll = rng.random()
+    if roll < 0.10:
+        amount = -round(rng.uniform(0, 50), 2) if roll < 0.07 else 0.0
+    elif roll < 0.28:
+        amount = round(rng.uniform(100.01, 2000), 2)
+    else:
+        amount = round(rng.uniform(0.5, 100), 2)
+    return {
+        "id": f"order-{seq:010d}-{rng.getrandbits(64):016x}",
+        "customer_id": f"customer-{rng.randrange(10_000_000):08d}",
+        "amount": amount,
+        "currency": rng.choice(CURRENCIES),
+        "created_at": created_at_ms,
+        "items": rng.randint(1, 12),
+        "note": rng.choice(NOTES),
+    }
+
+
+@dataclass
+class Seeded:
+    topic: str
+    records: int
+    expected: dict[bytes, bytes] = field(default_factory=dict)  # key -> expected output value
+    input_bytes: int = 0  # keys + values
+    value_bytes: int = 0
+
+    @property
+    def expected_count(self) -> int:
+        return len(self.expected)
+
+    @property
+    def avg_value_size(self) -> int:
+        return max(1, round(self.value_bytes / max(1, self.records)))
+
+    @property
+    def avg_record_size(self) -> int:
+        return max(1, round(self.input_bytes / max(1, self.records)))
+
+
+def producer_config(bootstrap: str, **extra) -> dict:
+    return {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 262144,
+            "compression.type": "none", "enable.idempotence": True, **extra}
+
+
+def seed_input(bootstrap: str, topic: str, records: int, seed: int = 7,
+               progress=lambda _m: None) -> Seeded:
+    """Write `records` Orders (key = order id) and remember what the output must be."""
+    from confluent_kafka import Producer
+
+    rng = random.Random(seed)
+    producer = Producer(producer_config(bootstrap))
+    out = Seeded(topic=topic, records=records)
+    base_ms = int(time.time() * 1000) - records
+    step = max(1, records // 10)
+    for i in range(records):
+        order = make_order(rng, i, base_ms + i)
+        key = order["id"].encode()
+        value = encode(ORDER_SCHEMA, order)
+        out.input_bytes += len(key) + len(value)
+        out.value_bytes += len(value)
+        enriched = transform(order)
+        if enriched is not None:
+            out.expected[key] = encode(ENRICHED_SCHEMA, enriched)
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+        if (i + 1) % step == 0:
+            progress(f"  seeded {i + 1:,}/{records:,}")
+    remaining = producer.flush(120)
+    if remaining:
+        raise RuntimeError(f"{remaining} seed records were not delivered")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Kafka helpers
+# ---------------------------------------------------------------------------------------------
+
+def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=-1)
+                                   for n in names], operation_timeout=30)
+    for name, fut in futures.items():
+        fut.result(60)
+    # Wait until metadata shows every partition with a leader.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(timeout=10)
+        if all(n in meta.topics and len(meta.topics[n].partitions) == partitions
+               and all(p.leader >= 0 for p in meta.topics[n].partitions.values()) for n in names):
+            return
+        time.sleep(0.2)
+
+
+def delete_topics(bootstrap: str, names: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        for fut in admin.delete_topics(names, operation_timeout=30).values():
+            try:
+                fut.result(60)
+            except Exception:  # noqa: BLE001 - best effort clean-up
+                pass
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def broker_version(bootstrap: str) -> str:
+    """The broker's software version, from the cluster's own jars when local, else unknown."""
+    try:
+        from txstream import local_broker
+
+        return local_broker.KAFKA_VERSION
+    except Exception:  # noqa: BLE001
+        return "unknown"

@@ -1,0 +1,146 @@
+"""Contender 4: a hand-written confluent-kafka consume-transform-produce loop with transactions.
+
+The shape of confluent-kafka-python's examples/eos_transactions.py: a read_committed consumer
+that subscribes to the input, a transactional producer, and every 100 ms (or every
+`--max-batch` messages) the consumer's positions are sent to the transaction with the
+consumer's group metadata and the transaction is committed. One Python process.
+
+The harness runs this module as `python -m benchmarks.contenders.handwritten ...`.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import signal
+import sys
+import time
+
+from benchmarks.contenders import Contender, Job
+
+
+class HandWrittenLoop(Contender):
+    name = "handwritten"
+    label = "hand-written confluent-kafka EOS loop"
+
+    def command(self, job: Job) -> tuple[list[str], dict]:
+        from benchmarks.common import ENRICHED_SCHEMA_PATH, ORDER_SCHEMA_PATH
+
+        return ([sys.executable, "-m", "benchmarks.contenders.handwritten",
+                 "--bootstrap-servers", job.bootstrap, "--input", job.input_topic,
+                 "--output", job.output_topic, "--group", job.group,
+                 "--transactional-id", f"{job.group}-txn",
+                 "--input-schema", str(ORDER_SCHEMA_PATH), "--output-schema", str(ENRICHED_SCHEMA_PATH)],
+                self.base_env())
+
+    def versions(self) -> dict:
+        import confluent_kafka
+
+        return {"confluent-kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import fastavro
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bootstrap-servers", required=True)
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--group", required=True)
+    ap.add_argument("--transactional-id", required=True)
+    ap.add_argument("--input-schema", required=True)
+    ap.add_argument("--output-schema", required=True)
+    ap.add_argument("--commit-interval-ms", type=float, default=100)
+    ap.add_argument("--max-batch", type=int, default=10000)
+    args = ap.parse_args(argv)
+
+    in_schema = fastavro.parse_schema(json.load(open(args.input_schema)))
+    out_schema = fastavro.parse_schema(json.load(open(args.output_schema)))
+    reader, writer = fastavro.schemaless_reader, fastavro.schemaless_writer
+
+    running = True
+
+    def _stop(_sig, _frame):
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+    consumer = Consumer({
+        "bootstrap.servers": args.bootstrap_servers,
+        "group.id": args.group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,        # offsets go into the transaction
+        "enable.partition.eof": False,
+        "isolation.level": "read_committed",
+    })
+    producer = Producer({
+        "bootstrap.servers": args.bootstrap_servers,
+        "transactional.id": args.transactional_id,
+        "linger.ms": 5,
+        "batch.size": 262144,
+    })
+    producer.init_transactions()
+    consumer.subscribe([args.input])
+    producer.begin_transaction()
+
+    pending = 0
+    last_commit = time.monotonic()
+    interval = args.commit_interval_ms / 1000.0
+    out_topic = args.output
+
+    def commit() -> None:
+        nonlocal pending, last_commit
+        if pending:
+            positions = consumer.position(consumer.assignment())
+            producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata())
+            producer.commit_transaction()
+            producer.begin_transaction()
+            pending = 0
+        last_commit = time.monotonic()
+
+    try:
+        while running:
+            msgs = consumer.consume(num_messages=min(args.max_batch, 2000), timeout=interval)
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(err)
+                order = reader(io.BytesIO(msg.value()), in_schema, None)
+                amount = order["amount"]
+                pending += 1  # consumed: its offset is committed even when the order is dropped
+                if not amount > 0:
+                    continue
+                buf = io.BytesIO()
+                writer(buf, out_schema, {
+                    "id": order["id"], "customer_id": order["customer_id"],
+                    "amount_cents": int(amount * 100), "currency": order["currency"],
+                    "created_at": order["created_at"], "items": order["items"],
+                    "is_large": amount > 100})
+                while True:
+                    try:
+                        producer.produce(out_topic, key=msg.key(), value=buf.getvalue())
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+            producer.poll(0)
+            if pending >= args.max_batch or (pending and time.monotonic() - last_commit >= interval):
+                commit()
+        commit()
+    except Exception:
+        try:
+            producer.abort_transaction()
+        except Exception:  # noqa: BLE001
+            pass
+        raise
+    finally:
+        consumer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Contenders 1-3: txstream's own engine, through its CLI, at each delivery guarantee.
+
+    python -m txstream.cli run processors/enrich_orders.py:EnrichOrders --bootstrap-servers B
+        --app-id ID --input IN --output OUT --until-caught-up --guarantee G --master local[2]
+
+In --latency mode `--until-caught-up` is left out and the harness stops the process.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from benchmarks.common import REPO
+from benchmarks.contenders import Contender, Job, Unavailable
+
+PROCESSOR = "processors/enrich_orders.py:EnrichOrders"
+
+
+class TxStream(Contender):
+    def __init__(self, guarantee: str) -> None:
+        self.guarantee = guarantee
+        self.name = f"txstream-{guarantee}"
+        self.label = f"txstream {guarantee}"
+        self.exactly_once = guarantee != "at-least-once"
+
+    def prepare(self, progress) -> None:
+        if not (REPO / PROCESSOR.split(":")[0]).exists():
+            raise Unavailable(f"{PROCESSOR.split(':')[0]} does not exist yet")
+        probe = subprocess.run([sys.executable, "-m", "txstream.cli", "run", "--help"], cwd=REPO,
+                               capture_output=True, text=True, timeout=120)
+        if probe.returncode != 0:
+            last = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise Unavailable(f"`txstream run` is not available yet ({last[0][:160]})")
+        for flag in ("--until-caught-up", "--guarantee", "--app-id", "--master"):
+            if flag not in probe.stdout:
+                raise Unavailable(f"`txstream run` has no {flag} option yet")
+
+    def command(self, job: Job) -> tuple[list[str], dict]:
+        argv = [sys.executable, "-m", "txstream.cli", "run", PROCESSOR,
+                "--bootstrap-servers", job.bootstrap, "--app-id", job.group,
+                "--input", job.input_topic, "--output", job.output_topic,
+                "--dead-letter-topic", f"{job.output_topic}-dlq",
+                "--guarantee", self.guarantee, "--master", "local[2]"]
+        if job.mode == "throughput":
+            argv.append("--until-caught-up")
+        return argv, self.base_env()
+
+    def fatal_in_log(self, text: str) -> str | None:
+        failed = re.findall(r"batch \d+ failed.*", text)
+        if len(failed) < 2:
+            return None
+        errors = re.findall(r"^\S*(?:Error|Exception)\S*: .*$", text, re.MULTILINE)
+        python_errors = [e for e in errors if not e.startswith(("org.apache", "java.", "scala."))]
+        errors = python_errors or errors
+        detail = errors[-1][:300] if errors else failed[-1][:300]
+        return f"{len(failed)} failed batch attempts, e.g. {detail}"
+
+    def extra_topics(self, job: Job) -> list[str]:
+        return [f"{job.output_topic}-dlq"]
+
+    def versions(self) -> dict:
+        try:
+            import txstream
+
+            return {"txstream": txstream.__version__}
+        except Exception:  # noqa: BLE001
+            return {}

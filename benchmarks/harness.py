@@ -1,0 +1,467 @@
+"""`python -m benchmarks`: seed orders, run every contender on them, measure, check, report.
+
+See benchmarks/README.md for what each contender is and how the figures are computed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import signal
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benchmarks.common import BENCH_DIR, REPO, create_topics, delete_topics, seed_input
+from benchmarks.contenders import Contender, Job, Unavailable, all_contenders
+from benchmarks.measure import OutputWatcher, TreeSampler, start_process, stop_process, verify_output
+
+RESULTS = BENCH_DIR / "results"
+T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    print(f"[{time.monotonic() - T0:7.1f}s] {message}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# One throughput run
+# ---------------------------------------------------------------------------------------------
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    text = [t for t in text if t.strip() and "WARN" not in t[:40]] or text
+    return " | ".join(t.strip()[:200] for t in text[-lines:])
+
+
+def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
+    """Start the contender on a fresh output topic and group; measure until done; verify."""
+    bootstrap, partitions, seeded = ctx["bootstrap"], ctx["partitions"], ctx["seeded"]
+    tag = f"{contender.name}-{ctx['stamp']}-{run_no}"
+    out_topic = f"bench-out-{tag}"
+    workdir = tempfile.mkdtemp(prefix=f"bench-{contender.name}-")
+    log_path = ctx["logdir"] / f"{tag}.log"
+    job = Job(bootstrap=bootstrap, input_topic=seeded.topic, output_topic=out_topic,
+              partitions=partitions, group=f"bench-{tag}-{uuid.uuid4().hex[:6]}", workdir=workdir,
+              records=seeded.records, avg_value_size=seeded.avg_value_size, expected=seeded.expected_count)
+    expected = contender.expected_output(job) if hasattr(contender, "expected_output") else seeded.expected_count
+    topics = [out_topic] + contender.extra_topics(job)
+    create_topics(bootstrap, topics, partitions)
+    ctx["topics"] += topics
+    argv, env = contender.command(job)
+    watcher = OutputWatcher(bootstrap, out_topic, partitions, expected).start()
+    sampler = TreeSampler()
+    proc = None
+    result: dict = {"run": run_no, "output_topic": out_topic, "log": str(log_path.relative_to(REPO))
+                    if log_path.is_relative_to(REPO) else str(log_path), "loadavg_before": os.getloadavg()[0]}
+    try:
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        proc = start_process(argv, env, str(log_path), str(REPO))
+        sampler.add_root(proc.pid)
+        sampler.start()
+        deadline = started + ctx["timeout"]
+        exited_at = None
+        gave_up = None
+        last_report = started
+        while True:
+            now = time.monotonic()
+            if watcher.done_at is not None:
+                break
+            if proc.poll() is not None:
+                exited_at = now
+                break
+            if now > deadline:
+                break
+            if now - last_report >= 15:
+                log(f"    ... {now - started:5.0f}s, {watcher.count:,}/{expected:,} output records")
+                last_report = now
+                fatal = contender.fatal_in_log(log_path.read_text(errors="replace"))
+                if fatal:
+                    gave_up = fatal
+                    break
+            time.sleep(0.05)
+        sampler.stop()
+        sampled_cpu = sampler.cpu_seconds
+        self_exit = proc.poll() is not None
+        if self_exit:
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            rusage_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+            cpu = max(sampled_cpu, rusage_cpu)
+        else:
+            cpu = sampled_cpu
+        if watcher.done_at is not None and (exited_at is None or watcher.done_at <= exited_at):
+            done = watcher.done_at
+            how = "output complete"
+        elif exited_at is not None:
+            done = exited_at
+            how = f"process exited ({proc.returncode})"
+        elif gave_up:
+            done = time.monotonic()
+            how = "gave up"
+        else:
+            done = time.monotonic()
+            how = "timeout"
+        result.update(wall_s=done - started, cpu_s=cpu, peak_rss_mb=sampler.peak_rss / 2**20, done_by=how,
+                      first_output_s=(watcher.first_at - started) if watcher.first_at else None)
+        # Let the watcher see anything still in flight (duplicates, stragglers) before verifying.
+        settle = time.monotonic() + (15 if how != "output complete" else 2)
+        last = -1
+        while time.monotonic() < settle and watcher.count != last:
+            last = watcher.count
+            time.sleep(1.0)
+    finally:
+        sampler.stop()
+        stop_process(proc)
+        watcher.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    result["exit_code"] = proc.returncode if proc else None
+    result["loadavg_after"] = os.getloadavg()[0]
+    if watcher.error:
+        result.update(ok=False, problem=f"output watcher failed: {watcher.error}")
+        return result
+    if result["done_by"] == "gave up":
+        result.update(ok=False, problem=f"{gave_up} (log {result['log']})")
+        return result
+    if result["done_by"] == "timeout":
+        result.update(ok=False, problem=f"timed out after {ctx['timeout']:.0f}s with {watcher.count:,}/{expected:,} "
+                      f"output records; log {result['log']}: {_tail(log_path)}")
+        return result
+    if getattr(contender, "verify_values", True):
+        ok, summary, stats = verify_output(watcher.records, seeded.expected, contender.exactly_once)
+    else:
+        ok = watcher.count == expected
+        summary = "ok" if ok else f"{watcher.count:,} output records, expected {expected:,}"
+        stats = {"output_records": watcher.count, "expected_records": expected, "checked": "count only"}
+    result["verification"] = stats
+    if not ok:
+        exit_note = f" (exit code {proc.returncode})" if proc and proc.returncode not in (0, None, -15) else ""
+        result.update(ok=False, problem=f"wrong output{exit_note}: {summary}; log {result['log']}: {_tail(log_path)}")
+        return result
+    result["ok"] = True
+    mb = ctx["seeded"].input_bytes / 1e6
+    result["records_per_s"] = seeded.records / result["wall_s"]
+    result["mb_per_s"] = mb / result["wall_s"]
+    result["cpu_s_per_m"] = result["cpu_s"] / (seeded.records / 1e6)
+    return result
+
+
+def summarize(runs: list[dict]) -> dict:
+    out = {}
+    for key in ("wall_s", "records_per_s", "mb_per_s", "cpu_s", "cpu_s_per_m", "peak_rss_mb", "first_output_s"):
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        if vals:
+            out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Latency mode
+# ---------------------------------------------------------------------------------------------
+
+def run_latency(contender: Contender, ctx: dict) -> dict:
+    """Steady input at --rate; p50/p99 of (time seen in the output) - (time produced)."""
+    import random
+
+    from confluent_kafka import Producer
+
+    from benchmarks.common import ORDER_SCHEMA, encode, make_order, producer_config
+
+    bootstrap, partitions = ctx["bootstrap"], ctx["partitions"]
+    tag = f"{contender.name}-{ctx['stamp']}-lat"
+    in_topic, out_topic = f"bench-lat-in-{tag}", f"bench-lat-out-{tag}"
+    workdir = tempfile.mkdtemp(prefix=f"bench-lat-{contender.name}-")
+    log_path = ctx["logdir"] / f"{tag}.log"
+    job = Job(bootstrap=bootstrap, input_topic=in_topic, output_topic=out_topic, partitions=partitions,
+              group=f"bench-{tag}-{uuid.uuid4().hex[:6]}", workdir=workdir, mode="latency")
+    topics = [in_topic, out_topic] + contender.extra_topics(job)
+    create_topics(bootstrap, topics, partitions)
+    ctx["topics"] += topics
+    sent: dict[bytes, float] = {}
+    window = {"start": None, "end": None}
+    latencies: list[float] = []
+    seen_in_window: set[bytes] = set()
+
+    def on_record(msg, _mono):
+        now = time.time()
+        key = msg.key()
+        t = sent.get(key)
+        if t is None:
+            return
+        if window["start"] is not None and window["start"] <= t and (window["end"] is None or t < window["end"]):
+            if key not in seen_in_window:
+                seen_in_window.add(key)
+                latencies.append((now - t) * 1000.0)
+
+    stop = threading.Event()
+    rate = ctx["rate"]
+
+    def produce_loop():
+        producer = Producer(producer_config(bootstrap, **{"linger.ms": 0}))
+        rng = random.Random(11)
+        i = 0
+        begin = time.monotonic()
+        while not stop.is_set():
+            due = int((time.monotonic() - begin) * rate)
+            while i < due:
+                now_ms = int(time.time() * 1000)
+                order = make_order(rng, i, now_ms)
+                key = order["id"].encode()
+                sent[key] = time.time()
+                producer.produce(in_topic, key=key, value=encode(ORDER_SCHEMA, order), timestamp=now_ms)
+                i += 1
+            producer.poll(0)
+            time.sleep(0.005)
+        producer.flush(30)
+
+    watcher = OutputWatcher(bootstrap, out_topic, partitions, 0, on_record=on_record).start()
+    argv, env = contender.command(job)
+    proc = None
+    producer_thread = threading.Thread(target=produce_loop, daemon=True)
+    result: dict = {"rate": rate, "log": str(log_path)}
+    try:
+        proc = start_process(argv, env, str(log_path), str(REPO))
+        producer_thread.start()
+        started = time.monotonic()
+        while watcher.first_at is None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"exited with code {proc.returncode} before any output: {_tail(log_path)}")
+            if time.monotonic() - started > ctx["timeout"]:
+                raise RuntimeError(f"no output within {ctx['timeout']:.0f}s: {_tail(log_path)}")
+            time.sleep(0.1)
+        log(f"    first output after {time.monotonic() - started:.1f}s; warming up {ctx['warmup']}s")
+        time.sleep(ctx["warmup"])
+        window["start"] = time.time()
+        time.sleep(ctx["latency_seconds"])
+        window["end"] = time.time()
+        expected_keys = [k for k, t in list(sent.items()) if window["start"] <= t < window["end"]]
+        time.sleep(5.0)
+        stop.set()
+        producer_thread.join(30)
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with code {proc.returncode} during the measurement: {_tail(log_path)}")
+    except Exception as exc:  # noqa: BLE001 - reported as a row
+        return {"ok": False, "problem": str(exc)}
+    finally:
+        stop.set()
+        stop_process(proc)
+        watcher.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    # Orders with amount <= 0 produce no output: only those that should appear are counted.
+    from benchmarks.common import decode  # noqa: F401  (keys are enough: expected = produced in window)
+    produced = len(expected_keys)
+    if not latencies:
+        return {"ok": False, "problem": "no output for records produced in the measurement window"}
+    latencies.sort()
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    result.update(ok=True, produced_in_window=produced, measured=len(latencies), p50_ms=q[49], p99_ms=q[98],
+                  max_ms=latencies[-1], mean_ms=statistics.fmean(latencies))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+
+def hardware() -> dict:
+    import psutil
+
+    model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor()
+    return {"cpu_model": model, "logical_cores": os.cpu_count(),
+            "physical_cores": psutil.cpu_count(logical=False),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "os": platform.platform(), "loadavg_at_start": os.getloadavg()}
+
+
+def versions(contenders: list[Contender], broker: str) -> dict:
+    import subprocess
+
+    import confluent_kafka
+    import pyspark
+
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
+    v = {"python": platform.python_version(), "pyspark": pyspark.__version__,
+         "confluent_kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0],
+         "kafka_broker": broker, "java": java[0] if java else "unknown"}
+    for c in contenders:
+        try:
+            v.update(c.versions())
+        except Exception:  # noqa: BLE001
+            pass
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None) -> argparse.Namespace:
+    names = [c.name for c in all_contenders()]
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    ap.add_argument("--records", type=int, default=200_000, help="input records (default 200000)")
+    ap.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per contender (default 3)")
+    ap.add_argument("--contenders", default="all",
+                    help=f"comma-separated, from: {', '.join(names)} (default all)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 20000 records, 1 run")
+    ap.add_argument("--bootstrap-servers", default=os.environ.get("TXSTREAM_BOOTSTRAP_SERVERS"),
+                    help="an existing Kafka cluster (default: start a local one)")
+    ap.add_argument("--latency", action="store_true",
+                    help="measure end-to-end latency under a steady rate instead of throughput")
+    ap.add_argument("--rate", type=float, default=2000, help="latency mode: input records/s (default 2000)")
+    ap.add_argument("--latency-seconds", type=float, default=30, help="latency mode: measured window")
+    ap.add_argument("--warmup", type=float, default=10, help="latency mode: seconds after first output")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds before a run counts as failed (default 900, 300 with --quick)")
+    ap.add_argument("--output-prefix", default=None, help="results file name prefix (default: timestamp)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        if "--records" not in (argv or sys.argv):
+            args.records = 20_000
+        if "--runs" not in (argv or sys.argv):
+            args.runs = 1
+        if "--latency-seconds" not in (argv or sys.argv):
+            args.latency_seconds = 10
+        if "--warmup" not in (argv or sys.argv):
+            args.warmup = 3
+    if args.timeout is None:
+        args.timeout = 300 if args.quick else 900
+    wanted = names if args.contenders == "all" else [n.strip() for n in args.contenders.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        ap.error(f"unknown contender(s) {', '.join(unknown)}; choose from {', '.join(names)}")
+    args.contender_names = wanted
+    return args
+
+
+def _terminate(_sig, _frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    from benchmarks import report
+
+    contenders = [c for c in all_contenders() if c.name in args.contender_names]
+    if args.latency:
+        contenders = [c for c in contenders if c.long_running]
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    prefix = args.output_prefix or (stamp + ("-latency" if args.latency else "") + ("-quick" if args.quick else ""))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    logdir = Path(tempfile.mkdtemp(prefix="txstream-bench-logs-"))
+    cluster = None
+    tmp_data = None
+    ctx: dict = {"stamp": stamp, "partitions": args.partitions, "timeout": args.timeout, "logdir": logdir,
+                 "topics": [], "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup": args.warmup}
+    results: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                     "mode": "latency" if args.latency else "throughput",
+                     "settings": {k: v for k, v in vars(args).items() if k != "contender_names"}
+                     | {"contenders": args.contender_names},
+                     "hardware": hardware(), "contenders": {}}
+    try:
+        if args.bootstrap_servers:
+            bootstrap = args.bootstrap_servers
+            broker = "external cluster (version not known to the harness)"
+        else:
+            from txstream.local_broker import KAFKA_VERSION, LocalKafkaCluster, free_port_block
+
+            tmp_data = tempfile.mkdtemp(prefix="txstream-bench-kafka-")
+            cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=tmp_data, die_with_parent=True)
+            log("starting a local Kafka broker ...")
+            bootstrap = cluster.start(progress=lambda m: log("  " + m))
+            broker = f"Apache Kafka {KAFKA_VERSION} (local, 1 KRaft node)"
+        ctx["bootstrap"] = bootstrap
+        log(f"broker: {bootstrap}; logs of each run under {logdir}")
+
+        if not args.latency:
+            in_topic = f"bench-in-{stamp}"
+            create_topics(bootstrap, [in_topic], args.partitions)
+            ctx["topics"].append(in_topic)
+            log(f"seeding {args.records:,} orders into {in_topic} ({args.partitions} partitions) ...")
+            t = time.monotonic()
+            seeded = seed_input(bootstrap, in_topic, args.records, progress=log)
+            ctx["seeded"] = seeded
+            log(f"seeded in {time.monotonic() - t:.1f}s: {seeded.input_bytes / 1e6:.1f} MB, "
+                f"avg value {seeded.avg_value_size} B, {seeded.expected_count:,} orders with amount > 0")
+            results["input"] = {"topic": in_topic, "records": seeded.records, "bytes": seeded.input_bytes,
+                                "avg_value_bytes": seeded.avg_value_size, "avg_record_bytes": seeded.avg_record_size,
+                                "expected_output": seeded.expected_count}
+
+        for contender in contenders:
+            entry: dict = {"label": contender.label, "runs": []}
+            results["contenders"][contender.name] = entry
+            log(f"== {contender.label} ==")
+            try:
+                contender.prepare(lambda m: log(m))
+            except Unavailable as exc:
+                entry["status"] = f"unavailable: {exc}"
+                log(f"   {entry['status']}")
+                continue
+            except Exception as exc:  # noqa: BLE001
+                entry["status"] = f"unavailable: {type(exc).__name__}: {exc}"
+                log(f"   {entry['status']}")
+                continue
+            if args.latency:
+                res = run_latency(contender, ctx)
+                entry["latency"] = res
+                if res.get("ok"):
+                    entry["status"] = "ok"
+                    log(f"   p50 {res['p50_ms']:.0f} ms, p99 {res['p99_ms']:.0f} ms "
+                        f"({res['measured']:,} records)")
+                else:
+                    entry["status"] = f"unavailable: {res['problem']}"
+                    log(f"   {entry['status']}")
+                continue
+            for run_no in range(1, args.runs + 1):
+                log(f"   run {run_no}/{args.runs} ...")
+                try:
+                    res = run_once(contender, ctx, run_no)
+                except Exception as exc:  # noqa: BLE001 - one contender's failure is its row
+                    res = {"run": run_no, "ok": False, "problem": f"{type(exc).__name__}: {exc}",
+                           "traceback": traceback.format_exc()}
+                entry["runs"].append(res)
+                if not res.get("ok"):
+                    entry["status"] = f"unavailable: {res['problem']}"
+                    log(f"   {entry['status']}")
+                    break
+                log(f"   {res['wall_s']:.1f}s, {res['records_per_s']:,.0f} rec/s, "
+                    f"{res['cpu_s']:.1f} CPU s, peak RSS {res['peak_rss_mb']:.0f} MiB; output verified")
+            else:
+                entry["status"] = "ok"
+                entry["summary"] = summarize(entry["runs"])
+        results["versions"] = versions(contenders, broker)
+        results["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        results["ratios"] = report.ratios(results)
+        paths = report.write_all(results, RESULTS, prefix)
+        print()
+        print(report.markdown(results))
+        log("wrote " + ", ".join(str(p.relative_to(REPO)) for p in paths))
+        return 0
+    finally:
+        if ctx.get("bootstrap") and args.bootstrap_servers:
+            delete_topics(ctx["bootstrap"], ctx["topics"])
+        if cluster is not None:
+            log("stopping the local Kafka broker")
+            cluster.destroy()
+        if tmp_data:
+            shutil.rmtree(tmp_data, ignore_errors=True)

@@ -1,0 +1,241 @@
+"""Measuring a contender: its process tree (CPU, peak RSS) and its output (count, done time)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the harness dies, whatever happens."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def start_process(argv: list[str], env: dict | None, log_path: str, cwd: str) -> subprocess.Popen:
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    finally:
+        log.close()
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM the process group, then SIGKILL it; also kill any straggler of its tree."""
+    if proc is None:
+        return
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class TreeSampler:
+    """Samples a process tree: CPU seconds (user + system, per pid, last value seen) and RSS."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.roots: list[int] = []
+        self.cpu: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu seconds
+        self.peak_rss = 0
+        self._procs: dict[tuple[int, float], psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def add_root(self, pid: int) -> None:
+        with self._lock:
+            self.roots.append(pid)
+
+    def start(self) -> "TreeSampler":
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="tree-sampler")
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        with self._lock:
+            roots = list(self.roots)
+        rss = 0
+        for root in roots:
+            try:
+                top = psutil.Process(root)
+                procs = [top] + top.children(recursive=True)
+            except psutil.Error:
+                continue
+            for proc in procs:
+                try:
+                    with proc.oneshot():
+                        key = (proc.pid, proc.create_time())
+                        times = proc.cpu_times()
+                        mem = proc.memory_info().rss
+                except psutil.Error:
+                    continue
+                self.cpu[key] = times.user + times.system
+                rss += mem
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+        self.sample()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
+
+
+class OutputWatcher:
+    """A read_committed consumer on every partition of the output topic, from the beginning.
+
+    Counts records and keeps (key, value) pairs for verification; `done_at` is the monotonic
+    time when the count first reached `expected`, `first_at` when the first record arrived.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, expected: int,
+                 on_record=None) -> None:
+        self.bootstrap, self.topic, self.partitions, self.expected = bootstrap, topic, partitions, expected
+        self.on_record = on_record
+        self.records: list[tuple[bytes, bytes]] = []
+        self.count = 0
+        self.first_at: float | None = None
+        self.done_at: float | None = None
+        self.error: str | None = None
+        self.keep = on_record is None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()
+
+    def start(self) -> "OutputWatcher":
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="output-watcher")
+        self._thread.start()
+        self.ready.wait(30)
+        return self
+
+    def _loop(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"watch-{self.topic}",
+                             "isolation.level": "read_committed", "enable.auto.commit": False,
+                             "enable.partition.eof": False, "fetch.wait.max.ms": 50,
+                             "auto.offset.reset": "earliest"})
+        try:
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(self.partitions)])
+            self.ready.set()
+            while not self._stop.is_set():
+                msgs = consumer.consume(num_messages=5000, timeout=0.1)
+                if not msgs:
+                    continue
+                now = time.monotonic()
+                for msg in msgs:
+                    if msg.error():
+                        continue
+                    if self.first_at is None:
+                        self.first_at = now
+                    self.count += 1
+                    if self.keep:
+                        self.records.append((msg.key(), msg.value()))
+                    else:
+                        self.on_record(msg, now)
+                if self.done_at is None and self.expected and self.count >= self.expected:
+                    self.done_at = now
+        except Exception as exc:  # noqa: BLE001 - reported to the harness
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.ready.set()
+            consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(15)
+
+
+def verify_output(records: list[tuple[bytes, bytes]], expected: dict[bytes, bytes],
+                  exactly_once: bool = True) -> tuple[bool, str, dict]:
+    """Every expected key present with exactly the expected Avro bytes; no extra keys.
+
+    Byte equality of schemaless Avro is value equality (Avro's encoding is canonical for a
+    given schema), which we also confirm by decoding a sample for the report.
+    """
+    from benchmarks.common import ENRICHED_SCHEMA, decode
+
+    seen: dict[bytes, int] = {}
+    wrong = 0
+    extra = 0
+    first_wrong = None
+    for key, value in records:
+        seen[key] = seen.get(key, 0) + 1
+        want = expected.get(key)
+        if want is None:
+            extra += 1
+        elif value != want:
+            wrong += 1
+            if first_wrong is None:
+                first_wrong = (key, value, want)
+    missing = sum(1 for k in expected if k not in seen)
+    duplicates = sum(c - 1 for c in seen.values() if c > 1)
+    stats = {"output_records": len(records), "expected_records": len(expected), "missing": missing,
+             "duplicates": duplicates, "unexpected": extra, "wrong_values": wrong}
+    sample = None
+    for key, value in records[:: max(1, len(records) // 5)][:5]:
+        sample = decode(ENRICHED_SCHEMA, value)
+        want = expected.get(key)
+        if want is not None and decode(ENRICHED_SCHEMA, want) != sample:
+            wrong += 1
+    if sample is not None:
+        stats["sample"] = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in sample.items()}
+    problems = []
+    if missing:
+        problems.append(f"{missing} missing")
+    if extra:
+        problems.append(f"{extra} unexpected")
+    if wrong:
+        problems.append(f"{wrong} wrong values")
+        if first_wrong is not None:
+            try:
+                got = decode(ENRICHED_SCHEMA, first_wrong[1])
+            except Exception as exc:  # noqa: BLE001
+                got = f"undecodable: {exc}"
+            stats["first_wrong"] = {"key": first_wrong[0].decode(errors="replace"), "got": str(got),
+                                    "want": str(decode(ENRICHED_SCHEMA, first_wrong[2]))}
+    if duplicates and exactly_once:
+        problems.append(f"{duplicates} duplicates")
+    return (not problems, ", ".join(problems) or "ok", stats)

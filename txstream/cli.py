@@ -84,6 +84,146 @@ def kafka_check(bootstrap_servers: str) -> None:
         sys.exit(1)
 
 
+# ---------------------------------------------------------------------------------------------
+# txstream run / produce / consume
+# ---------------------------------------------------------------------------------------------
+
+BOOTSTRAP = click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
+                         show_default=True, help="Kafka bootstrap servers [env: TXSTREAM_BOOTSTRAP_SERVERS].")
+
+
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected key=value, got {item!r}", param_hint=option)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _clean_error(exc: BaseException) -> str:
+    """The line a user needs from an error that may have crossed the JVM (Py4J) boundary."""
+    text = str(exc)
+    from txstream.driver import FATAL_MARKERS
+
+    for line in text.splitlines():
+        for marker in FATAL_MARKERS:
+            if marker in line:
+                return line.split(f"{marker}: ", 1)[-1].strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:2000]
+    return type(exc).__name__
+
+
+@main.command("run")
+@click.argument("processor")
+@BOOTSTRAP
+@click.option("--app-id", help="Consumer group and transactional.id prefix [default: from the class name].")
+@click.option("--input", "inputs", multiple=True, help="Input topic (repeatable) [default: the processor's].")
+@click.option("--output", help="Output topic [default: the processor's].")
+@click.option("--dead-letter-topic", help="Topic for records that cannot be processed.")
+@click.option("--guarantee", type=click.Choice(["exactly-once", "at-least-once", "at-most-once"]),
+              help="Delivery guarantee [default: the processor's, exactly-once].")
+@click.option("--auto-offset-reset", type=click.Choice(["earliest", "latest", "none"]),
+              help="Where to start without a committed offset [default: earliest].")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--max-records-per-partition", type=int, help="Cap per partition per batch [default: 100000].")
+@click.option("--trigger-interval", type=float, help="Seconds between batch starts [default: 0].")
+@click.option("--until-caught-up", is_flag=True,
+              help="Exit 0 once every owned partition reaches the end offset seen at start.")
+@click.option("--max-batches", type=int, help="Stop after this many batches.")
+@click.option("--value-schema", help="Avro schema (.avsc) of input values.")
+@click.option("--key-schema", help="Avro schema (.avsc) of input keys.")
+@click.option("--output-value-schema", help="Avro schema (.avsc) of output values.")
+@click.option("--output-key-schema", help="Avro schema (.avsc) of output keys.")
+@click.option("--lineage/--no-lineage", default=None, help="Stamp source topic/partition/offset headers.")
+@click.option("-X", "librdkafka", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka property for producers and consumers; prefix producer. or consumer. for one side.")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Spark setting.")
+@click.option("-q", "--quiet", is_flag=True, help="Only the final summary.")
+def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tuple[str, ...], output: str | None,
+        dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str,
+        max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
+        max_batches: int | None, value_schema: str | None, key_schema: str | None,
+        output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
+        librdkafka: tuple[str, ...], spark_conf: tuple[str, ...], quiet: bool) -> None:
+    """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
+    import logging
+
+    from txstream import settings as run_settings
+    from txstream.driver import Driver
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        cls = run_settings.load_processor(processor)
+        resolved = run_settings.resolve(
+            cls, bootstrap_servers=bootstrap_servers, app_id=app_id, inputs=list(inputs), output=output,
+            dead_letter=dead_letter_topic, guarantee=guarantee, auto_offset_reset=auto_offset_reset,
+            max_records_per_partition=max_records_per_partition, trigger_interval=trigger_interval,
+            master=master, lineage=lineage, librdkafka=_pairs(librdkafka, "-X"),
+            spark_conf=_pairs(spark_conf, "--conf"),
+            schemas={"value": value_schema, "key": key_schema, "output_value": output_value_schema,
+                     "output_key": output_key_schema},
+            until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet)
+        echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
+        code = Driver(resolved, echo=echo).run()
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure ends as one clear line
+        raise click.ClickException(_clean_error(exc)) from None
+    sys.exit(code)
+
+
+@main.command("produce")
+@click.argument("topic")
+@BOOTSTRAP
+@click.option("--value-schema", help="Encode each JSON line with this Avro schema (.avsc); else send the line as is.")
+@click.option("--key-field", help="Use this field of each JSON value as the record key.")
+@click.option("--file", "path", type=click.File("r"), default="-", help="JSON lines [default: stdin].")
+@click.option("--transactional", is_flag=True, help="Write everything in one transaction.")
+def produce(topic: str, bootstrap_servers: str, value_schema: str | None, key_field: str | None,
+            path, transactional: bool) -> None:  # noqa: ANN001 - click.File
+    """Write JSON lines to TOPIC (one record per line)."""
+    from txstream.serde import load_schema
+    from txstream.topic_io import produce_lines
+
+    try:
+        schema = load_schema(value_schema) if value_schema else None
+        count = produce_lines(bootstrap_servers, topic, path, schema, key_field, transactional)
+    except Exception as exc:  # noqa: BLE001
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"produced {count} records to {topic}", err=True)
+
+
+@main.command("consume")
+@click.argument("topic")
+@BOOTSTRAP
+@click.option("--value-schema", help="Decode values with this Avro schema (.avsc).")
+@click.option("--isolation", type=click.Choice(["read_committed", "read_uncommitted"]), default="read_committed",
+              show_default=True)
+@click.option("--max", "limit", type=int, help="Stop after this many records.")
+@click.option("--timeout", type=float, default=60.0, show_default=True)
+def consume(topic: str, bootstrap_servers: str, value_schema: str | None, isolation: str,
+            limit: int | None, timeout: float) -> None:
+    """Print TOPIC from the beginning to its current end as JSON lines."""
+    import json
+
+    from txstream.serde import load_schema
+    from txstream.topic_io import read_records
+
+    try:
+        schema = load_schema(value_schema) if value_schema else None
+        count = 0
+        for record in read_records(bootstrap_servers, topic, schema, isolation, limit, timeout):
+            click.echo(json.dumps(record, sort_keys=True))
+            count += 1
+    except Exception as exc:  # noqa: BLE001
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{count} records ({isolation})", err=True)
+
+
 # Command groups that live in modules of their own.
 from txstream.cli_offsets import offsets  # noqa: E402
 from txstream.cli_verify import verify  # noqa: E402

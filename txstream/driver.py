@@ -276,6 +276,8 @@ class Driver:
                     if any(marker in text for marker in FATAL_MARKERS) or isinstance(exc, (TransformError, SchemaError)):
                         raise
                     failures += 1
+                    if failures > s.max_consecutive_failures:
+                        raise RuntimeError(f"{failures} batches in a row failed; the last error: {text}") from exc
                     delay = min(0.5 * 2 ** failures, 10.0)
                     self.echo(f"batch {self.batch_id} failed ({_first_line(text)}); re-planning in {delay:.1f}s")
                     self._idle(delay)

@@ -83,8 +83,8 @@ def arrow_type(schema: Any) -> pa.DataType:
     if logical == "decimal":
         return pa.decimal128(schema["precision"], schema.get("scale", 0))
     if kind == "record":
-        return pa.struct([pa.field(f["name"], arrow_type(f["type"]), nullable=_nullable(f["type"]))
-                          for f in schema["fields"]])
+        # Nullable like the fields of a Spark struct declared in DDL: the two must match exactly.
+        return pa.struct([pa.field(f["name"], arrow_type(f["type"])) for f in schema["fields"]])
     if kind == "array":
         return pa.list_(arrow_type(schema["items"]))
     if kind == "map":
@@ -96,10 +96,6 @@ def arrow_type(schema: Any) -> pa.DataType:
     if isinstance(kind, (dict, list)) or kind in _PRIMITIVES:
         return arrow_type(kind)
     raise SchemaError(f"Unsupported Avro type {kind!r}")
-
-
-def _nullable(schema: Any) -> bool:
-    return isinstance(schema, list) and "null" in schema or schema == "null"
 
 
 def spark_ddl(schema: Any) -> str:
@@ -191,7 +187,8 @@ def check_struct_fits(spark_struct, schema: dict, what: str) -> None:
                 return f"is {spark_type.simpleString()}, the schema wants a record"
             return None
         wanted = _arrow_to_ddl(expected)
-        got = spark_type.simpleString()
+        got = {"bigint": "long", "smallint": "short", "tinyint": "byte"}.get(
+            spark_type.simpleString(), spark_type.simpleString())
         lenient = {("int", "long"), ("long", "int"), ("float", "double"), ("double", "float"),
                    ("string", "binary"), ("binary", "string"), ("int", "short"), ("int", "byte"),
                    ("long", "short"), ("long", "byte")}

@@ -48,6 +48,7 @@ class RunSettings:
     max_batches: int | None = None
     transaction_timeout_s: float = 60.0
     idle_backoff_max_s: float = 2.0
+    max_consecutive_failures: int = 8
     quiet: bool = False
 
 

@@ -74,6 +74,9 @@ class AuditReport:
     # Output / dead-letter records with lineage but no publication id (only --one-to-one can
     # tell their duplicates apart from a fan-out).
     without_publication: int = 0
+    # Partitions whose transactions open when the audit began had not all ended within the
+    # timeout: the audit stops at their last stable offset, before those transactions.
+    open_transactions: list[str] = field(default_factory=list)
     seconds: float = 0.0
     records_read: int = 0
 
@@ -126,6 +129,9 @@ class AuditReport:
             sample = ", ".join(f"{t}[{pt}]@{o}" for t, pt, o in self.unexpected_elsewhere_samples)
             out.append(f"unexpected: {self.unexpected_elsewhere} output(s) name a source outside the "
                        f"input topics: {sample}")
+        if self.open_transactions:
+            out.append(f"note: transactions still open on {', '.join(self.open_transactions)}; "
+                       "audited up to their last stable offset")
         if self.without_lineage:
             out.append(f"note: {self.without_lineage} output/dead-letter record(s) carry no lineage "
                        "headers and were not audited")
@@ -192,9 +198,19 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
     committed: dict[tuple[str, int], int] = {}
     if app_id:
         committed = _committed(admin, app_id, input_tps, timeout)
+    # commit_transaction() returns before the commit markers reach the partitions: wait until
+    # each partition's last stable offset passes everything written so far (every transaction
+    # open now, the app's last committed one included, has its markers), within `timeout`.
     all_tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
+    written = _list_offsets(admin, all_tps, OffsetSpec.latest(), timeout, IsolationLevel.READ_UNCOMMITTED)
+    settle_by = time.monotonic() + timeout
+    while True:
+        stable = _list_offsets(admin, all_tps, OffsetSpec.latest(), timeout)
+        unsettled = sorted(k for k in stable if stable[k] < written[k])
+        if not unsettled or time.monotonic() > settle_by:
+            break
+        time.sleep(0.05)
     earliest = _list_offsets(admin, all_tps, OffsetSpec.earliest(), timeout)
-    stable = _list_offsets(admin, all_tps, OffsetSpec.latest(), timeout)
 
     rows: dict[tuple[str, int], PartitionAudit] = {}
     for tp in input_tps:
@@ -204,7 +220,8 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
         rows[key] = PartitionAudit(tp.topic, tp.partition, start, max(start, end))
 
     report = AuditReport(inputs, outputs, dead, app_id, one_to_one,
-                         [rows[(tp.topic, tp.partition)] for tp in input_tps])
+                         [rows[(tp.topic, tp.partition)] for tp in input_tps],
+                         open_transactions=[f"{t}[{p}]" for t, p in unsettled])
 
     # Pass 1: the inputs (visible offsets in each audited range).
     visible: dict[tuple[str, int], set[int]] = {k: set() for k in rows}
@@ -256,10 +273,9 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
             else:
                 row.outputs += 1
             pub = None
-            for k, v in headers:
-                if k == pub_key:
+            for k, v in headers:   # the last one wins, as in source_of: a dead letter keeps
+                if k == pub_key:   # its input's own (upstream) headers before txstream's
                     pub = v
-                    break
             if pub is None:
                 report.without_publication += 1
             seen = first_pub[key]
@@ -287,13 +303,12 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
     return report
 
 
-def _list_offsets(admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec,
-                  timeout: float) -> dict[tuple[str, int], int]:
+def _list_offsets(admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec, timeout: float,
+                  isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
     if not tps:
         return {}
     try:
-        futures = admin.list_offsets({tp: spec for tp in tps},
-                                     isolation_level=IsolationLevel.READ_COMMITTED,
+        futures = admin.list_offsets({tp: spec for tp in tps}, isolation_level=isolation,
                                      request_timeout=timeout)
         return {(tp.topic, tp.partition): f.result(timeout=timeout).offset for tp, f in futures.items()}
     except Exception as exc:  # noqa: BLE001 - KafkaException or a timeout, both for the user

@@ -36,7 +36,7 @@ class HandWrittenLoop(Contender):
     def versions(self) -> dict:
         import confluent_kafka
 
-        return {"confluent-kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0]}
+        return {"confluent-kafka": confluent_kafka.version(), "librdkafka": confluent_kafka.libversion()[0]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,7 @@ class QuixStreams(Contender):
     def prepare(self, progress) -> None:
         ensure_venv(progress)
         res = subprocess.run([str(PY), "-c", "import quixstreams, confluent_kafka; "
-                              "print(quixstreams.__version__, confluent_kafka.version()[0])"],
+                              "print(quixstreams.__version__, confluent_kafka.version())"],
                              capture_output=True, text=True, timeout=120)
         if res.returncode != 0:
             raise Unavailable("quixstreams does not import: " + res.stderr.strip()[-200:])

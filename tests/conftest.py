@@ -79,3 +79,32 @@ def make_topic(admin: AdminClient, request: pytest.FixtureRequest) -> Callable[.
     yield create
     if created:
         admin.delete_topics(created)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the in-process engine tests (2 task slots, retries on)."""
+    from txstream.driver import build_spark
+
+    session = build_spark("local[2]", "txstream-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def run_processor(bootstrap_servers: str, spark):  # noqa: ANN001
+    """Run a processor class in-process until caught up; returns the Driver (totals, reports)."""
+    from txstream.driver import Driver
+    from txstream.settings import resolve
+
+    def run(cls, **overrides):  # noqa: ANN001, ANN202
+        overrides.setdefault("until_caught_up", True)
+        overrides.setdefault("app_id", f"test-{cls.__name__.lower()}-{uuid.uuid4().hex[:8]}")
+        settings = resolve(cls, bootstrap_servers=bootstrap_servers, master="local[2]", **overrides)
+        lines: list[str] = []
+        driver = Driver(settings, echo=lines.append, spark=spark)
+        driver.exit_code = driver.run()
+        driver.lines = lines
+        return driver
+
+    return run

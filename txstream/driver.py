@@ -37,7 +37,7 @@ log = logging.getLogger("txstream")
 SINK_COLUMNS = ("key", "value", "topic", "partition", "headers", "offset")
 
 # Errors that no retry can cure: the run stops with the message.
-FATAL_MARKERS = ("PoisonRecordError", "SchemaError", "OutputError", "NoCommittedOffsetError")
+FATAL_MARKERS = ("PoisonRecordError", "SchemaError", "OutputError", "NoCommittedOffsetError", "TransformError")
 
 
 class TransformError(ValueError):
@@ -70,7 +70,7 @@ class BatchReport:
         return "  ".join(parts)
 
 
-def build_spark(settings: RunSettings):  # noqa: ANN201 - SparkSession
+def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf: dict[str, str] | None = None):  # noqa: ANN201
     """A Spark session whose Python workers use this interpreter (pyarrow, confluent_kafka)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -78,7 +78,6 @@ def build_spark(settings: RunSettings):  # noqa: ANN201 - SparkSession
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
     from pyspark.sql import SparkSession
 
-    master = settings.master
     if master.startswith("local[") and "," not in master:
         # Retry failed tasks like a cluster does (local mode's default is no retry).
         master = master[:-1] + ",4]"
@@ -90,9 +89,9 @@ def build_spark(settings: RunSettings):  # noqa: ANN201 - SparkSession
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.memory": "2g",
-        **settings.spark_conf,
+        **(spark_conf or {}),
     }
-    builder = SparkSession.builder.master(master).appName(settings.app_id)
+    builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -102,8 +101,10 @@ def build_spark(settings: RunSettings):  # noqa: ANN201 - SparkSession
 
 
 class Driver:
-    def __init__(self, settings: RunSettings, echo: Callable[[str], None] = print) -> None:
+    def __init__(self, settings: RunSettings, echo: Callable[[str], None] = print, spark=None) -> None:  # noqa: ANN001
         self.settings = settings
+        self.spark = spark
+        self._own_spark = spark is None
         self.echo = echo
         self.admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers,
                                   **{k: v for k, v in settings.consumer_config.items()
@@ -113,7 +114,6 @@ class Driver:
         self._side_dir = tempfile.mkdtemp(prefix=f"txstream-{settings.app_id}-")
         self._owner_dir = os.path.join(tempfile.gettempdir(), "txstream-owners", settings.app_id)
         self.batch_id = 0
-        self.spark = None
         self.membership: GroupMembership | None = None
         self.targets: dict[tuple[str, int], int] = {}
         self.totals = {"records_in": 0, "records_out": 0, "dead_letters": 0, "batches": 0}
@@ -206,6 +206,18 @@ class Driver:
                 "groupBy/agg, distinct, orderBy, repartition/coalesce, limit and shuffled joins are not "
                 "(yet).")
 
+    def check_topics(self) -> None:
+        """Inputs, the output and the dead-letter topic must exist: txstream never creates them."""
+        s = self.settings
+        known = self.admin.list_topics(timeout=30).topics
+        wanted = [("input", t) for t in s.input_topics]
+        wanted += [("output", s.output_topic)] if s.output_topic else []
+        wanted += [("dead-letter", s.dead_letter_topic)] if s.dead_letter_topic else []
+        missing = [f"{role} topic {name!r}" for role, name in wanted if name not in known]
+        if missing:
+            raise TransformError(f"{', '.join(missing)} does not exist on {s.bootstrap_servers}; "
+                                 "create it first (txstream never auto-creates topics).")
+
     def validate(self) -> None:
         """Refuse a wide transform or an unpublishable output before anything is read."""
         topic = self.settings.input_topics[0]
@@ -233,15 +245,16 @@ class Driver:
             self.stop_requested.set()
 
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, handler)
-            signal.signal(signal.SIGTERM, handler)
+            self._previous_handlers = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def run(self) -> int:
         s = self.settings
         self._install_signals()
-        self.spark = build_spark(s)
+        if self.spark is None:
+            self.spark = build_spark(s.master, s.app_id, s.spark_conf)
         try:
             s.processor.setup(self.spark)
+            self.check_topics()
             self.validate()
             self.membership = GroupMembership(s.bootstrap_servers, s.app_id, s.input_topics,
                                               s.consumer_config, self._wait_for_batch, self._on_group_change)
@@ -403,10 +416,12 @@ class Driver:
                 f"{t['dead_letters']} dead-lettered")
 
     def close(self) -> None:
+        for sig, previous in getattr(self, "_previous_handlers", {}).items():
+            signal.signal(sig, previous)
         if self.membership is not None:
             self.membership.close()
             self.membership = None
-        if self.spark is not None:
+        if self.spark is not None and self._own_spark:
             self.spark.stop()
             self.spark = None
         shutil.rmtree(self._side_dir, ignore_errors=True)

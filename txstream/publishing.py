@@ -54,6 +54,10 @@ class AbortableError(RuntimeError):
     """The transaction was aborted; its range may be published again."""
 
 
+class OutputError(ValueError):
+    """The output cannot be published as the transform shaped it (no retry can cure it)."""
+
+
 class PoisonRecordError(RuntimeError):
     """A record cannot be processed and there is no dead-letter topic to set it aside."""
 
@@ -223,7 +227,7 @@ class RecordCollector:
         for i in range(n):
             topic = topics[i] if topics is not None and topics[i] is not None else self.default_topic
             if topic is None:
-                raise ValueError("an output row has no `topic` and the processor declares no output_topic")
+                raise OutputError("an output row has no `topic` and the processor declares no output_topic")
             record_headers = [(h["key"], h["value"]) for h in hdrs[i]] if hdrs is not None and hdrs[i] else []
             if self.lineage:
                 record_headers += self._lineage_fixed
@@ -248,6 +252,8 @@ class RecordCollector:
         self._produce_from(0)
 
     def _produce_from(self, start: int) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
         produce, poll = self.producer.produce, self.producer.poll
         for topic, value, key, partition, record_headers in self.sent[start:]:
             while True:
@@ -256,6 +262,14 @@ class RecordCollector:
                     break
                 except BufferError:
                     poll(0.05)  # local queue full: let deliveries drain
+                except KafkaException as exc:
+                    code = exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
+                    if code in (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                        raise OutputError(f"output topic {topic!r} does not exist; create it first "
+                                          "(txstream never auto-creates topics)") from None
+                    if code == KafkaError._UNKNOWN_PARTITION:
+                        raise OutputError(f"output partition {partition} of topic {topic!r} does not exist") from None
+                    raise
         poll(0)
 
 

@@ -1,0 +1,115 @@
+"""Small helpers for tests: write records, read a topic whole with read_committed, murmur2."""
+from __future__ import annotations
+
+import io
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterable
+
+import fastavro
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from txstream.topic_io import end_offsets
+
+
+@dataclass
+class Record:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes]],
+            partitioner: str = "murmur2_random", partition: int | None = None) -> int:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "partitioner": partitioner,
+                         "enable.idempotence": True})
+    count = 0
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, value, key, partition=-1 if partition is None else partition)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+    assert producer.flush(60) == 0
+    return count
+
+
+def avro_bytes(schema: dict, value: dict) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, value)
+    return buf.getvalue()
+
+
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", timeout: float = 60) -> list[Record]:
+    """Everything up to the end offsets seen now, stopping on position (offset gaps allowed)."""
+    ends = end_offsets(bootstrap, topic, isolation)
+    pending = {p: end for p, (low, end) in ends.items() if end > low}
+    out: list[Record] = []
+    if not pending:
+        return out
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-read-{uuid.uuid4().hex}",
+                         "isolation.level": isolation, "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in pending])
+    deadline = time.monotonic() + timeout
+    try:
+        while pending:
+            assert time.monotonic() < deadline, f"reading {topic} stalled before {pending}"
+            for msg in consumer.consume(5000, 0.5):
+                if msg.error():
+                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                    continue
+                if msg.offset() < pending.get(msg.partition(), -1):
+                    out.append(Record(msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                      dict(msg.headers() or [])))
+            for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
+                if tp.offset >= pending.get(tp.partition, 0):
+                    pending.pop(tp.partition, None)
+    finally:
+        consumer.close()
+    return out
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
+    try:
+        result = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], 30)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+    finally:
+        consumer.close()
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's Java `Utils.murmur2`, as a signed 32-bit int (reference for partitioning tests)."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(length // 4):
+        k = int.from_bytes(data[i * 4:i * 4 + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail = length & ~3
+    extra = length % 4
+    if extra == 3:
+        h ^= data[tail + 2] << 16
+    if extra >= 2:
+        h ^= data[tail + 1] << 8
+    if extra >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def java_partition(key: bytes, partitions: int) -> int:
+    """Where Kafka's Java producer (and so Kafka Streams and Spark) puts a keyed record."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions

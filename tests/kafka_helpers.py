@@ -10,6 +10,7 @@ from typing import Iterable
 import fastavro
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from txstream.retry import retriable
 from txstream.topic_io import end_offsets
 
 
@@ -77,7 +78,8 @@ def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", time
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
     try:
-        result = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], 30)
+        wanted = [TopicPartition(topic, p) for p in range(partitions)]
+        result = retriable(lambda: consumer.committed(wanted, 30))
         return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
     finally:
         consumer.close()

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 from txstream import faults
 from txstream.membership import GroupMembership
 from txstream.planning import PartitionPlan, Planner, transactional_id
+from txstream.poison import PoisonIsolator
 from txstream.publishing import (ACKED, ALREADY_DONE, COMMITTED, FENCED, RESULT_DDL, STALE_PLAN,
                                  DriverCommits, publish_partition)
 from txstream.reading import SOURCE_NAME, KafkaRangeSource
@@ -288,6 +289,9 @@ class Driver:
                     text = str(exc)
                     if any(marker in text for marker in FATAL_MARKERS) or isinstance(exc, (TransformError, SchemaError)):
                         raise
+                    if PoisonIsolator(self).isolate(plans, commits, self.echo):
+                        failures = 0
+                        continue
                     failures += 1
                     if failures > s.max_consecutive_failures:
                         raise RuntimeError(f"{failures} batches in a row failed; the last error: {text}") from exc

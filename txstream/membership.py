@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from txstream.retry import retriable
+
 log = logging.getLogger("txstream")
 
 # Cooperative-sticky moves only the partitions that must move: the others keep processing
@@ -107,7 +109,8 @@ class GroupMembership:
         """The group's committed offsets, read stably (read_committed asks for stable offsets)."""
         if not partitions:
             return {}
-        result = self.consumer.committed([TopicPartition(p.topic, p.partition) for p in partitions], timeout)
+        wanted = [TopicPartition(p.topic, p.partition) for p in partitions]
+        result = retriable(lambda: self.consumer.committed(wanted, timeout), timeout)
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in result}
 
     def commit(self, offsets: list[TopicPartition]) -> None:

@@ -314,7 +314,11 @@ def _group_reader(spec: dict) -> Any:
 def committed_offset(spec: dict, topic: str, partition: int) -> int | None:
     from confluent_kafka import TopicPartition
 
-    tp = _group_reader(spec).committed([TopicPartition(topic, partition)], timeout=spec.get("timeout_s", 60))[0]
+    from txstream.retry import retriable
+
+    timeout = spec.get("timeout_s", 60)
+    tp = retriable(lambda: _group_reader(spec).committed([TopicPartition(topic, partition)], timeout=timeout),
+                   timeout)[0]
     return tp.offset if tp.offset >= 0 else None
 
 
@@ -541,3 +545,42 @@ class DriverCommits:
         if self.guarantee == AT_LEAST_ONCE:
             acked = {row["index"] for row in rows if row["status"] == ACKED}
             self.membership.commit(self._offsets([p for i, p in enumerate(plans) if i in acked]))
+
+
+# ---------------------------------------------------------------------------------------------
+# One record set aside by the driver (a record that makes the transform fail)
+# ---------------------------------------------------------------------------------------------
+
+def publish_dead_letter(spec: dict, plan: dict, record: tuple, membership: Any) -> str:
+    """Send one record to the dead-letter topic and move the partition's offset past it.
+
+    Under exactly-once this is the same protocol as a task's: the partition's transactional.id
+    (fencing any zombie), the committed-offset re-check, the dead letter and the offset in one
+    transaction. The weaker guarantees produce, then let the member commit.
+    """
+    from confluent_kafka import Producer, TopicPartition
+
+    offset = record[4]
+    next_offset = [TopicPartition(plan["topic"], plan["partition"], offset + 1)]
+    if spec["guarantee"] != EXACTLY_ONCE:
+        config = {k: v for k, v in spec["producer_config"].items() if not k.startswith("transaction")}
+        producer = Producer({**config, "enable.idempotence": True})
+        collector = _collector(spec, plan, producer)
+        collector.add_dead_letter(spec["dead_letter_topic"], record, spec["app_id"])
+        if producer.flush(spec.get("timeout_s", 60)):
+            raise RuntimeError("the dead letter was not acknowledged; its offset is not committed")
+        membership.commit(next_offset)
+        return COMMITTED
+    publisher = TransactionalPublisher(spec["producer_config"], plan["transactional_id"], spec.get("owner_dir"),
+                                       spec.get("timeout_s", 60))
+    try:
+        publisher.init()
+        if committed_offset(spec, plan["topic"], plan["partition"]) != offset:
+            return STALE_PLAN
+        publisher.begin()
+        _collector(spec, plan, publisher.producer).add_dead_letter(spec["dead_letter_topic"], record, spec["app_id"])
+        publisher.send_offsets(next_offset, spec["group_metadata"])
+        publisher.commit()
+        return COMMITTED
+    finally:
+        publisher.close()

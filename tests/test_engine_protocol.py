@@ -1,0 +1,114 @@
+"""The publishing protocol's edges: zombies fenced, stale plans publish nothing, read_committed input."""
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from processors.passthrough import PassThrough
+from tests.kafka_helpers import committed, produce, read_all
+from txstream.driver import Driver
+from txstream.membership import GroupMembership
+from txstream.planning import PartitionPlan, transactional_id
+from txstream.publishing import ALREADY_DONE, COMMITTED, STALE_PLAN, DriverCommits, FencedError, TransactionalPublisher
+from txstream.settings import resolve
+
+
+def test_a_zombie_publisher_cannot_commit_after_it_is_fenced(bootstrap_servers, make_topic) -> None:
+    source, sink = make_topic("in"), make_topic("out")
+    produce(bootstrap_servers, source, [(b"k", b"v")] * 10)
+    group = f"zombie-{uuid.uuid4().hex[:6]}"
+    member = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group})
+    config = {"bootstrap.servers": bootstrap_servers}
+    tid = transactional_id(group, source, 0)
+    zombie = TransactionalPublisher(config, tid, owner_dir=None, timeout_s=30)
+    zombie.init()
+    zombie.begin()
+    zombie.producer.produce(sink, b"from the zombie")
+    zombie.producer.flush(10)
+    successor = TransactionalPublisher(config, tid, owner_dir=None, timeout_s=30)
+    successor.init()  # fences the zombie and aborts its open transaction
+    with pytest.raises(FencedError):
+        zombie.send_offsets([TopicPartition(source, 0, 10)], member.consumer_group_metadata())
+        zombie.commit()
+    successor.begin()
+    successor.producer.produce(sink, b"from the successor")
+    successor.send_offsets([TopicPartition(source, 0, 10)], member.consumer_group_metadata())
+    successor.commit()
+    successor.close()
+    member.close()
+    assert [r.value for r in read_all(bootstrap_servers, sink)] == [b"from the successor"]
+    assert committed(bootstrap_servers, group, source, 1) == {0: 10}
+
+
+@pytest.fixture
+def driver_with_membership(bootstrap_servers, spark, make_topic):  # noqa: ANN001, ANN201
+    """A Driver whose group membership is live, for running single batches by hand."""
+    source, sink = make_topic("in", partitions=2), make_topic("out")
+    produce(bootstrap_servers, source, [(f"k{i}".encode(), f"v{i}".encode()) for i in range(200)])
+    settings = resolve(PassThrough, bootstrap_servers=bootstrap_servers, app_id=f"plans-{uuid.uuid4().hex[:6]}",
+                       inputs=[source], output=sink, master="local[2]")
+    driver = Driver(settings, echo=lambda _m: None, spark=spark)
+    driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [source], {}, lambda: None)
+    try:
+        driver._wait_for_assignment(timeout=30)
+        yield driver, source, sink
+    finally:
+        driver.membership.close()
+
+
+def _plans(driver: Driver, source: str, committed_as: dict[int, int | None], ends: dict[int, int]) -> list[PartitionPlan]:
+    starts = {p: (c or 0) for p, c in committed_as.items()}
+    return [PartitionPlan(source, p, starts[p], ends[p], committed_as[p],
+                          transactional_id(driver.settings.app_id, source, p)) for p in sorted(ends)]
+
+
+def test_a_stale_plan_publishes_nothing_and_a_done_range_is_skipped(driver_with_membership, bootstrap_servers) -> None:
+    driver, source, sink = driver_with_membership
+    commits = DriverCommits(driver.settings.guarantee, driver.membership)
+    ends = {p: hi for p, (_lo, hi) in
+            {p: Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"}).get_watermark_offsets(
+                TopicPartition(source, p)) for p in (0, 1)}.items()}
+    first = driver.run_batch(_plans(driver, source, {0: None, 1: None}, {0: 50, 1: 50}), commits)
+    assert [r["status"] for r in first.rows] == [COMMITTED, COMMITTED]
+    published = len(read_all(bootstrap_servers, sink))
+    assert published == 100
+    # A plan made before that batch committed (it still believes nothing is committed) is stale.
+    stale = driver.run_batch(_plans(driver, source, {0: None, 1: None}, ends), commits)
+    assert [r["status"] for r in stale.rows] == [STALE_PLAN, STALE_PLAN]
+    # A retried plan whose range is already committed is recognised and skipped.
+    again = driver.run_batch(_plans(driver, source, {0: None, 1: None}, {0: 50, 1: 50}), commits)
+    assert [r["status"] for r in again.rows] == [ALREADY_DONE, ALREADY_DONE]
+    assert len(read_all(bootstrap_servers, sink)) == published
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 2) == {0: 50, 1: 50}
+
+
+def test_aborted_transactions_and_control_records_in_the_input(bootstrap_servers, make_topic, run_processor) -> None:
+    source, sink = make_topic("in"), make_topic("out")
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": f"mixed-{uuid.uuid4().hex}"})
+    producer.init_transactions(30)
+    expected = []
+    for round_ in range(6):
+        producer.begin_transaction()
+        values = [f"r{round_}-{i}".encode() for i in range(40)]
+        for value in values:
+            producer.produce(source, value, b"k")
+        if round_ % 2:
+            producer.flush(30)
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+            expected += values
+    producer.begin_transaction()  # the range ends in aborted data: the reader must not wait for it
+    producer.produce(source, b"aborted tail", b"k")
+    producer.flush(30)
+    producer.abort_transaction(30)
+    driver = run_processor(PassThrough, inputs=[source], output=sink, max_records_per_partition=70)
+    assert [r.value for r in read_all(bootstrap_servers, sink)] == expected
+    assert driver.totals["records_in"] == len(expected) == 120
+    # Offsets include the aborted records and the control records: the group is at the very end.
+    high = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"}).get_watermark_offsets(TopicPartition(source, 0))[1]
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 1) == {0: high}
+    assert high > 6 * 40 + 1

@@ -1,0 +1,68 @@
+"""What txstream refuses before reading anything, with errors that name the problem."""
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from processors.enrich_orders import EnrichOrders
+from processors.passthrough import PassThrough
+from tests.kafka_helpers import committed, produce, read_all
+from txstream.driver import TransformError
+from txstream.serde import SchemaError
+
+
+class CountPerKey(PassThrough):
+    def transform(self, batch):  # noqa: ANN001, ANN201
+        return batch.groupBy("key").count().select("key", F.col("count").cast("string").alias("value"))
+
+
+class NoValue(PassThrough):
+    def transform(self, batch):  # noqa: ANN001, ANN201
+        return batch.select("key", F.col("value").alias("payload"))
+
+
+class WrongType(EnrichOrders):
+    def transform(self, batch):  # noqa: ANN001, ANN201
+        out = super().transform(batch)
+        return out.withColumn("value", F.col("value").withField("amount_cents", F.lit("lots")))
+
+
+class MissingField(EnrichOrders):
+    def transform(self, batch):  # noqa: ANN001, ANN201
+        return batch.select("key", F.struct(F.col("value.id").alias("id")).alias("value"))
+
+
+@pytest.fixture
+def topics(bootstrap_servers, make_topic):  # noqa: ANN001, ANN201
+    source, sink = make_topic("in"), make_topic("out")
+    produce(bootstrap_servers, source, [(b"k", b"v")] * 5)
+    return source, sink, make_topic("dlq")
+
+
+def test_a_wide_transform_is_refused_before_anything_is_read(topics, run_processor, bootstrap_servers) -> None:
+    source, sink, _ = topics
+    with pytest.raises(TransformError, match=r"wide.*Exchange.*narrow") as refused:
+        run_processor(CountPerKey, inputs=[source], output=sink, app_id="wide-refused")
+    assert "groupBy" in str(refused.value)
+    assert committed(bootstrap_servers, "wide-refused", source, 1) == {0: None}
+    assert read_all(bootstrap_servers, sink) == []
+
+
+def test_output_without_value_names_the_columns(topics, run_processor) -> None:
+    source, sink, _ = topics
+    with pytest.raises(TransformError, match=r"no `value` column \(it has: key, payload\)"):
+        run_processor(NoValue, inputs=[source], output=sink)
+
+
+def test_struct_not_matching_the_avro_schema_names_the_field(topics, run_processor) -> None:
+    source, sink, dlq = topics
+    with pytest.raises(SchemaError, match=r"`value.amount_cents` is string, the schema wants long"):
+        run_processor(WrongType, inputs=[source], output=sink, dead_letter=dlq)
+    with pytest.raises(SchemaError, match=r"`value.customer_id` is required"):
+        run_processor(MissingField, inputs=[source], output=sink, dead_letter=dlq)
+
+
+def test_missing_output_topic_is_a_clear_error(topics, run_processor) -> None:
+    source, _, _ = topics
+    with pytest.raises(TransformError, match=r"output topic 'no-such-topic' does not exist"):
+        run_processor(PassThrough, inputs=[source], output="no-such-topic")

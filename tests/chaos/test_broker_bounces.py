@@ -1,0 +1,120 @@
+"""Broker bounces, as Kafka's transactions system test does them: a 3-node KRaft cluster, topics
+with replication factor 3 and min.insync.replicas=2; while `txstream run` copies a continuously
+fed input, each broker is bounced one at a time - SIGKILL and clean restarts, including the
+leader of an input partition and the transaction coordinator of one of the app's
+transactional.ids - waiting for the run to make progress and the cluster to be fully replicated
+between bounces. A read_committed checker reads the output all along; afterwards the output must
+be exactly the input and the audit clean.
+
+The run is expected to ride out every bounce without exiting. If it does exit, the test
+restarts it (the output must still be exact) and then fails, naming the bounce.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.chaos import harness as h
+
+pytestmark = pytest.mark.chaos
+PARTITIONS = 4
+TOPIC_CONFIG = {"min.insync.replicas": "2"}
+
+
+def _topics(cluster, *names: str) -> None:  # noqa: ANN001
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    futures = admin.create_topics([NewTopic(n, PARTITIONS, 3, config=TOPIC_CONFIG) for n in names])
+    for future in futures.values():
+        future.result(60)
+    cluster.wait_fully_replicated(120)
+
+
+def test_broker_bounces(cluster):  # noqa: ANN001
+    bootstrap = cluster.bootstrap_servers
+    rounds = h.scale(1, 4)
+    seeded = h.scale(10_000, 100_000)
+    rate = h.scale(1_000, 3_000)
+    suffix = f"{int(time.time())}"
+    source, sink = f"bb-in-{suffix}", f"bb-out-{suffix}"
+    _topics(cluster, source, sink)
+    expected = h.seed(bootstrap, source, PARTITIONS, seeded)
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+                # Sensible timeouts while a broker is down: librdkafka retries for a while
+                # instead of failing the task at once.
+                extra=["-X", "transaction.timeout.ms=60000", "-X", "producer.message.timeout.ms=55000",
+                       "-X", "consumer.session.timeout.ms=30000"])
+    feeder = h.Feeder(bootstrap, source, PARTITIONS, rate, first=seeded)
+    checker = h.Checker(bootstrap, sink, PARTITIONS)
+    bounces: list[str] = []
+    exits: list[str] = []
+    began = time.monotonic()
+    try:
+        checker.start()
+        feeder.start()
+        run = app.start(until_caught_up=False)
+
+        def ensure_running(after: str) -> None:
+            nonlocal run
+            if run.poll() is not None:
+                exits.append(f"exit {run.poll()} after {after}")
+                run.destroy()
+                run = app.start(until_caught_up=False)
+
+        def progress(after: str) -> None:
+            baseline = app.baseline()
+            deadline = time.monotonic() + 300
+            while not h.wait_for(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
+                                 f"progress after {after}", interval=0.2, run=run):
+                ensure_running(after)  # the run ended: note it, restart, keep waiting
+
+        progress("start")
+        tid = f"{app.app_id}-{source}-0"
+        for round_no in range(rounds):
+            order: list[tuple[int, str]] = []
+            leader = cluster.leader_of(source, 0)
+            order.append((leader, f"leader of {source}[0]"))
+            coordinator = cluster.transaction_coordinator(tid)
+            if coordinator == leader:
+                order.append((coordinator, f"txn coordinator of {tid} (also the leader)"))
+            else:
+                order.append((coordinator, f"txn coordinator of {tid}"))
+            for node in cluster.nodes:
+                if node.node_id not in (leader, coordinator):
+                    order.append((node.node_id, "the remaining node"))
+            # Each broker once per round, hard and clean alternating (the first one hard).
+            # (leader == coordinator: that node is bounced twice, once each way)
+            for i, (node_id, role) in enumerate(order):
+                hard = (i + round_no) % 2 == 0
+                took = cluster.bounce(node_id, hard=hard, timeout=240)
+                what = f"{'SIGKILL' if hard else 'clean'} bounce of node {node_id} ({role}) {took:.0f}s"
+                bounces.append(what)
+                print(what, flush=True)
+                progress(what)
+                time.sleep(rng.uniform(0, 2))
+        feeder.finish()
+        assert not feeder.errors, feeder.errors
+        expected += Counter(h.record(n) for n in range(seeded, feeder.next))
+        ends = h.end_offsets(bootstrap, source, PARTITIONS)
+        target = sum(ends.values())
+        while not h.wait_for(lambda: (app.committed_total() or 0) >= target, 300,
+                             f"the run to catch up to {target}", interval=0.5, run=run):
+            ensure_running("the bounces")
+        code = run.terminate()
+        assert code == 0, f"SIGTERM: exit {code}\n{run.tail()}"
+        checker.drain()
+        log_tail = app.log_text()[-4000:]
+        h.verdict("broker bounces", bootstrap, app, expected, checker=checker,
+                  extra=f"{len(bounces)} bounces, run exits {exits or 'none'} seed {seed} "
+                        f"{time.monotonic() - began:.0f}s")
+        assert not exits, (f"txstream run did not ride out the broker bounces: {exits} "
+                           f"(bounces: {bounces})\n{log_tail}")
+    finally:
+        feeder.stop_event.set()
+        checker.stop_event.set()
+        app.destroy_all()

@@ -1,0 +1,120 @@
+"""Exactly-once under crashes (issue 3): `txstream run` as a real subprocess, killed for real.
+
+1. kill -9 at random moments: the process group is SIGKILLed while a batch is in flight (right
+   after the group's committed offsets show that some partitions of this run committed), 4+
+   times, restarting each time until a run exits 0. The read_committed output must equal one
+   clean run's output: the input's (key, value) multiset, and `txstream.verify.audit` clean.
+2. Faults at the dangerous points (txstream/faults.py, TXSTREAM_FAULTS): a kill between produce
+   and commit, after the commit before the driver learns of it, in the driver between batches,
+   and task failures that Spark retries. Each restarts until done and checks the exact output.
+
+`kill` faults fire in a Spark Python worker, which lives in the process group of Spark's Python
+daemon (pyspark/daemon.py calls setpgid), not the driver's. The harness therefore exports
+TXSTREAM_DRIVER_PGID (the session's group) so faults.py SIGKILLs the driver and its JVM; the
+worker that fired it survives a moment longer, and the rest of the session is then swept.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from tests.chaos import harness as h
+
+PARTITIONS = 4
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    yield
+    h.close_probes()
+
+
+def _restart_until_done(app: h.App, max_runs: int, timeout: float = 420) -> list[int]:
+    """Start the app with --until-caught-up until a run exits 0; returns every run's exit code."""
+    codes: list[int] = []
+    for _ in range(max_runs):
+        run = app.start()
+        code = run.wait(timeout)
+        codes.append(code)
+        if code == 0:
+            return codes
+    raise AssertionError(f"no run exited 0 in {max_runs} attempts (exit codes {codes})\n{app.log_text()[-4000:]}")
+
+
+def test_kill_9_at_random_moments(bootstrap_servers, make_topic):
+    """~240k records, 4 partitions, 10k per partition per batch: kill -9 mid-batch 4+ times."""
+    records = 240_000
+    wanted_kills = 4
+    source, sink = make_topic("crash-in", PARTITIONS), make_topic("crash-out", PARTITIONS)
+    expected = h.seed(bootstrap_servers, source, PARTITIONS, records)
+    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=10_000)
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    kills, kill_points, codes = 0, [], []
+    began = time.monotonic()
+    try:
+        for _attempt in range(wanted_kills + 6):
+            run = app.start()
+            if kills < wanted_kills:
+                baseline = app.baseline()
+                # Kill while a batch is in flight: right after this run's first partition
+                # commits (the rest of its batch still publishing), or a little later.
+                progressed = h.wait_for(app.progressed_since(baseline), 420,
+                                        "this run to commit a range", interval=0.05, run=run)
+                if progressed and run.poll() is None:
+                    time.sleep(rng.choice([0.0, 0.0, rng.uniform(0.1, 4.0)]))
+                    if run.poll() is None:
+                        at = app.committed_total()
+                        run.kill9()
+                        kills += 1
+                        kill_points.append(at)
+                        continue
+            code = run.wait(420)
+            codes.append(code)
+            assert code == 0, f"txstream run exited {code}\n{run.tail()}"
+            break
+        else:
+            raise AssertionError(f"no clean finish after {kills} kills")
+        assert kills >= wanted_kills, (
+            f"only {kills} kills landed before the run finished (seed {seed}); the input is too small "
+            "for the batch size")
+        assert all(0 < at < records for at in kill_points if at is not None), f"a kill was not mid-run: {kill_points}"
+        h.verdict("kill -9 x%d" % kills, bootstrap_servers, app, expected,
+                  extra=f"kills at committed {kill_points} seed {seed} {time.monotonic() - began:.0f}s")
+    finally:
+        app.destroy_all()
+
+
+FAULTS = [
+    # (id, TXSTREAM_FAULTS, runs that must die before one finishes)
+    ("kill-between-produce-and-commit", "publish.before_commit=kill@3", 1),
+    ("kill-after-commit-before-driver-learns", "publish.after_commit=kill@3", 1),
+    ("kill-in-driver-between-batches", "driver.between_batches=kill@1", 1),
+    ("kill-mid-produce", "publish.mid_produce=kill@2", 1),
+    ("task-failures-spark-retries", "read.end=raise@1,publish.mid_produce=raise@2,"
+                                    "publish.before_commit=raise@4,publish.after_commit=raise@6", 0),
+]
+
+
+@pytest.mark.parametrize("faults,deaths", [f[1:] for f in FAULTS], ids=[f[0] for f in FAULTS])
+def test_fault_at_dangerous_point(bootstrap_servers, make_topic, faults, deaths):
+    records = 10_000
+    source, sink = make_topic("fault-in", PARTITIONS), make_topic("fault-out", PARTITIONS)
+    expected = h.seed(bootstrap_servers, source, PARTITIONS, records)
+    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=1_250, faults=faults)  # 2 batches
+    began = time.monotonic()
+    try:
+        codes = _restart_until_done(app, max_runs=deaths + 2)
+        fired = sorted(p.name for p in __import__("pathlib").Path(app.faults_dir).iterdir())
+        wanted = {item.split("=")[0] + "." + item.split("@")[1] for item in faults.split(",")}
+        assert wanted <= set(fired), f"faults did not fire: wanted {sorted(wanted)}, occurrences {fired}"
+        killed = [c for c in codes if c != 0]
+        assert len(killed) == deaths, f"expected {deaths} killed run(s), exit codes {codes}\n{app.log_text()[-3000:]}"
+        if deaths:
+            assert all(c == -9 for c in killed), f"a run died otherwise than by SIGKILL: {codes}"
+        h.verdict(f"fault {faults}", bootstrap_servers, app, expected,
+                  extra=f"exit codes {codes} {time.monotonic() - began:.0f}s")
+    finally:
+        app.destroy_all()

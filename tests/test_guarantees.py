@@ -1,0 +1,214 @@
+"""The three delivery guarantees under kill -9, with real `txstream run` processes.
+
+Each mode copies the same input (4 partitions, PassThrough, 2000 records per partition per batch)
+while the whole process group (driver, JVM, Python workers) is SIGKILLed mid-batch several
+times: at deterministic points (TXSTREAM_FAULTS) and once at a random moment after progress is
+seen. The process is restarted after every kill until a run exits 0. Then the output, read with
+read_committed, shows what each mode promises and what it does not:
+
+- exactly-once: output == input as multisets (no duplicate, no gap), and `txstream verify` agrees.
+- at-least-once: every input is in the output (no gap), and duplicates did occur.
+- at-most-once: no input is in the output twice (no duplicate), and gaps did occur.
+
+The kill points differ per mode where that is what shows the difference:
+- at-least-once: `read.end=kill@7` = the third task of the second batch has read its range. With
+  two task slots, one task of that batch has then finished: its output is acknowledged but the
+  driver has not committed the batch's offsets, so the restart repeats that output.
+- at-most-once: `publish.mid_produce=kill@1` = the first task of the first batch has produced part
+  of its output. The driver committed the batch's end offsets before it ran, and two of its four
+  tasks have not even started, so the restart skips their ranges.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.kafka_helpers import committed, produce, read_all
+from txstream import verify
+
+REPO = Path(__file__).resolve().parent.parent
+PARTITIONS = 4
+PER_PARTITION = 10_000
+CAP = 2_000
+
+# One entry per process start: a TXSTREAM_FAULTS spec (the run must die by it), "random" (kill
+# at a random moment after the first batch line), or None (run to the end, exit 0).
+SCHEDULES = {
+    "exactly-once": ["publish.mid_produce=kill@3", "publish.before_commit=kill@2", "random", None],
+    "at-least-once": ["read.end=kill@7", "random", None],
+    "at-most-once": ["publish.mid_produce=kill@1", "random", None],
+}
+
+
+class TxstreamRun:
+    """One `python -m txstream.cli run ...` in its own process group, stderr to a file."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TXSTREAM_FAULTS")}
+        full_env.update(env or {})
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        # Spark's Python daemon puts its workers in a process group of their own, so a `kill`
+        # fault fired in a worker must be told the driver's group: the new session's id, which
+        # is the shell's pid ($$) kept by exec.
+        command = 'TXSTREAM_DRIVER_PGID=$$ exec "$0" -m txstream.cli run "$@"'
+        self.proc = subprocess.Popen(["/bin/sh", "-c", command, sys.executable, *args], cwd=REPO,
+                                     env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def lines(self) -> list[str]:
+        return self.log_path.read_text(errors="replace").splitlines()
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(self.lines()[-n:])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_for(self, predicate, timeout: float, what: str) -> list[str]:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.lines()
+            if predicate(lines):
+                return lines
+            if not self.alive():
+                raise AssertionError(f"txstream run exited ({self.proc.returncode}) before {what}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}:\n{self.tail()}")
+            time.sleep(0.2)
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"txstream run still running after {timeout:.0f}s:\n{self.tail()}") from None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (driver, Spark JVM, Python workers) and reap it."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM the driver (finish the batch, leave the group); the exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def stop(self) -> None:
+        """For finally blocks: whatever state it is in, nothing of it survives."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(30)
+        finally:
+            self._log.close()
+
+
+def batch_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("batch ") and " in " in line]
+
+
+def seed(bootstrap: str, topic: str) -> list[bytes]:
+    values = []
+    for p in range(PARTITIONS):
+        records = [(f"k{p}-{i}".encode(), f"p{p}-{i}".encode()) for i in range(PER_PARTITION)]
+        produce(bootstrap, topic, records, partition=p)
+        values += [v for _, v in records]
+    return values
+
+
+def run_chain(guarantee: str, bootstrap: str, source: str, sink: str, workdir: Path, rng: random.Random) -> dict:
+    """Start, kill and restart `txstream run` along the mode's schedule; what happened."""
+    app_id = f"guarantee-{guarantee}-{uuid.uuid4().hex[:8]}"
+    args = ["processors/passthrough.py:PassThrough", "--bootstrap-servers", bootstrap,
+            "--app-id", app_id, "--input", source, "--output", sink, "--guarantee", guarantee,
+            "--until-caught-up", "--master", "local[2]", "--max-records-per-partition", str(CAP),
+            # A killed member leaves the group after its session timeout: keep restarts quick.
+            "-X", "consumer.session.timeout.ms=6000"]
+    workdir.mkdir()
+    kills: list[str] = []
+    after_first_kill = None
+    for step, fault in enumerate(SCHEDULES[guarantee], start=1):
+        env = {}
+        if fault not in (None, "random"):
+            env = {"TXSTREAM_FAULTS": fault, "TXSTREAM_FAULTS_DIR": tempfile.mkdtemp(dir=workdir)}
+        run = TxstreamRun(args, workdir / f"run-{step}.log", env)
+        try:
+            if fault is None:
+                code = run.wait_exit(300)
+                assert code == 0, f"final run of {guarantee} failed ({code}):\n{run.tail()}"
+                assert any(line.startswith("caught up") for line in run.lines()), run.tail()
+            elif fault == "random":
+                run.wait_for(lambda lines: batch_lines(lines), 300, "a first batch")
+                time.sleep(rng.uniform(0.0, 2.5))
+                assert run.alive(), f"{guarantee} run {step} ended before the random kill:\n{run.tail()}"
+                run.kill()
+                kills.append(f"at random after {len(batch_lines(run.lines()))} batch(es)")
+            else:
+                code = run.wait_exit(300)
+                assert code == -signal.SIGKILL, f"{fault} did not kill {guarantee} run {step} ({code}):\n{run.tail()}"
+                kills.append(f"{fault} in batch {len(batch_lines(run.lines())) + 1}")
+        finally:
+            run.stop()
+        if step == 1 and guarantee != "exactly-once":
+            after_first_kill = committed(bootstrap, app_id, source, PARTITIONS)
+    return {"app_id": app_id, "kills": kills, "after_first_kill": after_first_kill}
+
+
+def test_guarantee_matrix_under_kill_minus_nine(bootstrap_servers, make_topic, tmp_path) -> None:
+    """The three modes side by side (concurrently: most of a run is start-up and group joins)."""
+    rng_seed = int(os.environ.get("TXSTREAM_TEST_SEED", random.randrange(1 << 30)))
+    topics = {g: (make_topic("in", partitions=PARTITIONS), make_topic("out", partitions=PARTITIONS))
+              for g in SCHEDULES}
+    inputs = {g: seed(bootstrap_servers, source) for g, (source, _) in topics.items()}
+    with ThreadPoolExecutor(len(SCHEDULES)) as pool:
+        futures = {g: pool.submit(run_chain, g, bootstrap_servers, source, sink, tmp_path / g,
+                                  random.Random(f"{rng_seed}-{g}"))
+                   for g, (source, sink) in topics.items()}
+        chains = {g: f.result() for g, f in futures.items()}
+
+    figures = {}
+    for guarantee, (source, sink) in topics.items():
+        chain = chains[guarantee]
+        out = Counter(r.value for r in read_all(bootstrap_servers, sink))
+        expected = Counter(inputs[guarantee])
+        duplicates = sum(n - 1 for n in out.values() if n > 1)
+        gaps = sum(1 for v in expected if v not in out)
+        figures[guarantee] = (duplicates, gaps)
+        print(f"\n{guarantee}: kills {'; '.join(chain['kills'])}; output {sum(out.values())} records "
+              f"for {len(expected)} inputs: {duplicates} duplicates, {gaps} gaps (seed {rng_seed})")
+        assert not [v for v in out if v not in expected]
+        # Every mode ends with the whole input consumed.
+        assert committed(bootstrap_servers, chain["app_id"], source, PARTITIONS) == {
+            p: PER_PARTITION for p in range(PARTITIONS)}
+        if guarantee == "exactly-once":
+            assert (duplicates, gaps) == (0, 0)
+            assert out == expected
+            report = verify.audit(bootstrap_servers, [source], [sink], app_id=chain["app_id"], one_to_one=True)
+            assert report.clean, [p for p in report.partitions if p.duplicates or p.gaps or p.unexpected]
+            assert sum(p.consumed for p in report.partitions) == len(expected)
+            assert sum(p.outputs for p in report.partitions) == len(expected)
+        else:
+            # DriverCommits at work, seen right after the first kill: at-most-once committed batch
+            # 1's end offsets before running it (the kill came inside batch 1); at-least-once
+            # committed batch 1 once its output was acknowledged, and not batch 2 (killed in it).
+            assert chain["after_first_kill"] == {p: CAP for p in range(PARTITIONS)}, chain["after_first_kill"]
+        if guarantee == "at-least-once":
+            assert gaps == 0, "at-least-once lost records"
+            assert duplicates > 0, "the kills were meant to repeat acknowledged output"
+        if guarantee == "at-most-once":
+            assert duplicates == 0, "at-most-once repeated records"
+            assert gaps > 0, "the kills were meant to lose committed-but-unpublished ranges"

@@ -75,6 +75,10 @@ class Planner:
         self.auto_offset_reset = auto_offset_reset
         self.cap = cap
         self.warnings: list[str] = []
+        # auto.offset.reset=latest picks a partition's start once, when first planned without a
+        # committed offset, and keeps it until something is committed (as a consumer's position
+        # does): records produced after that moment are processed, not skipped by a later reset.
+        self._reset_positions: dict[tuple[str, int], int] = {}
 
     def plan(self, owned: list[TopicPartition], committed: dict[tuple[str, int], int | None],
              cap: int | None = None) -> list[PartitionPlan]:
@@ -94,7 +98,16 @@ class Planner:
             done = committed.get(key)
             start = done
             if done is None:
-                start = mark.earliest if self.auto_offset_reset == "earliest" else mark.last_stable
+                if self.auto_offset_reset == "earliest":
+                    start = mark.earliest
+                elif key in self._reset_positions and mark.earliest <= self._reset_positions[key] <= mark.last_stable:
+                    start = self._reset_positions[key]
+                else:
+                    start = self._reset_positions[key] = mark.last_stable
+                    self.warnings.append(
+                        f"{tp.topic}[{tp.partition}]: no committed offset; starting at the last stable offset "
+                        f"{start} (auto.offset.reset=latest): the {start - mark.earliest} record(s) before it "
+                        "are not processed")
             elif done < mark.earliest or done > mark.last_stable:
                 start = mark.earliest if self.auto_offset_reset != "latest" else mark.last_stable
                 if self.auto_offset_reset == "none":
@@ -106,6 +119,8 @@ class Planner:
                            f"recreated); resetting to {start} by auto.offset.reset={self.auto_offset_reset}")
                 log.warning(message)
                 self.warnings.append(message)
+            else:
+                self._reset_positions.pop(key, None)
             end = min(mark.last_stable, start + cap)
             if end > start or (done != start and end >= start and done is not None):
                 plans.append(PartitionPlan(tp.topic, tp.partition, start, end, done,

@@ -1,0 +1,206 @@
+"""auto.offset.reset, out-of-range committed offsets, and replay with `txstream offsets reset`.
+
+In-process drivers on the session's Spark (no start-up per test), a real broker, and the real
+`txstream offsets` command as a subprocess.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+from processors.passthrough import PassThrough
+from tests.kafka_helpers import committed, produce, read_all
+from txstream.driver import Driver
+from txstream.planning import NoCommittedOffsetError
+from txstream.settings import resolve
+from txstream.topic_io import end_offsets
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def seed(bootstrap: str, topic: str, partitions: int, per_partition: int, tag: str = "", first: int = 0) -> list[bytes]:
+    values = []
+    for p in range(partitions):
+        records = [(f"k{p}-{i}".encode(), f"{tag}p{p}-{i}".encode()) for i in range(first, first + per_partition)]
+        produce(bootstrap, topic, records, partition=p)
+        values += [v for _, v in records]
+    return values
+
+
+def values(bootstrap: str, topic: str) -> Counter:
+    return Counter(r.value for r in read_all(bootstrap, topic))
+
+
+def wait_until(condition, timeout: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(0.2)
+
+
+def offsets_cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "txstream.cli", "offsets", *args, "--bootstrap-servers", bootstrap],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+class BackgroundDriver:
+    """A Driver running in a thread (no --until-caught-up), its lines observable while it runs."""
+
+    def __init__(self, spark, bootstrap: str, **overrides) -> None:  # noqa: ANN001
+        overrides.setdefault("app_id", f"test-reset-{uuid.uuid4().hex[:8]}")
+        self.settings = resolve(PassThrough, bootstrap_servers=bootstrap, master="local[2]", **overrides)
+        self.lines: list[str] = []
+        self.driver = Driver(self.settings, echo=self.lines.append, spark=spark)
+        self.result: dict = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.result["code"] = self.driver.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.result["error"] = exc
+
+    def __enter__(self) -> "BackgroundDriver":
+        self.thread.start()
+        return self
+
+    def wait_for_line(self, needle: str, count: int = 1, timeout: float = 120) -> None:
+        wait_until(lambda: sum(needle in line for line in list(self.lines)) >= count or not self.thread.is_alive(),
+                   timeout, f"{count} line(s) with {needle!r}")
+        assert sum(needle in line for line in self.lines) >= count, (self.result, self.lines)
+
+    def stop(self) -> int:
+        self.driver.stop_requested.set()
+        self.thread.join(120)
+        assert not self.thread.is_alive(), "the driver did not stop"
+        if "error" in self.result:
+            raise self.result["error"]
+        return self.result["code"]
+
+    def __exit__(self, *exc_info) -> None:  # noqa: ANN002
+        if self.thread.is_alive():
+            self.driver.stop_requested.set()
+            self.thread.join(120)
+
+
+def test_earliest_is_the_default_and_processes_everything(bootstrap_servers, make_topic, run_processor) -> None:
+    source, sink = make_topic("in", partitions=2), make_topic("out", partitions=2)
+    inputs = seed(bootstrap_servers, source, 2, 500)
+    driver = run_processor(PassThrough, inputs=[source], output=sink)
+    assert driver.settings.auto_offset_reset == "earliest"
+    assert driver.exit_code == 0
+    assert values(bootstrap_servers, sink) == Counter(inputs)
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 2) == {0: 500, 1: 500}
+
+
+def test_latest_processes_only_records_produced_after_start(bootstrap_servers, make_topic, spark) -> None:
+    source, sink = make_topic("in", partitions=2), make_topic("out", partitions=2)
+    seed(bootstrap_servers, source, 2, 300, tag="before-")
+    with BackgroundDriver(spark, bootstrap_servers, inputs=[source], output=sink,
+                          auto_offset_reset="latest") as run:
+        # The planner fixes each partition's start when it first plans it, and says so.
+        run.wait_for_line("auto.offset.reset=latest", count=2)
+        assert any(f"{source}[0]: no committed offset; starting at the last stable offset 300" in line
+                   for line in run.lines), run.lines
+        after = seed(bootstrap_servers, source, 2, 200, tag="after-", first=300)
+        wait_until(lambda: committed(bootstrap_servers, run.settings.app_id, source, 2) == {0: 500, 1: 500},
+                   120, "the records produced after the start to be committed")
+        assert run.stop() == 0
+    assert values(bootstrap_servers, sink) == Counter(after)
+    assert not any(line.startswith("WARNING") for line in run.lines), run.lines
+
+
+def test_none_names_the_partitions_without_offsets_and_publishes_nothing(bootstrap_servers, admin, make_topic,
+                                                                         run_processor) -> None:
+    source, sink = make_topic("in", partitions=3), make_topic("out", partitions=3)
+    seed(bootstrap_servers, source, 3, 100)
+    app_id = f"test-none-{uuid.uuid4().hex[:8]}"
+    # The group has an offset for partition 0 only.
+    admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(app_id, [TopicPartition(source, 0, 40)])])[app_id].result(30)
+    with pytest.raises(NoCommittedOffsetError) as error:
+        run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id, auto_offset_reset="none")
+    message = str(error.value)
+    assert f"{source}[1], {source}[2]" in message and f"{source}[0]" not in message, message
+    assert "auto.offset.reset=none" in message and "txstream offsets reset" in message, message
+    assert read_all(bootstrap_servers, sink) == []
+    assert committed(bootstrap_servers, app_id, source, 3) == {0: 40, 1: None, 2: None}
+
+
+def test_committed_offset_deleted_by_retention_is_reset_loudly(bootstrap_servers, admin, make_topic,
+                                                               run_processor) -> None:
+    source, sink = make_topic("in", partitions=2), make_topic("out", partitions=2)
+    first = seed(bootstrap_servers, source, 2, 500)
+    app_id = f"test-retention-{uuid.uuid4().hex[:8]}"
+    assert run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id).exit_code == 0
+    assert committed(bootstrap_servers, app_id, source, 2) == {0: 500, 1: 500}
+    more = seed(bootstrap_servers, source, 2, 500, first=500)
+    # Retention (here: DeleteRecords) removes partition 0 below 800, beyond the committed 500.
+    admin.delete_records([TopicPartition(source, 0, 800)])[TopicPartition(source, 0, 800)].result(30)
+    assert end_offsets(bootstrap_servers, source, "read_committed")[0] == (800, 1000)
+
+    # none: a clear error, nothing published, nothing committed.
+    with pytest.raises(NoCommittedOffsetError, match=rf"{source}\[0\]: committed offset 500 is out of range \[800, 1000\]"):
+        run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id, auto_offset_reset="none")
+    assert values(bootstrap_servers, sink) == Counter(first)
+    assert committed(bootstrap_servers, app_id, source, 2) == {0: 500, 1: 500}
+
+    # earliest: reset to the new log start, with a WARNING line naming what was lost.
+    driver = run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id)
+    assert driver.exit_code == 0
+    warnings = [line for line in driver.lines if line.startswith("WARNING")]
+    assert len(warnings) == 1, driver.lines
+    assert (f"{source}[0]: committed offset 500 is out of range [800, 1000]" in warnings[0]
+            and "resetting to 800 by auto.offset.reset=earliest" in warnings[0]), warnings
+    lost = {f"p0-{i}".encode() for i in range(500, 800)}
+    assert values(bootstrap_servers, sink) == Counter(first) + Counter(v for v in more if v not in lost)
+    assert committed(bootstrap_servers, app_id, source, 2) == {0: 1000, 1: 1000}
+
+
+def test_reset_to_earliest_then_run_replays_everything(bootstrap_servers, make_topic, run_processor) -> None:
+    source, sink = make_topic("in", partitions=2), make_topic("out", partitions=2)
+    inputs = seed(bootstrap_servers, source, 2, 400)
+    app_id = f"test-replay-{uuid.uuid4().hex[:8]}"
+    assert run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id).exit_code == 0
+    assert values(bootstrap_servers, sink) == Counter(inputs)
+
+    dry = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-earliest")
+    assert dry.returncode == 0, dry.stderr
+    assert "Dry run" in dry.stdout, dry.stdout
+    assert committed(bootstrap_servers, app_id, source, 2) == {0: 400, 1: 400}
+
+    done = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-earliest", "--execute")
+    assert done.returncode == 0, done.stderr
+    assert "Executed" in done.stdout, done.stdout
+    assert committed(bootstrap_servers, app_id, source, 2) == {0: 0, 1: 0}
+
+    again = run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id)
+    assert again.exit_code == 0 and again.totals["records_in"] == 800
+    # A replay publishes everything again: each input twice (the first run's copy and the replay's).
+    assert values(bootstrap_servers, sink) == Counter({v: 2 for v in inputs})
+
+
+def test_reset_is_refused_while_an_instance_runs(bootstrap_servers, make_topic, spark) -> None:
+    source, sink = make_topic("in", partitions=2), make_topic("out", partitions=2)
+    seed(bootstrap_servers, source, 2, 100)
+    with BackgroundDriver(spark, bootstrap_servers, inputs=[source], output=sink) as run:
+        app_id = run.settings.app_id
+        run.wait_for_line("partitions assigned")
+        wait_until(lambda: committed(bootstrap_servers, app_id, source, 2) == {0: 100, 1: 100}, 120,
+                   "the first records to be processed")
+        refused = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-earliest", "--execute")
+        assert refused.returncode != 0
+        assert "live member" in refused.stderr and "stop them first" in refused.stderr, refused.stderr
+        assert committed(bootstrap_servers, app_id, source, 2) == {0: 100, 1: 100}
+        assert run.stop() == 0
+    # Stopped (it left the group): now the reset goes through.
+    done = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-earliest", "--execute")
+    assert done.returncode == 0, done.stderr
+    assert committed(bootstrap_servers, app_id, source, 2) == {0: 0, 1: 0}

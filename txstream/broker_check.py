@@ -73,7 +73,9 @@ def transaction_round_trip(bootstrap: str, timeout: float = 30.0) -> RoundTrip:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 1)])[topic].result(timeout)
     group_member = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"txstream-check-{suffix}"})
+    # log_level 3: the coordinator is often still loading on a fresh broker; librdkafka retries.
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"txstream-check-{suffix}",
+                         "log_level": 3})
     sent_offset = 42
     try:
         producer.init_transactions(timeout)

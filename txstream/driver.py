@@ -80,8 +80,10 @@ def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf
     from pyspark.sql import SparkSession
 
     if master.startswith("local[") and "," not in master:
-        # Retry failed tasks like a cluster does (local mode's default is no retry).
-        master = master[:-1] + ",4]"
+        # Retry a failed task once, as a cluster would (local mode's default is no retry). Not
+        # more: a record that fails the transform fails every attempt, and isolating it
+        # (poison.py) runs several short jobs that each pay for the retries.
+        master = master[:-1] + ",2]"
     conf = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -252,6 +254,7 @@ class Driver:
         s = self.settings
         self._install_signals()
         if self.spark is None:
+            faults.remember_driver()
             self.spark = build_spark(s.master, s.app_id, s.spark_conf)
         try:
             s.processor.setup(self.spark)

@@ -44,6 +44,13 @@ def _spec() -> dict[str, tuple[str, int]]:
     return spec
 
 
+def remember_driver() -> None:
+    """Called by the driver before Spark starts: `kill` then hits the driver's process group
+    (Spark's Python workers run in a process group of their own)."""
+    if "TXSTREAM_FAULTS" in os.environ:
+        os.environ.setdefault("TXSTREAM_DRIVER_PGID", str(os.getpgid(0)))
+
+
 def maybe_fail(point: str, detail: object = None) -> None:
     if "TXSTREAM_FAULTS" not in os.environ:
         return

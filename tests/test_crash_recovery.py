@@ -43,6 +43,7 @@ def _restart_until_done(app: h.App, max_runs: int, timeout: float = 420) -> list
     raise AssertionError(f"no run exited 0 in {max_runs} attempts (exit codes {codes})\n{app.log_text()[-4000:]}")
 
 
+@pytest.mark.timeout(2400)  # 5+ Spark start-ups: ~5 min on an idle 2-core machine, far more when shared
 def test_kill_9_at_random_moments(bootstrap_servers, make_topic):
     """~240k records, 4 partitions, 10k per partition per batch: kill -9 mid-batch 4+ times."""
     records = 240_000
@@ -98,6 +99,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("faults,deaths", [f[1:] for f in FAULTS], ids=[f[0] for f in FAULTS])
 def test_fault_at_dangerous_point(bootstrap_servers, make_topic, faults, deaths):
     records = 10_000

@@ -113,9 +113,11 @@ class Run:
         self.proc.wait(30)
         self._close_log()
 
-    def terminate(self, timeout: float = 120.0) -> int:
-        """SIGTERM: the driver finishes its in-flight batch, leaves the group and exits 0."""
-        os.killpg(self.pid, signal.SIGTERM)
+    def terminate(self, timeout: float = 180.0) -> int:
+        """SIGTERM to the driver (as `kill PID`, docker stop or Kubernetes do): it finishes its
+        in-flight batch, leaves the group and exits 0. Only the driver: a SIGTERM to the whole
+        group would also reach Spark's JVM, which would die under the in-flight batch."""
+        os.kill(self.pid, signal.SIGTERM)
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -33,6 +33,7 @@ def _topics(cluster, *names: str) -> None:  # noqa: ANN001
     cluster.wait_fully_replicated(120)
 
 
+@pytest.mark.timeout(3600 if h.SOAK else 1800)
 def test_broker_bounces(cluster):  # noqa: ANN001
     bootstrap = cluster.bootstrap_servers
     rounds = h.scale(1, 4)
@@ -47,8 +48,7 @@ def test_broker_bounces(cluster):  # noqa: ANN001
     app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
                 # Sensible timeouts while a broker is down: librdkafka retries for a while
                 # instead of failing the task at once.
-                extra=["-X", "transaction.timeout.ms=60000", "-X", "producer.message.timeout.ms=55000",
-                       "-X", "consumer.session.timeout.ms=30000"])
+                extra=["-X", "producer.message.timeout.ms=55000", "-X", "consumer.session.timeout.ms=30000"])
     feeder = h.Feeder(bootstrap, source, PARTITIONS, rate, first=seeded)
     checker = h.Checker(bootstrap, sink, PARTITIONS)
     bounces: list[str] = []

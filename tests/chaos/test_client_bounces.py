@@ -18,6 +18,7 @@ pytestmark = pytest.mark.chaos
 PARTITIONS = 4
 
 
+@pytest.mark.timeout(3600 if h.SOAK else 1800)
 def test_client_bounces(bootstrap_servers, make_topic):
     cycles = h.scale(5, 40)                 # starts that end in a kill or a clean stop
     seeded = h.scale(20_000, 200_000)

@@ -25,7 +25,8 @@ def _fired(app: h.App) -> list[str]:
 def test_task_failures_are_retried(bootstrap_servers, make_topic):
     records = h.scale(40_000, 400_000)
     # Each dangerous point fails one task attempt (the n-th attempt to reach it); Spark retries
-    # the task (local[2] runs as local[2,4]: 4 attempts per task).
+    # the task (the engine runs local[N] as local[N,2]; a task failing twice fails the batch,
+    # which the driver re-plans).
     faults = ("read.end=raise@2,publish.before_produce=raise@3,publish.mid_produce=raise@4,"
               "publish.before_commit=raise@5,publish.after_commit=raise@6")
     source, sink = make_topic("spark-in", PARTITIONS), make_topic("spark-out", PARTITIONS)

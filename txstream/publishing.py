@@ -216,8 +216,8 @@ class RecordCollector:
         if n == 0:
             return 0
         names = batch.schema.names
-        values = _encoded(batch.column(names.index("value")), self._encode_value, "value")
-        keys = (_encoded(batch.column(names.index("key")), self._encode_key, "key")
+        values = _encoded(batch.column(names.index("value")), self.value_codec, self._encode_value, "value")
+        keys = (_encoded(batch.column(names.index("key")), self.key_codec, self._encode_key, "key")
                 if "key" in names else [None] * n)
         topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else None
         partitions = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
@@ -273,18 +273,19 @@ class RecordCollector:
         poll(0)
 
 
-def _encoded(column: pa.Array, encode: Callable[[Any], bytes] | None, what: str) -> list:
+def _encoded(column: pa.Array, codec: AvroCodec | None, encode: Callable[[Any], bytes] | None,
+             what: str) -> list:
     typ = column.type
     if pa.types.is_struct(typ):
-        if encode is None:
-            raise ValueError(f"the output `{what}` is a struct but the processor declares no "
-                             f"output_{what}_schema to encode it with")
-        return [encode(v) if v is not None else None for v in column.to_pylist()]
+        if codec is None or encode is None:
+            raise OutputError(f"the output `{what}` is a struct but the processor declares no "
+                              f"output_{what}_schema to encode it with")
+        return [encode(v) if v is not None else None for v in codec.from_arrow(column)]
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         return [v.encode() if v is not None else None for v in column.to_pylist()]
     if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_null(typ):
         return column.to_pylist()
-    raise ValueError(f"the output `{what}` column is {typ}; it must be binary, string or a struct")
+    raise OutputError(f"the output `{what}` column is {typ}; it must be binary, string or a struct")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -181,7 +181,7 @@ def read_range(spec: dict, plan: dict, dead: list[tuple[Any, ...]]) -> Iterator[
                 position = offset + 1
             if rows.count:
                 last_progress = time.monotonic()
-                yield rows.to_batch(schema)
+                yield rows.to_batch(schema, key_codec, value_codec)
             if position < end:
                 # Control records and aborted data have offsets but are never delivered:
                 # the consumer's position moves past them, so ask it.
@@ -217,8 +217,8 @@ class _Columns:
             dead: list[tuple[Any, ...]]) -> None:  # noqa: ANN001 - confluent_kafka.Message
         key, value = msg.key(), msg.value()
         try:
-            decoded_key = key_codec.decode(key) if key_codec is not None and key is not None else key
-            decoded_value = value_codec.decode(value) if value_codec is not None else value
+            decoded_key = key_codec.decode_for_arrow(key) if key_codec is not None and key is not None else key
+            decoded_value = value_codec.decode_for_arrow(value) if value_codec is not None else value
         except Exception as exc:  # noqa: BLE001 - any decode failure is a dead letter
             dead.append((key, value, msg.headers(), msg.timestamp()[1], msg.offset(), "decode",
                          f"{type(exc).__name__}: {exc}"))
@@ -230,11 +230,12 @@ class _Columns:
         hdrs = msg.headers()
         self.headers.append([{"key": k, "value": v} for k, v in hdrs] if hdrs else None)
 
-    def to_batch(self, schema: pa.Schema) -> pa.RecordBatch:
+    def to_batch(self, schema: pa.Schema, key_codec: AvroCodec | None,
+                 value_codec: AvroCodec | None) -> pa.RecordBatch:
         n = self.count
         return pa.RecordBatch.from_arrays([
-            pa.array(self.keys, schema.field("key").type),
-            pa.array(self.values, schema.field("value").type),
+            key_codec.to_arrow(self.keys) if key_codec else pa.array(self.keys, schema.field("key").type),
+            value_codec.to_arrow(self.values) if value_codec else pa.array(self.values, schema.field("value").type),
             pa.array([self.topic] * n, pa.string()),
             pa.array([self.partition] * n, pa.int32()),
             pa.array(self.offsets, pa.int64()),

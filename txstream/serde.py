@@ -19,6 +19,7 @@ from typing import Any
 
 import fastavro
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 class SchemaError(ValueError):
@@ -130,18 +131,64 @@ def _arrow_to_ddl(typ: pa.DataType) -> str:
 _CONFLUENT_MAGIC = 0
 
 
+_TIMESTAMP_FACTORS = {"timestamp-millis": 1000, "timestamp-micros": 1}  # to Arrow microseconds
+
+
+def _timestamp_fields(schema: Any) -> dict[str, int]:
+    """Top-level record fields that are Avro timestamps, with their factor to microseconds."""
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        return {}
+    found = {}
+    for field in schema["fields"]:
+        typ = field["type"]
+        if isinstance(typ, list):
+            typ = next((b for b in typ if b != "null"), typ)
+        if isinstance(typ, dict) and typ.get("logicalType") in _TIMESTAMP_FACTORS:
+            found[field["name"]] = _TIMESTAMP_FACTORS[typ["logicalType"]]
+    return found
+
+
+def _without_timestamp_logical_types(schema: dict, names: set[str]) -> dict:
+    """The same wire format, with those fields read and written as plain longs."""
+    def plain(typ: Any) -> Any:
+        if isinstance(typ, list):
+            return [plain(b) for b in typ]
+        if isinstance(typ, dict) and typ.get("logicalType") in _TIMESTAMP_FACTORS:
+            return "long"
+        return typ
+
+    raw = {k: v for k, v in schema.items() if not k.startswith("__")}
+    raw["fields"] = [dict(f, type=plain(f["type"])) if f["name"] in names else f for f in schema["fields"]]
+    return fastavro.parse_schema(raw, _write_hint=False, _force=True)
+
+
 @dataclass
 class AvroCodec:
-    """Encode/decode one side (key or value) of a topic's records with one Avro schema."""
+    """Encode/decode one side (key or value) of a topic's records with one Avro schema.
+
+    Timestamps are the expensive part of the per-record path: fastavro turns them into
+    timezone-aware datetimes and Arrow turns those back into integers. So top-level timestamp
+    fields cross as plain epoch integers and are converted column-wise in Arrow instead.
+    """
 
     schema: dict
     registry_schema_id: int | None = None  # Confluent wire framing when set
 
-    @property
-    def arrow(self) -> pa.DataType:
-        return arrow_type(self.schema)
+    def __post_init__(self) -> None:
+        self._timestamps = _timestamp_fields(self.schema)
+        self._wire = (_without_timestamp_logical_types(self.schema, set(self._timestamps))
+                      if self._timestamps else self.schema)
+        self.arrow = arrow_type(self.schema)
 
     def decode(self, payload: bytes) -> Any:
+        """The Python value, with logical types (timestamps as datetimes)."""
+        return self._decode(payload, self.schema)
+
+    def decode_for_arrow(self, payload: bytes) -> Any:
+        """The Python value for `to_arrow` (timestamps as epoch integers): the reader's hot path."""
+        return self._decode(payload, self._wire)
+
+    def _decode(self, payload: bytes, schema: dict) -> Any:
         if payload is None:
             raise ValueError("null where an Avro value is required")
         if self.registry_schema_id is not None:
@@ -149,14 +196,44 @@ class AvroCodec:
                 raise ValueError("missing schema-registry framing (magic byte 0 + schema id)")
             payload = payload[5:]
         buf = io.BytesIO(payload)
-        record = fastavro.schemaless_reader(buf, self.schema, None)
+        record = fastavro.schemaless_reader(buf, schema, None)
         if buf.tell() != len(payload):
             raise ValueError(f"{len(payload) - buf.tell()} trailing bytes after the Avro record")
         return record
 
+    def to_arrow(self, decoded: list) -> pa.Array:
+        """Arrow array of values returned by `decode_for_arrow`."""
+        if not self._timestamps:
+            return pa.array(decoded, self.arrow)
+        wire_type = pa.struct([pa.field(f.name, pa.int64() if f.name in self._timestamps else f.type)
+                               for f in self.arrow])
+        raw = pa.array(decoded, wire_type)
+        children = []
+        for i, f in enumerate(self.arrow):
+            child = raw.field(i)
+            if f.name in self._timestamps:
+                child = pc.multiply(child, self._timestamps[f.name]).cast(f.type)
+            children.append(child)
+        return pa.StructArray.from_arrays(children, fields=list(self.arrow), mask=raw.is_null())
+
+    def from_arrow(self, column: pa.Array) -> list:
+        """Python values for `encoder()` from an Arrow struct column (timestamps as integers)."""
+        if not self._timestamps or not pa.types.is_struct(column.type):
+            return column.to_pylist()
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        names = [column.type.field(i).name for i in range(column.type.num_fields)]
+        children = []
+        for i, name in enumerate(names):
+            child = column.field(i)
+            if name in self._timestamps and pa.types.is_timestamp(child.type):
+                child = pc.divide(child.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()), self._timestamps[name])
+            children.append(child)
+        return pa.StructArray.from_arrays(children, names=names, mask=column.is_null()).to_pylist()
+
     def encoder(self):
         """A function value -> bytes, reusing one buffer (the hot path of publishing)."""
-        schema = self.schema
+        schema = self._wire
         writer = fastavro.schemaless_writer
         prefix = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
                   if self.registry_schema_id is not None else b"")

@@ -113,7 +113,9 @@ class Planner:
                 if self.auto_offset_reset == "none":
                     raise NoCommittedOffsetError(
                         f"{tp.topic}[{tp.partition}]: committed offset {done} is out of range "
-                        f"[{mark.earliest}, {mark.last_stable}] and auto.offset.reset=none")
+                        f"[{mark.earliest}, {mark.last_stable}] and auto.offset.reset=none. Move it with `txstream offsets "
+                        f"reset --app-id {self.app_id} --topic {tp.topic}:{tp.partition} --to-earliest --execute` "
+                        "(or choose --auto-offset-reset earliest|latest).")
                 message = (f"WARNING {tp.topic}[{tp.partition}]: committed offset {done} is out of range "
                            f"[{mark.earliest}, {mark.last_stable}] (deleted by retention, or the topic was "
                            f"recreated); resetting to {start} by auto.offset.reset={self.auto_offset_reset}")

@@ -307,8 +307,10 @@ def record(n: int) -> tuple[bytes, bytes]:
     return f"k{n}".encode(), f"v{n}-{'x' * (n % 37)}".encode()
 
 
-def seed(bootstrap: str, topic: str, partitions: int, count: int, first: int = 0) -> Counter:
-    """`count` records spread round-robin over the partitions; returns their (key, value) multiset."""
+def seed(bootstrap: str, topic: str, partitions: int, count: int, first: int = 0,
+         only: int | None = None) -> Counter:
+    """`count` records spread round-robin over the partitions (or all into partition `only`);
+    returns their (key, value) multiset."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
                          "batch.num.messages": 10_000, "queue.buffering.max.messages": 500_000})
     sent: Counter = Counter()
@@ -316,7 +318,7 @@ def seed(bootstrap: str, topic: str, partitions: int, count: int, first: int = 0
         key, value = record(n)
         while True:
             try:
-                producer.produce(topic, value, key, partition=n % partitions)
+                producer.produce(topic, value, key, partition=n % partitions if only is None else only)
                 break
             except BufferError:
                 producer.poll(0.05)

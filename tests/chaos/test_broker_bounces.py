@@ -33,7 +33,6 @@ def _topics(cluster, *names: str) -> None:  # noqa: ANN001
     cluster.wait_fully_replicated(120)
 
 
-@pytest.mark.timeout(3600 if h.SOAK else 1800)
 def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:  # noqa: ANN001
     """cluster.bounce, with one more start if the restarted JVM dies during start-up (noted,
     with the node's stdout, which server.log does not have)."""
@@ -56,6 +55,7 @@ def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:  #
         return time.monotonic() - began
 
 
+@pytest.mark.timeout(3600 if h.SOAK else 1800)
 def test_broker_bounces(cluster):  # noqa: ANN001
     bootstrap = cluster.bootstrap_servers
     rounds = h.scale(1, 4)

@@ -330,10 +330,13 @@ def seed(bootstrap: str, topic: str, partitions: int, count: int, first: int = 0
 class Feeder(threading.Thread):
     """Keeps producing records (idempotent producer) at `rate` per second until stopped."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: float, first: int) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: float, first: int,
+                 limit: int | None = None) -> None:
         super().__init__(name="feeder", daemon=True)
         self.bootstrap, self.topic, self.partitions, self.rate = bootstrap, topic, partitions, rate
         self.next = first
+        self.last = first + limit if limit is not None else None  # at most `limit` records
+        self.first = first
         self.stop_event = threading.Event()
         self.errors: list[str] = []
 
@@ -344,7 +347,9 @@ class Feeder(threading.Thread):
                              "error_cb": lambda err: None})
         began = time.monotonic()
         while not self.stop_event.is_set():
-            due = int((time.monotonic() - began) * self.rate)
+            due = self.first + int((time.monotonic() - began) * self.rate)
+            if self.last is not None:
+                due = min(due, self.last)
             while self.next < due and not self.stop_event.is_set():
                 key, value = record(self.next)
                 try:

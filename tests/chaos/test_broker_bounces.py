@@ -60,7 +60,8 @@ def test_broker_bounces(cluster):  # noqa: ANN001
     bootstrap = cluster.bootstrap_servers
     rounds = h.scale(1, 4)
     seeded = h.scale(10_000, 100_000)
-    rate = h.scale(1_000, 3_000)
+    rate = h.scale(200, 1_000)
+    fed = h.scale(15_000, 1_000_000)
     suffix = f"{int(time.time())}"
     source, sink = f"bb-in-{suffix}", f"bb-out-{suffix}"
     _topics(cluster, source, sink)
@@ -71,7 +72,7 @@ def test_broker_bounces(cluster):  # noqa: ANN001
                 # Sensible timeouts while a broker is down: librdkafka retries for a while
                 # instead of failing the task at once.
                 extra=["-X", "producer.message.timeout.ms=55000", "-X", "consumer.session.timeout.ms=30000"])
-    feeder = h.Feeder(bootstrap, source, PARTITIONS, rate, first=seeded)
+    feeder = h.Feeder(bootstrap, source, PARTITIONS, rate, first=seeded, limit=fed)
     checker = h.Checker(bootstrap, sink, PARTITIONS)
     bounces: list[str] = []
     exits: list[str] = []

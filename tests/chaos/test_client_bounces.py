@@ -22,7 +22,8 @@ PARTITIONS = 4
 def test_client_bounces(bootstrap_servers, make_topic):
     cycles = h.scale(5, 40)                 # starts that end in a kill or a clean stop
     seeded = h.scale(20_000, 200_000)
-    rate = h.scale(1_500, 3_000)            # records/s written while the bounces happen
+    rate = h.scale(200, 1_000)              # records/s written while the bounces happen ...
+    fed = h.scale(15_000, 1_000_000)        # ... up to this many
     source, sink = make_topic("bounce-in", PARTITIONS), make_topic("bounce-out", PARTITIONS)
     expected = h.seed(bootstrap_servers, source, PARTITIONS, seeded)
     seed = random.randrange(1 << 30)
@@ -30,7 +31,7 @@ def test_client_bounces(bootstrap_servers, make_topic):
     # Kills and clean stops, the kills in the majority; a clean stop after the first kill.
     plan = ["kill", "term"] + [rng.choice(["kill", "kill", "term"]) for _ in range(cycles - 2)]
     app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000))
-    feeder = h.Feeder(bootstrap_servers, source, PARTITIONS, rate, first=seeded)
+    feeder = h.Feeder(bootstrap_servers, source, PARTITIONS, rate, first=seeded, limit=fed)
     checker = h.Checker(bootstrap_servers, sink, PARTITIONS)
     began = time.monotonic()
     counts = Counter()

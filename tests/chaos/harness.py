@@ -95,7 +95,7 @@ class Run:
         self.log.flush()
         self.proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=REPO, env=self.env,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         self.started = time.monotonic()
         return self
 
@@ -157,6 +157,14 @@ class Run:
         except OSError:
             return ""
         return "\n".join(text[-lines:])
+
+
+def _die_with_parent() -> None:
+    """The driver gets SIGKILL if the test process dies without its finally blocks (killed by
+    `timeout`, say); Spark's JVM and workers then exit when their pipes to the driver close."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _quote(arg: str) -> str:

@@ -119,7 +119,7 @@ class Planner:
                 message = (f"WARNING {tp.topic}[{tp.partition}]: committed offset {done} is out of range "
                            f"[{mark.earliest}, {mark.last_stable}] (deleted by retention, or the topic was "
                            f"recreated); resetting to {start} by auto.offset.reset={self.auto_offset_reset}")
-                log.warning(message)
+                log.info(message)  # the driver prints it (echo): once, loudly
                 self.warnings.append(message)
             else:
                 self._reset_positions.pop(key, None)

@@ -20,13 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream import faults
 from txstream.membership import GroupMembership
 from txstream.planning import PartitionPlan, Planner, transactional_id
 from txstream.poison import PoisonIsolator
+from txstream.retry import is_transient
 from txstream.publishing import (ACKED, ALREADY_DONE, COMMITTED, FENCED, RESULT_DDL, STALE_PLAN,
                                  DriverCommits, publish_partition)
 from txstream.reading import SOURCE_NAME, KafkaRangeSource
@@ -271,12 +272,23 @@ class Driver:
                 started = time.monotonic()
                 self.membership.poll(0)
                 owned = self.membership.owned()
-                committed = self.membership.committed(owned)
-                self._remember_targets(owned)
-                if s.until_caught_up and self._caught_up(owned, committed):
-                    self.echo(self.summary("caught up"))
-                    return 0
-                plans = planner.plan(owned, committed, self._cap()) if owned else []
+                try:
+                    committed = self.membership.committed(owned)
+                    self._remember_targets(owned)
+                    if s.until_caught_up and self._caught_up(owned, committed):
+                        self.echo(self.summary("caught up"))
+                        return 0
+                    plans = planner.plan(owned, committed, self._cap()) if owned else []
+                except KafkaException as exc:
+                    # A broker restarting or a coordinator moving: plan again shortly.
+                    if not is_transient(exc):
+                        raise
+                    failures += 1
+                    if failures > s.max_consecutive_failures:
+                        raise
+                    self.echo(f"planning failed ({_first_line(str(exc))}); retrying")
+                    self._idle(min(0.5 * 2 ** failures, 10.0))
+                    continue
                 for warning in planner.warnings:
                     self.echo(warning)
                 planner.warnings.clear()

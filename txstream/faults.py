@@ -63,6 +63,7 @@ def maybe_fail(point: str, detail: object = None) -> None:
     if action == "kill":
         group = int(os.environ.get("TXSTREAM_DRIVER_PGID", os.getpgid(0)))
         os.killpg(group, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # a Python worker is in Spark's daemon group, not the driver's
     raise InjectedFault(f"injected fault at {point} ({detail})")
 
 

@@ -18,6 +18,8 @@ try:  # confluent-kafka >= 2.3
 except ImportError:  # pragma: no cover
     from confluent_kafka.admin import IsolationLevel  # type: ignore[no-redef]
 
+from txstream.retry import retriable
+
 log = logging.getLogger("txstream")
 
 
@@ -57,15 +59,16 @@ def watermarks(admin: AdminClient, partitions: list[TopicPartition], timeout: fl
     """Earliest and last stable offsets, one batched ListOffsets request per kind."""
     if not partitions:
         return {}
-    earliest = admin.list_offsets({TopicPartition(p.topic, p.partition): OffsetSpec.earliest() for p in partitions},
-                                  isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
-    latest = admin.list_offsets({TopicPartition(p.topic, p.partition): OffsetSpec.latest() for p in partitions},
-                                isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
-    out = {}
-    for tp in partitions:
-        key = TopicPartition(tp.topic, tp.partition)
-        out[(tp.topic, tp.partition)] = Watermarks(earliest[key].result().offset, latest[key].result().offset)
-    return out
+
+    def ask(spec) -> dict:  # noqa: ANN001 - OffsetSpec factory
+        futures = admin.list_offsets({TopicPartition(p.topic, p.partition): spec() for p in partitions},
+                                     isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
+        return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+
+    # A leader that just moved answers FENCED_LEADER_EPOCH & co.: ask again.
+    earliest = retriable(lambda: ask(OffsetSpec.earliest), timeout * 2)
+    latest = retriable(lambda: ask(OffsetSpec.latest), timeout * 2)
+    return {key: Watermarks(earliest[key], latest[key]) for key in earliest}
 
 
 class Planner:

@@ -110,9 +110,7 @@ class Driver:
         self.spark = spark
         self._own_spark = spark is None
         self.echo = echo
-        self.admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers,
-                                  **{k: v for k, v in settings.consumer_config.items()
-                                     if k.startswith(("security.", "sasl.", "ssl."))}})
+        self.admin = self._admin_client()
         self.stop_requested = threading.Event()
         self._batch_thread: threading.Thread | None = None
         self._side_dir = tempfile.mkdtemp(prefix=f"txstream-{settings.app_id}-")
@@ -125,6 +123,11 @@ class Driver:
         self._cap_warned = False
 
     # -- set-up -----------------------------------------------------------------------------------
+
+    def _admin_client(self) -> AdminClient:
+        s = self.settings
+        return AdminClient({"bootstrap.servers": s.bootstrap_servers,
+                            **{k: v for k, v in s.consumer_config.items() if k.startswith(("security.", "sasl.", "ssl."))}})
 
     def _read_spec(self, plans: list[PartitionPlan]) -> dict[str, Any]:
         s = self.settings
@@ -287,6 +290,10 @@ class Driver:
                     if failures > s.max_consecutive_failures:
                         raise
                     self.echo(f"planning failed ({_first_line(str(exc))}); retrying")
+                    # The admin client's metadata (leader epochs) may be stale after a broker
+                    # bounce, and it does not refresh on FENCED_LEADER_EPOCH: start a new one.
+                    self.admin = self._admin_client()
+                    planner.admin = self.admin
                     self._idle(min(0.5 * 2 ** failures, 10.0))
                     continue
                 for warning in planner.warnings:

@@ -65,9 +65,10 @@ def watermarks(admin: AdminClient, partitions: list[TopicPartition], timeout: fl
                                      isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
         return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
 
-    # A leader that just moved answers FENCED_LEADER_EPOCH & co.: ask again.
-    earliest = retriable(lambda: ask(OffsetSpec.earliest), timeout * 2)
-    latest = retriable(lambda: ask(OffsetSpec.latest), timeout * 2)
+    # A leader that just moved answers FENCED_LEADER_EPOCH & co.: ask again briefly; if it
+    # persists, the driver starts a new admin client (its metadata is stale).
+    earliest = retriable(lambda: ask(OffsetSpec.earliest), 5)
+    latest = retriable(lambda: ask(OffsetSpec.latest), 5)
     return {key: Watermarks(earliest[key], latest[key]) for key in earliest}
 
 

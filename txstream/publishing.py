@@ -155,12 +155,16 @@ class TransactionalPublisher:
 
     def _retry(self, fn: Callable[[], Any], what: str, attempts: int = 10,
                abort_on_abortable: bool = False) -> Any:
+        # Each call may block up to timeout_s; the retries together get twice that, after which
+        # the task fails and a new attempt starts from init_transactions and the offset re-check.
+        deadline = time.monotonic() + 2 * self.timeout_s
         for attempt in range(attempts):
             try:
                 return fn()
             except Exception as exc:  # noqa: BLE001 - classified below
                 err = _kafka_error(exc)
-                if err is not None and err.retriable() and not err.fatal() and attempt < attempts - 1:
+                if (err is not None and err.retriable() and not err.fatal() and attempt < attempts - 1
+                        and time.monotonic() < deadline):
                     time.sleep(min(0.1 * 2 ** attempt, 2.0))
                     continue
                 classified = self._classify(exc, what)

@@ -27,7 +27,7 @@ from processors.sample_orders import enriched, orders  # noqa: E402
 from txstream.broker_check import transaction_round_trip  # noqa: E402
 from txstream.local_broker import BrokerError, LocalKafkaCluster, free_port_block  # noqa: E402
 from txstream.serde import AvroCodec, load_schema  # noqa: E402
-from txstream.topic_io import read_records  # noqa: E402
+from txstream.topic_io import produce_waiting, read_records  # noqa: E402
 from txstream.verify import audit  # noqa: E402
 
 RECORDS = int(os.environ.get("DEMO_RECORDS", "60000"))
@@ -49,12 +49,7 @@ def seed(bootstrap: str) -> list[dict]:
         buf.seek(0)
         buf.truncate()
         fastavro.schemaless_writer(buf, schema, order)
-        while True:
-            try:
-                producer.produce(INPUT, buf.getvalue(), order["customer_id"].encode())
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce_waiting(producer, INPUT, buf.getvalue(), order["customer_id"].encode())
     producer.flush(60)
     return data
 

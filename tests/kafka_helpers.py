@@ -11,7 +11,7 @@ import fastavro
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from txstream.retry import retriable
-from txstream.topic_io import end_offsets
+from txstream.topic_io import end_offsets, produce_waiting
 
 
 @dataclass
@@ -29,12 +29,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, by
                          "enable.idempotence": True})
     count = 0
     for key, value in records:
-        while True:
-            try:
-                producer.produce(topic, value, key, partition=-1 if partition is None else partition)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce_waiting(producer, topic, value, key, partition)
         count += 1
     assert producer.flush(60) == 0
     return count

@@ -35,6 +35,17 @@ def _from_json(value: Any, schema: dict | None) -> Any:
     return out
 
 
+def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: bytes | None,
+                    partition: int | None = None) -> None:
+    """produce(), waiting for deliveries to drain while librdkafka's local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value, key, partition=-1 if partition is None else partition)
+            return
+        except BufferError:
+            producer.poll(0.1)
+
+
 def produce_lines(bootstrap: str, topic: str, lines: Iterable[str], value_schema: dict | None = None,
                   key_field: str | None = None, transactional: bool = False,
                   partition: int | None = None) -> int:
@@ -68,12 +79,7 @@ def produce_lines(bootstrap: str, topic: str, lines: Iterable[str], value_schema
             payload = encode(_from_json(value, value_schema)) if encode else line.encode()
         except Exception as exc:  # noqa: BLE001 - fastavro's validation errors vary
             raise ValueError(f"line {number} does not fit the Avro schema: {exc}") from None
-        while True:
-            try:
-                producer.produce(topic, payload, key, partition=-1 if partition is None else partition)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce_waiting(producer, topic, payload, key, partition)
         count += 1
     if transactional:
         producer.commit_transaction(60)

@@ -16,6 +16,7 @@ worker that fired it survives a moment longer, and the rest of the session is th
 from __future__ import annotations
 
 import random
+import re
 import time
 
 import pytest
@@ -118,5 +119,26 @@ def test_fault_at_dangerous_point(bootstrap_servers, make_topic, faults, deaths)
             assert all(c == -9 for c in killed), f"a run died otherwise than by SIGKILL: {codes}"
         h.verdict(f"fault {faults}", bootstrap_servers, app, expected,
                   extra=f"exit codes {codes} {time.monotonic() - began:.0f}s")
+    finally:
+        app.destroy_all()
+
+
+@pytest.mark.timeout(900)
+def test_hung_task_is_cancelled_and_the_batch_replanned(bootstrap_servers, make_topic):
+    """A task that never returns (here: blocked before its commit) must not stall the run: the
+    driver's watchdog cancels the batch after --batch-timeout, re-plans, and the output is still
+    exactly the input."""
+    records = 4_000
+    source, sink = make_topic("hang-in", PARTITIONS), make_topic("hang-out", PARTITIONS)
+    expected = h.seed(bootstrap_servers, source, PARTITIONS, records)
+    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=1_000, faults="publish.before_commit=hang@2",
+                extra=["--batch-timeout", "20"])
+    try:
+        code = app.start(until_caught_up=True).wait(600)
+        log = app.log_text()
+        assert code == 0, log[-3000:]
+        assert "exceeded 20s; cancelling it" in log, log[-3000:]
+        assert re.search(r"still running after \d+s: stage \d+: \d+/\d+ tasks done", log), log[-3000:]
+        h.verdict("hung task", bootstrap_servers, app, expected)
     finally:
         app.destroy_all()

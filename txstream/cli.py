@@ -1,6 +1,8 @@
 """The `txstream` command (click): run processors, manage the local broker, move test data."""
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 
 import click
@@ -134,6 +136,9 @@ def _clean_error(exc: BaseException) -> str:
 @click.option("--until-caught-up", is_flag=True,
               help="Exit 0 once every owned partition reaches the end offset seen at start.")
 @click.option("--max-batches", type=int, help="Stop after this many batches.")
+@click.option("--batch-timeout", type=click.FloatRange(min=1), default=None,
+              help="Cancel and re-plan a batch still running after this many seconds "
+                   "[default: 5 x transaction.timeout.ms].")
 @click.option("--value-schema", help="Avro schema (.avsc) of input values.")
 @click.option("--key-schema", help="Avro schema (.avsc) of input keys.")
 @click.option("--output-value-schema", help="Avro schema (.avsc) of output values.")
@@ -146,7 +151,7 @@ def _clean_error(exc: BaseException) -> str:
 def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tuple[str, ...], output: str | None,
         dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str,
         max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
-        max_batches: int | None, value_schema: str | None, key_schema: str | None,
+        max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
         librdkafka: tuple[str, ...], spark_conf: tuple[str, ...], quiet: bool) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
@@ -156,6 +161,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     from txstream.driver import Driver
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # `kill -USR1 PID` prints every thread's stack: where a stuck run is stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cls = run_settings.load_processor(processor)
         resolved = run_settings.resolve(
@@ -166,7 +173,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             spark_conf=_pairs(spark_conf, "--conf"),
             schemas={"value": value_schema, "key": key_schema, "output_value": output_value_schema,
                      "output_key": output_key_schema},
-            until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet)
+            until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
+            batch_timeout_s=batch_timeout)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:

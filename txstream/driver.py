@@ -39,6 +39,7 @@ log = logging.getLogger("txstream")
 SINK_COLUMNS = ("key", "value", "topic", "partition", "headers", "offset")
 
 # Errors that no retry can cure: the run stops with the message.
+BATCH_PROGRESS_EVERY_S = 30.0  # a 'still running' line this often while a batch is slow
 FATAL_MARKERS = ("PoisonRecordError", "SchemaError", "OutputError", "NoCommittedOffsetError", "TransformError")
 
 
@@ -102,6 +103,10 @@ def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf
     spark.sparkContext.setLogLevel(os.environ.get("TXSTREAM_SPARK_LOG_LEVEL", "ERROR"))
     spark.dataSource.register(KafkaRangeSource)
     return spark
+
+
+class BatchTimeout(TimeoutError):
+    """The watchdog cancelled a batch that ran past batch_timeout_s."""
 
 
 class Driver:
@@ -311,7 +316,7 @@ class Driver:
                     text = str(exc)
                     if any(marker in text for marker in FATAL_MARKERS) or isinstance(exc, (TransformError, SchemaError)):
                         raise
-                    if PoisonIsolator(self).isolate(plans, commits, self.echo):
+                    if not isinstance(exc, BatchTimeout) and PoisonIsolator(self).isolate(plans, commits, self.echo):
                         failures = 0
                         continue
                     failures += 1
@@ -362,19 +367,43 @@ class Driver:
         frame = self.output_frame(plans).mapInArrow(functools.partial(publish_partition, spec), RESULT_DDL)
         outcome: dict[str, Any] = {}
 
+        job_group = f"txstream-{self.settings.app_id}-batch-{self.batch_id}"
+        sc = self.spark.sparkContext
+
         def work() -> None:
             try:
+                # Per-thread job group (Spark pins Python threads to JVM threads), so the
+                # watchdog below can cancel exactly this batch's job.
+                sc.setJobGroup(job_group, f"txstream batch {self.batch_id}", interruptOnCancel=True)
                 outcome["rows"] = [row.asDict() for row in frame.collect()]
             except BaseException as exc:  # noqa: BLE001 - handed to the driver thread
                 outcome["error"] = exc
 
         self._batch_thread = threading.Thread(target=work, name=f"txstream-batch-{self.batch_id}", daemon=True)
         self._batch_thread.start()
+        limit = self.settings.batch_timeout_s
+        every = min(BATCH_PROGRESS_EVERY_S, limit / 2)
+        next_report = started + every
+        cancelled = False
         while self._batch_thread.is_alive():
             self.membership.poll(0.1)  # heartbeats; a revocation waits for this batch
             self._batch_thread.join(0.1)
+            now = time.monotonic()
+            if now >= next_report and self._batch_thread.is_alive():
+                next_report = now + every
+                self.echo(f"batch {self.batch_id} still running after {now - started:.0f}s: {self._job_progress()}")
+            if not cancelled and now - started > limit:
+                # A hung task (a broker that never answers, a stuck worker) must not stall the
+                # run for ever. Whatever was not committed is aborted or fenced on re-plan.
+                self.echo(f"batch {self.batch_id} exceeded {limit:.0f}s; cancelling it")
+                sc.cancelJobGroup(job_group)
+                cancelled = True
         shutil.rmtree(os.path.join(self._side_dir, f"batch-{self.batch_id}"), ignore_errors=True)
         if "error" in outcome:
+            if cancelled:
+                raise BatchTimeout(f"batch {self.batch_id} cancelled after {limit:.0f}s "
+                                   f"(batch_timeout_s); its transactions are aborted or fenced on re-plan") \
+                    from outcome["error"]
             raise outcome["error"]
         rows = outcome["rows"]
         commits.after_batch(plans, rows)
@@ -386,6 +415,17 @@ class Driver:
         for key in ("records_in", "records_out", "dead_letters"):
             self.totals[key] += report.total(key)
         return report
+
+    def _job_progress(self) -> str:
+        """What the batch's Spark job is doing, for the 'still running' line."""
+        tracker = self.spark.sparkContext.statusTracker()
+        parts = []
+        for stage_id in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage_id)
+            if info is not None:
+                parts.append(f"stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
+                             f"{info.numActiveTasks} running, {info.numFailedTasks} failed")
+        return "; ".join(parts) or "no active stage"
 
     # -- pacing -----------------------------------------------------------------------------------
 

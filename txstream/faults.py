@@ -8,7 +8,8 @@ environment variable TXSTREAM_FAULTS is set, e.g.
 
 `point=action@n` fires on the n-th time any process reaches `point` (default 1), once.
 Actions: `raise` (the Spark task fails, so Spark or the driver retries), `kill` (SIGKILL to the
-whole `txstream run` process group: driver, JVM and Python workers, like a power cut).
+whole `txstream run` process group: driver, JVM and Python workers, like a power cut), `hang`
+(the task blocks, as on a broker that never answers, until Spark interrupts it).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _spec() -> dict[str, tuple[str, int]]:
     for item in filter(None, (part.strip() for part in raw.split(","))):
         point, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        if point not in POINTS or action not in ("raise", "kill"):
+        if point not in POINTS or action not in ("raise", "kill", "hang"):
             raise ValueError(f"TXSTREAM_FAULTS: unknown fault {item!r} (points: {', '.join(POINTS)})")
         spec[point] = (action, int(nth or 1))
     return spec
@@ -64,6 +65,11 @@ def maybe_fail(point: str, detail: object = None) -> None:
         group = int(os.environ.get("TXSTREAM_DRIVER_PGID", os.getpgid(0)))
         os.killpg(group, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # a Python worker is in Spark's daemon group, not the driver's
+    if action == "hang":
+        import time
+
+        while True:  # ends when Spark kills the worker (job cancelled)
+            time.sleep(1)
     raise InjectedFault(f"injected fault at {point} ({detail})")
 
 

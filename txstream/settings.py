@@ -47,9 +47,17 @@ class RunSettings:
     until_caught_up: bool = False
     max_batches: int | None = None
     transaction_timeout_s: float = 60.0
+    # A batch still running after this long is cancelled and re-planned (a hung task must not
+    # stall the run). None: five times the transaction timeout, which a healthy batch, sized
+    # to a third of it, never comes near, even after Spark's task retries.
+    batch_timeout_s: float | None = None
     idle_backoff_max_s: float = 2.0
     max_consecutive_failures: int = 8
     quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_timeout_s is None:
+            self.batch_timeout_s = 5 * self.transaction_timeout_s
 
 
 def load_processor(reference: str) -> type[Processor]:

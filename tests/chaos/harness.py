@@ -146,6 +146,16 @@ class Run:
                 pass
         self._close_log()
 
+    def dump_stacks(self, settle: float = 2.0) -> None:
+        """Ask a stuck driver where it is: the CLI dumps every thread's stack on SIGUSR1."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return
+        time.sleep(settle)  # the dump is written asynchronously by the driver process
+
     def _close_log(self) -> None:
         log = getattr(self, "log", None)
         if log is not None and not log.closed:
@@ -302,6 +312,8 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.2, run: R
         if run is not None and run.poll() is not None:
             return None  # the run ended (caller decides what that means)
         if time.monotonic() > deadline:
+            if run is not None:
+                run.dump_stacks()
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
                                  + (f"\n--- txstream run log ---\n{run.tail()}" if run else ""))
         time.sleep(interval)

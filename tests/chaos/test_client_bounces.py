@@ -30,7 +30,10 @@ def test_client_bounces(bootstrap_servers, make_topic):
     rng = random.Random(seed)
     # Kills and clean stops, the kills in the majority; a clean stop after the first kill.
     plan = ["kill", "term"] + [rng.choice(["kill", "kill", "term"]) for _ in range(cycles - 2)]
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000))
+    # A batch stuck past 120 s is cancelled and re-planned (the watchdog), well inside the
+    # 300 s this test waits for progress after each start.
+    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+                extra=["--batch-timeout", "120"])
     feeder = h.Feeder(bootstrap_servers, source, PARTITIONS, rate, first=seeded, limit=fed)
     checker = h.Checker(bootstrap_servers, sink, PARTITIONS)
     began = time.monotonic()

@@ -361,7 +361,7 @@ def publish_partition(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator
         _publish_transactional(spec, plan, batches, result)
     else:
         _publish_plain(spec, plan, batches, result)
-    read = read_side_file(spec["side_dir"], spec["batch_id"])
+    read = read_side_file(spec["side_dir"], spec["batch_id"])  # cached by peek_side_file
     if read is not None:
         result.records_in, result.read_s = read.records, read.read_seconds
     yield result.to_batch()
@@ -397,15 +397,11 @@ def _collector(spec: dict, plan: dict, producer: Any) -> RecordCollector:
 
 
 def _collect_dead_letters(spec: dict, plan: dict, collector: RecordCollector) -> int:
-    from txstream.reading import side_file, current_task_attempt
-    import pickle
+    """Add the reader's undecodable records (its side file) to this range's output."""
+    from txstream.reading import peek_side_file
 
-    path = side_file(spec["side_dir"], spec["batch_id"], current_task_attempt(), "read")
-    try:
-        with open(path, "rb") as src:
-            dead = pickle.load(src).dead_letters
-    except FileNotFoundError:
-        return 0
+    read = peek_side_file(spec["side_dir"], spec["batch_id"])
+    dead = read.dead_letters if read is not None else []
     if dead and not spec.get("dead_letter_topic"):
         key, _value, _h, _ts, offset, stage, error = dead[0]
         raise PoisonRecordError(

@@ -1,0 +1,124 @@
+"""Resource hygiene (issue 5): a long run leaves its process tree flat.
+
+`txstream run` processes a steady input, batch after batch, while the test samples its whole
+process tree (driver, Spark's JVM, Spark's Python daemon and workers) from /proc: how many
+processes, how many open file descriptors (every Kafka client holds sockets and pipes, so a
+leaked producer or consumer shows here), how many threads (librdkafka starts one per broker per
+client), and resident memory. After a warm-up, the first and the last samples must agree:
+no more processes, threads or descriptors than at the warm-up (a small slack for a client that
+is mid-replacement at a sampling instant). Memory is reported, not asserted against a bound:
+the JVM heap and the Python allocators settle at their own pace.
+
+CI runs a few minutes; `TXSTREAM_SOAK=1` runs an hour and prints the memory slope per process
+kind (the figures quoted in the README come from such a run).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import harness as h
+
+PARTITIONS = 4
+
+
+@dataclass
+class Sample:
+    at: float
+    batches: int
+    processes: dict[str, int]    # kind -> count
+    fds: dict[str, int]
+    threads: dict[str, int]
+    rss_mb: dict[str, float]
+
+
+def _kind(cmdline: str) -> str:
+    if "txstream.cli" in cmdline:
+        return "driver"
+    if "java" in cmdline.split(" ")[0]:
+        return "jvm"
+    if "pyspark.sql.worker." in cmdline:
+        return "planning"  # short-lived: Spark asks the Python data source for its schema and partitions
+    if "pyspark.daemon" in cmdline:
+        return "python-workers"  # the daemon and the workers it forks share its command line
+    return "other"
+
+
+def sample(run: h.Run, batches: int) -> Sample:
+    processes: dict[str, int] = {}
+    fds: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    rss: dict[str, float] = {}
+    for pid in h.session_pids(run.pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = Path(f"/proc/{pid}/status").read_text()
+            open_fds = len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            continue  # exited between listing and reading
+        kind = _kind(cmdline)
+        if kind == "other":
+            continue  # the /bin/sh that exec'ed the CLI is gone; nothing else belongs here
+        processes[kind] = processes.get(kind, 0) + 1
+        fds[kind] = fds.get(kind, 0) + open_fds
+        threads[kind] = threads.get(kind, 0) + int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))
+        rss[kind] = rss.get(kind, 0.0) + int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) / 1024
+    return Sample(time.monotonic(), batches, processes, fds, threads, rss)
+
+
+def batches_done(app: h.App) -> int:
+    found = re.findall(r"^batch (\d+) ", app.log_text(), re.M)
+    return int(found[-1]) if found else 0
+
+
+@pytest.mark.timeout(5400 if h.SOAK else 1200)
+def test_long_run_leaves_the_process_tree_flat(bootstrap_servers, make_topic):
+    duration = h.scale(240, 3600)        # seconds measured after the warm-up
+    warmup_batches = 8
+    rate = h.scale(400, 400)             # records/s, well below saturation
+    source, sink = make_topic("soak-in", PARTITIONS), make_topic("soak-out", PARTITIONS)
+    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=2_000,
+                extra=["--trigger-interval", "1"])
+    feeder = h.Feeder(bootstrap_servers, source, PARTITIONS, rate, first=0)
+    samples: list[Sample] = []
+    try:
+        feeder.start()
+        run = app.start(until_caught_up=False)
+        h.wait_for(lambda: batches_done(app) >= warmup_batches, 600,
+                   f"{warmup_batches} batches (warm-up)", interval=1, run=run)
+        assert run.poll() is None, f"txstream run ended during the warm-up\n{run.tail()}"
+        began = time.monotonic()
+        samples.append(sample(run, batches_done(app)))
+        while time.monotonic() - began < duration:
+            # Sampling cadence, not a wait for a condition: the run goes on in between.
+            time.sleep(10)
+            assert run.poll() is None, f"txstream run ended on its own\n{run.tail()}"
+            samples.append(sample(run, batches_done(app)))
+        first, last = samples[0], samples[-1]
+        report = {
+            "seconds": round(last.at - first.at), "batches": last.batches - first.batches,
+            "first": first.__dict__, "last": last.__dict__,
+            "rss_mb_growth": {k: round(last.rss_mb.get(k, 0) - first.rss_mb.get(k, 0), 1) for k in last.rss_mb},
+            "rss_mb_peak": {k: round(max(s.rss_mb.get(k, 0) for s in samples), 1) for k in last.rss_mb},
+        }
+        print("\nresources " + json.dumps(report, default=str))
+        assert last.batches - first.batches >= 20, f"too few batches to judge a leak: {report}"
+        # A sample can catch a worker being replaced or a client mid-close: compare the most of
+        # the first three samples with the least of the last three.
+        for what, slack in (("processes", 0), ("threads", 8), ("fds", 16)):
+            for kind in ("driver", "jvm", "python-workers"):
+                before = max(getattr(x, what).get(kind, 0) for x in samples[:3])
+                after = min(getattr(x, what).get(kind, 0) for x in samples[-3:])
+                assert after <= before + slack, f"{kind} {what} grew from {before} to {after}: {report}"
+        code = run.terminate()
+        assert code == 0, run.tail()
+        app.passed()
+    finally:
+        feeder.finish()
+        app.destroy_all()

@@ -63,8 +63,13 @@ class BatchReport:
                  f"in {self.total('records_in')}", f"out {self.total('records_out')}",
                  f"dead-lettered {self.total('dead_letters')}", f"{self.seconds:.2f}s"]
         timing = {k: max((float(r[k]) for r in self.rows), default=0.0)
-                  for k in ("read_s", "produce_s", "commit_s", "init_s")}
-        parts.append("(read {read_s:.2f} produce {produce_s:.2f} commit {commit_s:.2f} init {init_s:.2f})".format(**timing))
+                  for k in ("read_s", "upstream_s", "produce_s", "commit_s", "init_s")}
+        # Max over the tasks: reading+decoding, encoding+producing, send_offsets+commit (or the
+        # acknowledgements), init_transactions; then how long publishers waited for their input
+        # (reading, the JVM hops and the transform together).
+        parts.append("(read {read_s:.2f} produce {produce_s:.2f} commit {commit_s:.2f} init {init_s:.2f})"
+                     .format(**timing))
+        parts.append(f"upstream {timing['upstream_s']:.2f}")
         others = {s: n for s, n in self.statuses.items() if s not in (COMMITTED, ACKED)}
         if others:
             parts.append(" ".join(f"{s}={n}" for s, n in sorted(others.items())))

@@ -75,7 +75,10 @@ def test_broker_bounces(cluster):  # noqa: ANN001
     app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
                 # Sensible timeouts while a broker is down: librdkafka retries for a while
                 # instead of failing the task at once.
-                extra=["-X", "producer.message.timeout.ms=55000", "-X", "consumer.session.timeout.ms=30000"])
+                # A batch stuck behind a broker that went away is cancelled after 120 s and
+                # re-planned (the watchdog), inside the 300 s allowed for progress per bounce.
+                extra=["-X", "producer.message.timeout.ms=55000", "-X", "consumer.session.timeout.ms=30000",
+                       "--batch-timeout", "120"])
     feeder = h.Feeder(bootstrap, source, PARTITIONS, rate, first=seeded, limit=fed)
     checker = h.Checker(bootstrap, sink, PARTITIONS)
     bounces: list[str] = []

@@ -6,6 +6,7 @@ interpreter (Quix Streams' venv) carry their own copy of the transform.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import random
@@ -85,13 +86,39 @@ def make_order(rng: random.Random, seq: int, created_at_ms: int) -> dict:
     }
 
 
+FILLER = "abcdefghijklmnopqrstuvwxyz0123456789 "
+
+
+def pad_note(order: dict, value_size: int) -> dict:
+    """Set the optional `note` so that the encoded order is about `value_size` bytes.
+
+    The note is the only field no contender's output carries, so padding it grows the input
+    (what is read and decoded) and leaves the enriched output as it was.
+    """
+    bare = len(encode(ORDER_SCHEMA, {**order, "note": None}))
+    room = value_size - bare  # `bare` already has the union's one-byte branch index
+    room -= 1 if room < 64 else (2 if room < 8192 else 3)  # zig-zag varint of the length
+    if room > 0:
+        start = order["items"] % len(FILLER)
+        text = (FILLER * (room // len(FILLER) + 2))[start:start + room]
+        order = {**order, "note": text}
+    return order
+
+
+def digest(value: bytes) -> bytes:
+    """A short fingerprint of a value: what the pass-through's output is compared with."""
+    return hashlib.blake2b(value, digest_size=12).digest()
+
+
 @dataclass
 class Seeded:
     topic: str
     records: int
     expected: dict[bytes, bytes] = field(default_factory=dict)  # key -> expected output value
+    input_digests: dict[bytes, bytes] = field(default_factory=dict)  # key -> digest(input value)
     input_bytes: int = 0  # keys + values
     value_bytes: int = 0
+    value_size_target: int | None = None  # --value-size: orders padded to about this many bytes
 
     @property
     def expected_count(self) -> int:
@@ -112,21 +139,27 @@ def producer_config(bootstrap: str, **extra) -> dict:
 
 
 def seed_input(bootstrap: str, topic: str, records: int, seed: int = 7,
-               progress=lambda _m: None) -> Seeded:
-    """Write `records` Orders (key = order id) and remember what the output must be."""
+               progress=lambda _m: None, value_size: int | None = None) -> Seeded:
+    """Write `records` Orders (key = order id) and remember what the output must be.
+
+    With `value_size`, every order's note is padded so the value is about that many bytes.
+    """
     from confluent_kafka import Producer
 
     rng = random.Random(seed)
     producer = Producer(producer_config(bootstrap))
-    out = Seeded(topic=topic, records=records)
+    out = Seeded(topic=topic, records=records, value_size_target=value_size)
     base_ms = int(time.time() * 1000) - records
     step = max(1, records // 10)
     for i in range(records):
         order = make_order(rng, i, base_ms + i)
+        if value_size:
+            order = pad_note(order, value_size)
         key = order["id"].encode()
         value = encode(ORDER_SCHEMA, order)
         out.input_bytes += len(key) + len(value)
         out.value_bytes += len(value)
+        out.input_digests[key] = digest(value)
         enriched = transform(order)
         if enriched is not None:
             out.expected[key] = encode(ENRICHED_SCHEMA, enriched)

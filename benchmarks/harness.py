@@ -21,7 +21,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.common import BENCH_DIR, REPO, create_topics, delete_topics, seed_input
+from benchmarks import batchlog
+from benchmarks.common import BENCH_DIR, REPO, create_topics, delete_topics, digest, seed_input
 from benchmarks.contenders import Contender, Job, Unavailable, all_contenders
 from benchmarks.measure import OutputWatcher, TreeSampler, start_process, stop_process, verify_output
 
@@ -49,7 +50,7 @@ def _tail(path: Path, lines: int = 3) -> str:
 def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
     """Start the contender on a fresh output topic and group; measure until done; verify."""
     bootstrap, partitions, seeded = ctx["bootstrap"], ctx["partitions"], ctx["seeded"]
-    tag = f"{contender.name}-{ctx['stamp']}-{run_no}"
+    tag = f"{contender.name}-{ctx['stamp']}{ctx.get('point', '')}-{run_no}"
     out_topic = f"bench-out-{tag}"
     workdir = tempfile.mkdtemp(prefix=f"bench-{contender.name}-")
     log_path = ctx["logdir"] / f"{tag}.log"
@@ -57,11 +58,13 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
               partitions=partitions, group=f"bench-{tag}-{uuid.uuid4().hex[:6]}", workdir=workdir,
               records=seeded.records, avg_value_size=seeded.avg_value_size, expected=seeded.expected_count)
     expected = contender.expected_output(job) if hasattr(contender, "expected_output") else seeded.expected_count
+    copies = getattr(contender, "output_kind", "enriched") == "copy"
     topics = [out_topic] + contender.extra_topics(job)
     create_topics(bootstrap, topics, partitions)
     ctx["topics"] += topics
     argv, env = contender.command(job)
-    watcher = OutputWatcher(bootstrap, out_topic, partitions, expected).start()
+    watcher = OutputWatcher(bootstrap, out_topic, partitions, expected,
+                            value_fn=digest if copies else None).start()
     sampler = TreeSampler()
     proc = None
     result: dict = {"run": run_no, "output_topic": out_topic, "log": str(log_path.relative_to(REPO))
@@ -116,6 +119,7 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
             how = "timeout"
         result.update(wall_s=done - started, cpu_s=cpu, peak_rss_mb=sampler.peak_rss / 2**20, done_by=how,
                       first_output_s=(watcher.first_at - started) if watcher.first_at else None)
+        result.update(steady_state(watcher, done, seeded.records, expected))
         # Let the watcher see anything still in flight (duplicates, stragglers) before verifying.
         settle = time.monotonic() + (15 if how != "output complete" else 2)
         last = -1
@@ -129,6 +133,13 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
     result["exit_code"] = proc.returncode if proc else None
     result["loadavg_after"] = os.getloadavg()[0]
+    if getattr(contender, "txstream", False):
+        try:
+            batches = batchlog.summarize(log_path.read_text(errors="replace"))
+        except OSError:
+            batches = None
+        if batches:
+            result["batches"] = batches
     if watcher.error:
         result.update(ok=False, problem=f"output watcher failed: {watcher.error}")
         return result
@@ -139,7 +150,10 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
         result.update(ok=False, problem=f"timed out after {ctx['timeout']:.0f}s with {watcher.count:,}/{expected:,} "
                       f"output records; log {result['log']}: {_tail(log_path)}")
         return result
-    if getattr(contender, "verify_values", True):
+    if copies:
+        ok, summary, stats = verify_output(watcher.records, seeded.input_digests, contender.exactly_once,
+                                           decoded=False)
+    elif getattr(contender, "verify_values", True):
         ok, summary, stats = verify_output(watcher.records, seeded.expected, contender.exactly_once)
     else:
         ok = watcher.count == expected
@@ -158,13 +172,104 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
     return result
 
 
+STEADY_MIN_WINDOW_S = 2.0   # a shorter window after the first output is one burst, not a rate
+STEADY_MIN_SHARE = 0.05     # ... and so is less than this share of the output arriving after it
+
+
+def steady_state(watcher: OutputWatcher, done: float, records: int, expected: int) -> dict:
+    """Records/s once output flows: input records processed after the first output / (done - first output).
+
+    "Processed after the first output" is counted on the output side (records seen after the
+    first chunk the watcher read), scaled by input/expected (the filter drops about 10%).
+    None when the output came in one burst (e.g. all input in a single txstream batch).
+    """
+    if watcher.first_at is None or not expected:
+        return {"steady_records_per_s": None, "steady_note": "no output"}
+    window = done - watcher.first_at
+    after = watcher.count_at(done) - watcher.first_count
+    if window < STEADY_MIN_WINDOW_S or after < STEADY_MIN_SHARE * expected:
+        return {"steady_records_per_s": None, "steady_window_s": window,
+                "steady_note": f"output came in one burst ({after:,} records {window:.2f}s after the first)"}
+    return {"steady_records_per_s": after * (records / expected) / window, "steady_window_s": window}
+
+
+SUMMARY_KEYS = ("wall_s", "records_per_s", "mb_per_s", "cpu_s", "cpu_s_per_m", "peak_rss_mb", "first_output_s",
+                "steady_records_per_s")
+
+
 def summarize(runs: list[dict]) -> dict:
     out = {}
-    for key in ("wall_s", "records_per_s", "mb_per_s", "cpu_s", "cpu_s_per_m", "peak_rss_mb", "first_output_s"):
+    for key in SUMMARY_KEYS:
         vals = [r[key] for r in runs if r.get(key) is not None]
         if vals:
             out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
     return out
+
+
+def merge_batches(runs: list[dict]) -> dict | None:
+    """The per-run batch figures of a contender, median over its runs (leaf by leaf)."""
+    found = [r["batches"] for r in runs if r.get("batches")]
+    if not found:
+        return None
+
+    def merge(items: list):
+        first = items[0]
+        if isinstance(first, dict):
+            return {k: merge([i[k] for i in items if isinstance(i, dict) and k in i]) for k in first}
+        nums = [i for i in items if isinstance(i, (int, float)) and not isinstance(i, bool)]
+        if nums and len(nums) == len(items):
+            return statistics.median(nums)
+        return first
+
+    merged = merge(found)
+    merged["runs"] = len(found)
+    return merged
+
+
+def run_contender(contender: Contender, ctx: dict, runs: int) -> dict:
+    """Prepare a contender and run it `runs` times: its entry in the results."""
+    entry: dict = {"label": contender.label, "runs": []}
+    knobs = contender.settings()
+    if knobs:
+        entry["settings"] = knobs
+    log(f"== {contender.label} ==")
+    try:
+        contender.prepare(lambda m: log(m))
+    except Unavailable as exc:
+        entry["status"] = f"unavailable: {exc}"
+        log(f"   {entry['status']}")
+        return entry
+    except Exception as exc:  # noqa: BLE001
+        entry["status"] = f"unavailable: {type(exc).__name__}: {exc}"
+        log(f"   {entry['status']}")
+        return entry
+    for run_no in range(1, runs + 1):
+        log(f"   run {run_no}/{runs} ...")
+        try:
+            res = run_once(contender, ctx, run_no)
+        except Exception as exc:  # noqa: BLE001 - one contender's failure is its row
+            res = {"run": run_no, "ok": False, "problem": f"{type(exc).__name__}: {exc}",
+                   "traceback": traceback.format_exc()}
+        entry["runs"].append(res)
+        if not res.get("ok"):
+            entry["status"] = f"unavailable: {res['problem']}"
+            log(f"   {entry['status']}")
+            break
+        steady = res.get("steady_records_per_s")
+        b = res.get("batches")
+        log(f"   {res['wall_s']:.1f}s, {res['records_per_s']:,.0f} rec/s"
+            + (f" (steady {steady:,.0f})" if steady else "")
+            + f", first output {res['first_output_s'] or 0:.1f}s, {res['cpu_s']:.1f} CPU s, "
+            f"peak RSS {res['peak_rss_mb']:.0f} MiB"
+            + (f", {b['batches']} batches of median {b['batch_s_median']:.1f}s" if b else "")
+            + "; output verified")
+    else:
+        entry["status"] = "ok"
+        entry["summary"] = summarize(entry["runs"])
+        batches = merge_batches(entry["runs"])
+        if batches:
+            entry["batches"] = batches
+    return entry
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,47 +418,90 @@ def versions(contenders: list[Contender], broker: str) -> dict:
 # Main
 # ---------------------------------------------------------------------------------------------
 
+
+SWEEPS = ("batch", "partitions", "record-size")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     names = [c.name for c in all_contenders()]
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    ap.add_argument("--records", type=int, default=200_000, help="input records (default 200000)")
+    ap.add_argument("--records", type=int, default=None,
+                    help="input records (default 200000; 100000 per point with --sweep; 20000 with --quick)")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
-    ap.add_argument("--runs", type=int, default=3, help="runs per contender (default 3)")
+    ap.add_argument("--runs", type=int, default=None, help="runs per contender (default 3; 1 with --sweep or --quick)")
     ap.add_argument("--contenders", default="all",
-                    help=f"comma-separated, from: {', '.join(names)} (default all)")
+                    help=f"comma-separated, from: {', '.join(names)} (default all; with --sweep: the sweep's own)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 20000 records, 1 run")
     ap.add_argument("--bootstrap-servers", default=os.environ.get("TXSTREAM_BOOTSTRAP_SERVERS"),
                     help="an existing Kafka cluster (default: start a local one)")
     ap.add_argument("--latency", action="store_true",
                     help="measure end-to-end latency under a steady rate instead of throughput")
     ap.add_argument("--rate", type=float, default=2000, help="latency mode: input records/s (default 2000)")
-    ap.add_argument("--latency-seconds", type=float, default=30, help="latency mode: measured window")
-    ap.add_argument("--warmup", type=float, default=10, help="latency mode: seconds after first output")
+    ap.add_argument("--latency-seconds", type=float, default=None, help="latency mode: measured window (30; 10 quick)")
+    ap.add_argument("--warmup", type=float, default=None, help="latency mode: seconds after first output (10; 3 quick)")
+    ap.add_argument("--sweep", choices=SWEEPS, default=None,
+                    help="side-by-side runs over one parameter: batch (records per batch / transaction), "
+                         "partitions, record-size; own results files")
+    ap.add_argument("--batch-sizes", default="1000,5000,20000,100000",
+                    help="--sweep batch: txstream --max-records-per-partition values (default 1000,5000,20000,100000)")
+    ap.add_argument("--partition-counts", default="1,2,4,8", help="--sweep partitions: values (default 1,2,4,8)")
+    ap.add_argument("--value-sizes", default="100,1000,10000",
+                    help="--sweep record-size: order value sizes in bytes, padded note (default 100,1000,10000)")
+    ap.add_argument("--max-input-mb", type=float, default=300,
+                    help="--sweep record-size: fewer records at a point whose input would exceed this (default 300)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds before a run counts as failed (default 900, 300 with --quick)")
     ap.add_argument("--output-prefix", default=None, help="results file name prefix (default: timestamp)")
+    ap.add_argument("--no-readme", action="store_true",
+                    help="do not regenerate README.md's Performance section at the end")
     args = ap.parse_args(argv)
-    if args.quick:
-        if "--records" not in (argv or sys.argv):
-            args.records = 20_000
-        if "--runs" not in (argv or sys.argv):
-            args.runs = 1
-        if "--latency-seconds" not in (argv or sys.argv):
-            args.latency_seconds = 10
-        if "--warmup" not in (argv or sys.argv):
-            args.warmup = 3
+    if args.records is None:
+        args.records = 20_000 if args.quick else (100_000 if args.sweep else 200_000)
+    if args.runs is None:
+        args.runs = 1 if (args.quick or args.sweep) else 3
+    if args.latency_seconds is None:
+        args.latency_seconds = 10 if args.quick else 30
+    if args.warmup is None:
+        args.warmup = 3 if args.quick else 10
     if args.timeout is None:
         args.timeout = 300 if args.quick else 900
-    wanted = names if args.contenders == "all" else [n.strip() for n in args.contenders.split(",") if n.strip()]
+    if args.sweep and args.latency:
+        ap.error("--sweep and --latency do not go together")
+    wanted = (names if args.contenders == "all" else
+              [n.strip() for n in args.contenders.split(",") if n.strip()])
     unknown = [n for n in wanted if n not in names]
     if unknown:
         ap.error(f"unknown contender(s) {', '.join(unknown)}; choose from {', '.join(names)}")
     args.contender_names = wanted
+    args.sweep_contenders = None if args.contenders == "all" else wanted
+    for opt in ("batch_sizes", "partition_counts", "value_sizes"):
+        try:
+            setattr(args, opt, [int(v) for v in getattr(args, opt).split(",") if v.strip()])
+        except ValueError:
+            ap.error(f"--{opt.replace('_', '-')} takes comma-separated integers")
     return args
 
 
 def _terminate(_sig, _frame):
     raise KeyboardInterrupt("SIGTERM")
+
+
+def seed(ctx: dict, topic: str, records: int, partitions: int, value_size: int | None = None) -> dict:
+    """Create and fill an input topic; ctx['seeded'] is what the runs read and check against."""
+    bootstrap = ctx["bootstrap"]
+    create_topics(bootstrap, [topic], partitions)
+    ctx["topics"].append(topic)
+    size = f", values padded to {value_size} B" if value_size else ""
+    log(f"seeding {records:,} orders into {topic} ({partitions} partitions{size}) ...")
+    t = time.monotonic()
+    seeded = seed_input(bootstrap, topic, records, progress=log, value_size=value_size)
+    ctx["seeded"] = seeded
+    ctx["partitions"] = partitions
+    log(f"seeded in {time.monotonic() - t:.1f}s: {seeded.input_bytes / 1e6:.1f} MB, "
+        f"avg value {seeded.avg_value_size} B, {seeded.expected_count:,} orders with amount > 0")
+    return {"topic": topic, "records": seeded.records, "bytes": seeded.input_bytes, "partitions": partitions,
+            "avg_value_bytes": seeded.avg_value_size, "avg_record_bytes": seeded.avg_record_size,
+            "expected_output": seeded.expected_count, "value_size_target": value_size}
 
 
 def main(argv=None) -> int:
@@ -365,7 +513,8 @@ def main(argv=None) -> int:
     if args.latency:
         contenders = [c for c in contenders if c.long_running]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    prefix = args.output_prefix or (stamp + ("-latency" if args.latency else "") + ("-quick" if args.quick else ""))
+    kind = ("-latency" if args.latency else "") + (f"-sweep-{args.sweep}" if args.sweep else "")
+    prefix = args.output_prefix or (stamp + kind + ("-quick" if args.quick else ""))
     RESULTS.mkdir(parents=True, exist_ok=True)
     logdir = Path(tempfile.mkdtemp(prefix="txstream-bench-logs-"))
     cluster = None
@@ -373,10 +522,10 @@ def main(argv=None) -> int:
     ctx: dict = {"stamp": stamp, "partitions": args.partitions, "timeout": args.timeout, "logdir": logdir,
                  "topics": [], "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup": args.warmup}
     results: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                     "mode": "latency" if args.latency else "throughput",
-                     "settings": {k: v for k, v in vars(args).items() if k != "contender_names"}
+                     "mode": "sweep" if args.sweep else ("latency" if args.latency else "throughput"),
+                     "settings": {k: v for k, v in vars(args).items() if k not in ("contender_names", "sweep_contenders")}
                      | {"contenders": args.contender_names},
-                     "hardware": hardware(), "contenders": {}}
+                     "hardware": hardware(), "logs": str(logdir)}
     try:
         if args.bootstrap_servers:
             bootstrap = args.bootstrap_servers
@@ -392,69 +541,53 @@ def main(argv=None) -> int:
         ctx["bootstrap"] = bootstrap
         log(f"broker: {bootstrap}; logs of each run under {logdir}")
 
-        if not args.latency:
-            in_topic = f"bench-in-{stamp}"
-            create_topics(bootstrap, [in_topic], args.partitions)
-            ctx["topics"].append(in_topic)
-            log(f"seeding {args.records:,} orders into {in_topic} ({args.partitions} partitions) ...")
-            t = time.monotonic()
-            seeded = seed_input(bootstrap, in_topic, args.records, progress=log)
-            ctx["seeded"] = seeded
-            log(f"seeded in {time.monotonic() - t:.1f}s: {seeded.input_bytes / 1e6:.1f} MB, "
-                f"avg value {seeded.avg_value_size} B, {seeded.expected_count:,} orders with amount > 0")
-            results["input"] = {"topic": in_topic, "records": seeded.records, "bytes": seeded.input_bytes,
-                                "avg_value_bytes": seeded.avg_value_size, "avg_record_bytes": seeded.avg_record_size,
-                                "expected_output": seeded.expected_count}
+        if args.sweep:
+            from benchmarks import sweep
 
-        for contender in contenders:
-            entry: dict = {"label": contender.label, "runs": []}
-            results["contenders"][contender.name] = entry
-            log(f"== {contender.label} ==")
-            try:
-                contender.prepare(lambda m: log(m))
-            except Unavailable as exc:
-                entry["status"] = f"unavailable: {exc}"
-                log(f"   {entry['status']}")
-                continue
-            except Exception as exc:  # noqa: BLE001
-                entry["status"] = f"unavailable: {type(exc).__name__}: {exc}"
-                log(f"   {entry['status']}")
-                continue
-            if args.latency:
-                res = run_latency(contender, ctx)
-                entry["latency"] = res
-                if res.get("ok"):
-                    entry["status"] = "ok"
-                    log(f"   p50 {res['p50_ms']:.0f} ms, p99 {res['p99_ms']:.0f} ms "
-                        f"({res['measured']:,} records)")
-                else:
-                    entry["status"] = f"unavailable: {res['problem']}"
-                    log(f"   {entry['status']}")
-                continue
-            for run_no in range(1, args.runs + 1):
-                log(f"   run {run_no}/{args.runs} ...")
-                try:
-                    res = run_once(contender, ctx, run_no)
-                except Exception as exc:  # noqa: BLE001 - one contender's failure is its row
-                    res = {"run": run_no, "ok": False, "problem": f"{type(exc).__name__}: {exc}",
-                           "traceback": traceback.format_exc()}
-                entry["runs"].append(res)
-                if not res.get("ok"):
-                    entry["status"] = f"unavailable: {res['problem']}"
-                    log(f"   {entry['status']}")
-                    break
-                log(f"   {res['wall_s']:.1f}s, {res['records_per_s']:,.0f} rec/s, "
-                    f"{res['cpu_s']:.1f} CPU s, peak RSS {res['peak_rss_mb']:.0f} MiB; output verified")
-            else:
-                entry["status"] = "ok"
-                entry["summary"] = summarize(entry["runs"])
-        results["versions"] = versions(contenders, broker)
+            used = sweep.run(args, ctx, results)
+            results["versions"] = versions(used, broker)
+        else:
+            results["contenders"] = {}
+            if not args.latency:
+                results["input"] = seed(ctx, f"bench-in-{stamp}", args.records, args.partitions)
+            for contender in contenders:
+                if args.latency:
+                    entry = {"label": contender.label, "runs": []}
+                    results["contenders"][contender.name] = entry
+                    log(f"== {contender.label} ==")
+                    try:
+                        contender.prepare(lambda m: log(m))
+                    except Exception as exc:  # noqa: BLE001
+                        reason = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
+                        entry["status"] = f"unavailable: {reason}"
+                        log(f"   {entry['status']}")
+                        continue
+                    res = run_latency(contender, ctx)
+                    entry["latency"] = res
+                    if res.get("ok"):
+                        entry["status"] = "ok"
+                        log(f"   p50 {res['p50_ms']:.0f} ms, p99 {res['p99_ms']:.0f} ms "
+                            f"({res['measured']:,} records)")
+                    else:
+                        entry["status"] = f"unavailable: {res['problem']}"
+                        log(f"   {entry['status']}")
+                    continue
+                results["contenders"][contender.name] = run_contender(contender, ctx, args.runs)
+            results["versions"] = versions(contenders, broker)
+            results["ratios"] = report.ratios(results)
+        results["hardware"]["loadavg_at_end"] = os.getloadavg()
         results["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        results["ratios"] = report.ratios(results)
         paths = report.write_all(results, RESULTS, prefix)
         print()
         print(report.markdown(results))
         log("wrote " + ", ".join(str(p.relative_to(REPO)) for p in paths))
+        if not args.no_readme:
+            try:
+                from benchmarks import readme
+
+                log(readme.update())
+            except Exception as exc:  # noqa: BLE001 - the results stand without the README
+                log(f"README not updated: {type(exc).__name__}: {exc}")
         return 0
     finally:
         if ctx.get("bootstrap") and args.bootstrap_servers:

@@ -5,8 +5,10 @@ import json
 from pathlib import Path
 
 TXS = "txstream-exactly-once"
-VERSUS = [("txstream-at-least-once", "at-least-once"), ("handwritten", "hand-written loop"),
-          ("quix", "Quix Streams"), ("spark-ss", "Spark SS"), ("ceiling", "the ceiling")]
+VERSUS = [("txstream-at-least-once", "at-least-once"), ("txstream-passthrough", "pass-through (no decode)"),
+          ("handwritten", "hand-written loop"), ("quix", "Quix Streams"), ("spark-ss", "Spark SS"),
+          ("ceiling", "the ceiling")]
+THROUGHPUT_KEYS = ["records_per_s", "steady_records_per_s", "cpu_s_per_m", "peak_rss_mb"]
 
 
 def _median(results: dict, name: str, key: str):
@@ -20,7 +22,7 @@ def _median(results: dict, name: str, key: str):
 
 def ratios(results: dict) -> dict:
     """txstream exactly-once against each other contender (throughput, CPU per record, RSS, latency)."""
-    keys = ["p50_ms", "p99_ms"] if results.get("mode") == "latency" else ["records_per_s", "cpu_s_per_m", "peak_rss_mb"]
+    keys = ["p50_ms", "p99_ms"] if results.get("mode") == "latency" else THROUGHPUT_KEYS
     out: dict = {}
     for name, label in VERSUS:
         row = {}
@@ -50,13 +52,64 @@ def _range(stats: dict | None, spec: str) -> str:
     return f"{format(stats['median'], spec)} ({format(stats['min'], spec)}–{format(stats['max'], spec)})"
 
 
+def _steady(entry: dict) -> str:
+    sm = (entry.get("summary") or {}).get("steady_records_per_s")
+    if sm:
+        return _range(sm, ",.0f")
+    notes = [r.get("steady_note") for r in entry.get("runs", []) if r.get("steady_note")]
+    return "n/a (one burst)" if notes and entry.get("status") == "ok" else "n/a"
+
+
+def _s(v, spec=".2f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def init_text(b: dict) -> str:
+    init = b.get("init") or {}
+    if init.get("tasks") is not None:
+        return (f"{init.get('tasks_paid', 0):.0f} of {init['tasks']:.0f} tasks, median {_s(init.get('median_s'))}s"
+                f" (max {_s(init.get('max_s'))}s)")
+    return (f"{init.get('batches_paid', 0):.0f} batches (per-batch max), median {_s(init.get('median_s'))}s")
+
+
+BATCH_HEADER = ["| contender | batches | records per batch | batch s median (max) | in-batch records/s | "
+                "read / upstream / produce / commit / init s (median per batch) | init_transactions paid | first batch s |",
+                "|---|---|---|---|---|---|---|---|"]
+
+
+def batch_row(label: str, b: dict) -> str:
+    sp = b.get("split_median") or {}
+    return (f"| {label} | {b['batches']:.0f} | {b.get('records_per_batch_median') or 0:,.0f} | "
+            f"{_s(b.get('batch_s_median'))} ({_s(b.get('batch_s_max'))}) | {_fmt(b.get('in_batch_records_per_s'))} | "
+            f"{_s(sp.get('read'))} / {_s(sp.get('upstream'))} / {_s(sp.get('produce'))} / {_s(sp.get('commit'))} / "
+            f"{_s(sp.get('init'))} | "
+            f"{init_text(b)} | {_s(b.get('first_batch_s'))} |")
+
+
+def batch_table(contenders: dict) -> list[str]:
+    rows = [batch_row(e["label"], e["batches"]) for e in contenders.values() if e.get("batches")]
+    if not rows:
+        return []
+    return ["", "### txstream batches (from each run's log; median over runs)", "", *BATCH_HEADER, *rows, "",
+            "Per batch, read / upstream / produce / commit / init are the maxima over the batch's tasks "
+            "(txstream's batch line): reading and decoding; the publisher's wait for its input (reading, JVM "
+            "hops and the transform together); encoding and producing; send_offsets + commit (or the "
+            "acknowledgements); init_transactions. In-batch records/s = records / time inside batches (no Spark session start-up). "
+            "init_transactions paid: tasks that created a transactional producer (0 s when a cached one was "
+            "reused), from the per-task lines benchmarks/contenders/txstream_run.py adds."]
+
+
 def markdown(results: dict) -> str:
+    if results.get("mode") == "sweep":
+        return sweep_markdown(results)
     s = results["settings"]
     hw = results["hardware"]
     v = results.get("versions", {})
     lines = [f"# txstream benchmark — {results['mode']} ({results['started_at']})", ""]
+    end = hw.get("loadavg_at_end")
     lines.append(f"Machine: {hw['cpu_model']}, {hw['logical_cores']} logical cores, {hw['memory_gib']} GiB; "
-                 f"load average at start {hw['loadavg_at_start'][0]:.1f} (shared machine: figures are noisy).")
+                 f"load average at start {hw['loadavg_at_start'][0]:.1f}" + (f", at end {end[0]:.1f}" if end else "")
+                 + " (shared machine: figures are noisy).")
     lines.append(f"Versions: Python {v.get('python')}, pyspark {v.get('pyspark')}, confluent-kafka "
                  f"{v.get('confluent_kafka')} (librdkafka {v.get('librdkafka')}), {v.get('kafka_broker')}, "
                  f"quixstreams {v.get('quixstreams', 'n/a')} (with confluent-kafka {v.get('quix_confluent_kafka', 'n/a')}), "
@@ -67,8 +120,8 @@ def markdown(results: dict) -> str:
                      f"{inp.get('avg_value_bytes')} B per value) in {s['partitions']} partitions; "
                      f"{inp.get('expected_output', 0):,} have amount > 0 and must come out. "
                      f"Runs per contender: {s['runs']}; median (min–max).")
-        lines += ["", "| contender | status | records/s | MB/s (input) | wall s | first output s | CPU s per M records | peak RSS MiB | vs hand-written (rec/s) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| contender | status | records/s | steady records/s | MB/s (input) | wall s | first output s | CPU s per M records | peak RSS MiB | vs hand-written (rec/s) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         rel = results.get("ratios", {}).get("each vs hand-written loop", {})
         for name, e in results["contenders"].items():
             sm = e.get("summary") or {}
@@ -77,9 +130,14 @@ def markdown(results: dict) -> str:
                 status = status.replace("|", "/")[:300]
             r = (rel.get(name) or {}).get("records_per_s")
             lines.append(f"| {e['label']} | {status} | {_range(sm.get('records_per_s'), ',.0f')} | "
+                         f"{_steady(e)} | "
                          f"{_range(sm.get('mb_per_s'), '.2f')} | {_range(sm.get('wall_s'), '.1f')} | "
                          f"{_range(sm.get('first_output_s'), '.1f')} | {_range(sm.get('cpu_s_per_m'), ',.0f')} | "
                          f"{_range(sm.get('peak_rss_mb'), ',.0f')} | {_fmt(r, '.2f')}{'×' if r is not None else ''} |")
+        lines += ["", "records/s = input records / wall time (start of the process to the last output record); "
+                  "steady records/s = input records processed after the first output record / (done - first "
+                  "output), n/a when the output came in one burst (e.g. txstream with all input in one batch)."]
+        lines += batch_table(results["contenders"])
     else:
         lines.append(f"Steady input of {s['rate']:,.0f} records/s; latency = time a read_committed consumer sees "
                      f"the output record - time its input was produced; {s['latency_seconds']:.0f}s window "
@@ -97,9 +155,165 @@ def markdown(results: dict) -> str:
             continue
         parts = [f"{k} {_fmt(x, '.2f')}{'×' if x is not None else ''}" for k, x in row.items()]
         lines.append(f"- {label}: " + ", ".join(parts))
-    lines += ["", "records/s ratio > 1 means txstream is faster; CPU and RSS ratios > 1 mean it uses more; "
-              "n/a where a contender is unavailable.", ""]
+    lines += ["", "records/s ratios > 1 mean txstream is faster; CPU and RSS ratios > 1 mean it uses more; "
+              "n/a where a contender is unavailable (or, for steady records/s, where output came in one burst).", ""]
     return "\n".join(lines)
+
+
+def _header(results: dict) -> list[str]:
+    hw = results["hardware"]
+    v = results.get("versions", {})
+    end = hw.get("loadavg_at_end")
+    return [f"Machine: {hw['cpu_model']}, {hw['logical_cores']} logical cores, {hw['memory_gib']} GiB; "
+            f"load average at start {hw['loadavg_at_start'][0]:.1f}"
+            + (f", at end {end[0]:.1f}" if end else "") + " (shared machine: figures are noisy).",
+            f"Versions: Python {v.get('python')}, pyspark {v.get('pyspark')}, confluent-kafka "
+            f"{v.get('confluent_kafka')} (librdkafka {v.get('librdkafka')}), {v.get('kafka_broker')}."]
+
+
+def sweep_value(entry: dict, key: str):
+    if entry.get("status") != "ok":
+        return None
+    if key in ("in_batch_records_per_s", "batches", "batch_s_median"):
+        return (entry.get("batches") or {}).get(key)
+    if key.startswith("split_"):
+        return ((entry.get("batches") or {}).get("split_median") or {}).get(key[6:])
+    return ((entry.get("summary") or {}).get(key) or {}).get("median")
+
+
+SWEEP_METRICS = [("records_per_s", "records/s (wall)", ",.0f"),
+                 ("steady_records_per_s", "steady records/s (after first output)", ",.0f"),
+                 ("in_batch_records_per_s", "txstream in-batch records/s", ",.0f"),
+                 ("mb_per_s", "MB/s input (wall)", ".2f"),
+                 ("first_output_s", "first output s", ".1f"),
+                 ("cpu_s_per_m", "CPU s per M records", ",.0f"),
+                 ("batches", "txstream batches", ".0f"),
+                 ("batch_s_median", "txstream batch s (median)", ".2f"),
+                 ("split_read", "txstream read s (median per batch)", ".2f"),
+                 ("split_upstream", "txstream upstream s (median per batch)", ".2f"),
+                 ("split_produce", "txstream produce s (median per batch)", ".2f"),
+                 ("split_commit", "txstream commit s (median per batch)", ".2f"),
+                 ("split_init", "txstream init s (median per batch)", ".2f")]
+
+
+def sweep_names(results: dict) -> list[tuple[str, str]]:
+    seen: dict[str, str] = {}
+    for p in results["points"]:
+        for name, e in p["contenders"].items():
+            seen.setdefault(name, e["label"])
+    return list(seen.items())
+
+
+def sweep_ratio_lines(results: dict) -> list[str]:
+    """One line per comparison: txstream exactly-once / the other, at every point."""
+    lines = []
+    names = dict(sweep_names(results))
+    for other, what in (("txstream-at-least-once", "at-least-once"), ("handwritten", "hand-written loop")):
+        if other not in names or TXS not in names:
+            continue
+        for key, label in (("records_per_s", "records/s"), ("steady_records_per_s", "steady records/s"),
+                           ("in_batch_records_per_s", "in-batch records/s")):
+            cells = []
+            for p in results["points"]:
+                a = sweep_value(p["contenders"].get(TXS, {}), key)
+                b = sweep_value(p["contenders"].get(other, {}), key)
+                cells.append(f"{p['label']}: " + (f"{a / b:.2f}×" if a is not None and b else "n/a"))
+            if any(not c.endswith("n/a") for c in cells):
+                lines.append(f"- txstream exactly-once / {what}, {label}: " + ", ".join(cells))
+    return lines
+
+
+def sweep_markdown(results: dict) -> str:
+    s = results["settings"]
+    pts = results["points"]
+    lines = [f"# txstream benchmark — {results['sweep']} sweep ({results['started_at']})", ""]
+    lines += _header(results)
+    inputs = "; ".join(f"{p['label']}: {p['input']['records']:,} records, {p['input']['partitions']} partitions, "
+                       f"{p['input']['avg_value_bytes']} B per value, {p['input']['bytes'] / 1e6:.1f} MB" for p in pts)
+    lines.append(f"Parameter: {results['parameter']}. Runs per point: {s['runs']} (median when more). Inputs: {inputs}.")
+    settings = []
+    for name, label in sweep_names(results):
+        per = [p["contenders"][name].get("settings") or {} for p in pts if name in p["contenders"]]
+        keys = [k for k in (per[0] if per else {}) if k != "processor"]
+        if not keys:
+            continue
+        cells = []
+        for k in keys:
+            vals = [str(d.get(k, "n/a")) for d in per]
+            cells.append(f"{k} {' / '.join(vals) if len(set(vals)) > 1 else vals[0]}")
+        settings.append(f"{label}: " + ", ".join(cells))
+    if settings:
+        lines += ["", "Contender settings (per point when they differ): " + "; ".join(settings) + "."]
+    head = "| metric | contender | " + " | ".join(p["label"] for p in pts) + " |"
+    lines += ["", head, "|---|---|" + "---|" * len(pts)]
+    for key, title, spec in SWEEP_METRICS:
+        for name, label in sweep_names(results):
+            vals = [sweep_value(p["contenders"].get(name, {}), key) for p in pts]
+            if all(v is None for v in vals):
+                continue
+            lines.append(f"| {title} | {label} | " + " | ".join(_fmt(v, spec) for v in vals) + " |")
+    problems = [f"- {p['label']}, {e['label']}: {e.get('status')}" for p in pts for e in p["contenders"].values()
+                if e.get("status") != "ok"]
+    if problems:
+        lines += ["", "Failed points:", *problems]
+    ratio_lines = sweep_ratio_lines(results)
+    if ratio_lines:
+        lines += ["", "## txstream exactly-once against the others, point by point", "", *ratio_lines]
+    for p in pts:
+        rows = [batch_row(e["label"], e["batches"]) for e in p["contenders"].values() if e.get("batches")]
+        if rows:
+            lines += ["", f"### txstream batches at {results['parameter']} = {p['label']}", "", *BATCH_HEADER, *rows]
+    lines += ["", "records/s = input records / wall time (includes Spark's start-up for txstream); steady "
+              "records/s = records processed after the first output / (done - first output), n/a when the output "
+              "came in one burst; in-batch records/s = records / time inside txstream batches.", ""]
+    return "\n".join(lines)
+
+
+def sweep_chart(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = results["points"]
+    xs = [p["value"] for p in pts]
+    metrics = [("records_per_s", "records/s (wall, incl. start-up)"),
+               ("rate_no_startup", "records/s without start-up\n(txstream: in batches; others: steady)"),
+               ("cpu_s_per_m", "CPU s per million records")]
+    if results["sweep"] == "batch":
+        metrics.append(("batch_s_median", "txstream batch s (median)"))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.8 * len(metrics), 4.4))
+    for ax, (key, title) in zip(axes, metrics):
+        for name, label in sweep_names(results):
+            ys = []
+            for p in pts:
+                e = p["contenders"].get(name, {})
+                if key == "rate_no_startup":
+                    v = sweep_value(e, "in_batch_records_per_s") or sweep_value(e, "steady_records_per_s")
+                else:
+                    v = sweep_value(e, key)
+                ys.append(v)
+            if all(v is None for v in ys):
+                continue
+            ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
+                    marker="o", label=label)
+        ax.set_title(title, fontsize=10)
+        if key in ("records_per_s", "rate_no_startup", "cpu_s_per_m"):
+            ax.set_yscale("log")  # txstream and the one-process loop are orders of magnitude apart
+        ax.set_xlabel(results["parameter"], fontsize=8)
+        if results["sweep"] in ("batch", "record-size"):
+            ax.set_xscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([p["label"] for p in pts], fontsize=7)
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    s = results["settings"]
+    fig.suptitle(f"txstream {results['sweep']} sweep: {s['records']:,} records per point, "
+                 f"{results['hardware']['logical_cores']} cores", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def chart(results: dict, path: Path) -> None:
@@ -144,7 +358,7 @@ def write_all(results: dict, directory: Path, prefix: str) -> list[Path]:
     md.write_text(markdown(results))
     paths = [js, md]
     try:
-        chart(results, png)
+        (sweep_chart if results.get("mode") == "sweep" else chart)(results, png)
         paths.append(png)
     except Exception as exc:  # noqa: BLE001 - the table and JSON still stand
         print(f"(no chart: {exc})")

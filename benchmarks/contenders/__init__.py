@@ -36,6 +36,13 @@ class Contender:
     long_running = True  # can be measured in --latency mode
     exactly_once = True  # output must have no duplicates
     startup_timeout = 600.0
+    output_kind = "enriched"  # "enriched": OrderEnriched per kept order; "copy": the input values as
+    #                           they are, every record; the ceiling checks a count only
+    txstream = False     # its log has txstream's per-batch lines (benchmarks/batchlog.py)
+
+    def settings(self) -> dict:
+        """This contender's knobs, as recorded in the results (e.g. transaction size)."""
+        return {}
 
     def prepare(self, progress) -> None:
         """Install or check what the contender needs; raise Unavailable with a reason."""
@@ -68,7 +75,9 @@ def all_contenders() -> list[Contender]:
     from benchmarks.contenders.handwritten import HandWrittenLoop
     from benchmarks.contenders.quix import QuixStreams
     from benchmarks.contenders.spark_ss import SparkStructuredStreaming
-    from benchmarks.contenders.txstream_engine import TxStream
+    from benchmarks.contenders.txstream_engine import PASSTHROUGH, TxStream
 
     return [TxStream("exactly-once"), TxStream("at-least-once"), TxStream("at-most-once"),
+            TxStream("exactly-once", processor=PASSTHROUGH, name="txstream-passthrough",
+                     label="txstream pass-through (exactly-once, no decode)"),
             HandWrittenLoop(), SparkStructuredStreaming(), QuixStreams(), KafkaCeiling()]

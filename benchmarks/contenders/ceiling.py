@@ -19,6 +19,7 @@ class KafkaCeiling(Contender):
     label = "ceiling: Kafka perf tools (no transform)"
     long_running = False
     verify_values = False
+    output_kind = "count"
 
     def __init__(self) -> None:
         self.libs = None

@@ -5,7 +5,10 @@ that subscribes to the input, a transactional producer, and every 100 ms (or eve
 `--max-batch` messages) the consumer's positions are sent to the transaction with the
 consumer's group metadata and the transaction is committed. One Python process.
 
-The harness runs this module as `python -m benchmarks.contenders.handwritten ...`.
+The harness runs this module as `python -m benchmarks.contenders.handwritten ...`. The batch
+sweep sets `--max-batch` (records per transaction) with a commit interval long enough that the
+count decides; a poll that finds nothing new commits what is pending, so the last transaction
+does not wait for the interval (with the default 100 ms interval this changes nothing).
 """
 from __future__ import annotations
 
@@ -23,15 +26,29 @@ class HandWrittenLoop(Contender):
     name = "handwritten"
     label = "hand-written confluent-kafka EOS loop"
 
+    def __init__(self, max_batch: int | None = None, commit_interval_ms: float | None = None,
+                 label: str | None = None) -> None:
+        self.max_batch = max_batch
+        self.commit_interval_ms = commit_interval_ms
+        if label:
+            self.label = label
+
+    def settings(self) -> dict:
+        return {"max_batch": self.max_batch or 10000, "commit_interval_ms": self.commit_interval_ms or 100}
+
     def command(self, job: Job) -> tuple[list[str], dict]:
         from benchmarks.common import ENRICHED_SCHEMA_PATH, ORDER_SCHEMA_PATH
 
-        return ([sys.executable, "-m", "benchmarks.contenders.handwritten",
-                 "--bootstrap-servers", job.bootstrap, "--input", job.input_topic,
-                 "--output", job.output_topic, "--group", job.group,
-                 "--transactional-id", f"{job.group}-txn",
-                 "--input-schema", str(ORDER_SCHEMA_PATH), "--output-schema", str(ENRICHED_SCHEMA_PATH)],
-                self.base_env())
+        argv = [sys.executable, "-m", "benchmarks.contenders.handwritten",
+                "--bootstrap-servers", job.bootstrap, "--input", job.input_topic,
+                "--output", job.output_topic, "--group", job.group,
+                "--transactional-id", f"{job.group}-txn",
+                "--input-schema", str(ORDER_SCHEMA_PATH), "--output-schema", str(ENRICHED_SCHEMA_PATH)]
+        if self.max_batch:
+            argv += ["--max-batch", str(self.max_batch)]
+        if self.commit_interval_ms:
+            argv += ["--commit-interval-ms", str(self.commit_interval_ms)]
+        return argv, self.base_env()
 
     def versions(self) -> dict:
         import confluent_kafka
@@ -53,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-schema", required=True)
     ap.add_argument("--commit-interval-ms", type=float, default=100)
     ap.add_argument("--max-batch", type=int, default=10000)
+    ap.add_argument("--poll-timeout-ms", type=float, default=None,
+                    help="longest wait in one consume() (default: the commit interval, at most 100 ms)")
     args = ap.parse_args(argv)
 
     in_schema = fastavro.parse_schema(json.load(open(args.input_schema)))
@@ -89,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     pending = 0
     last_commit = time.monotonic()
     interval = args.commit_interval_ms / 1000.0
+    poll_timeout = (args.poll_timeout_ms if args.poll_timeout_ms is not None
+                    else min(args.commit_interval_ms, 100.0)) / 1000.0
     out_topic = args.output
 
     def commit() -> None:
@@ -103,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         while running:
-            msgs = consumer.consume(num_messages=min(args.max_batch, 2000), timeout=interval)
+            msgs = consumer.consume(num_messages=min(args.max_batch, 2000), timeout=poll_timeout)
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -128,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                     except BufferError:
                         producer.poll(0.01)
             producer.poll(0)
-            if pending >= args.max_batch or (pending and time.monotonic() - last_commit >= interval):
+            if pending >= args.max_batch or (pending and time.monotonic() - last_commit >= interval) \
+                    or (pending and not msgs):  # idle: nothing more to add to this transaction now
                 commit()
         commit()
     except Exception:

@@ -1,8 +1,12 @@
-"""Contenders 1-3: txstream's own engine, through its CLI, at each delivery guarantee.
+"""Contenders 1-3 and the pass-through: txstream's own engine, through its CLI.
 
     python -m txstream.cli run processors/enrich_orders.py:EnrichOrders --bootstrap-servers B
         --app-id ID --input IN --output OUT --until-caught-up --guarantee G --master local[2]
 
+started as `python -m benchmarks.contenders.txstream_run run ...` (the same CLI, plus one log
+line per batch with each task's timings; see that module). `txstream-passthrough` runs
+processors/passthrough.py:PassThrough exactly once on the same input: no decode, no transform,
+no encode, the bytes are copied; the difference to the enricher is what the Avro work costs.
 In --latency mode `--until-caught-up` is left out and the harness stops the process.
 """
 from __future__ import annotations
@@ -15,18 +19,33 @@ from benchmarks.common import REPO
 from benchmarks.contenders import Contender, Job, Unavailable
 
 PROCESSOR = "processors/enrich_orders.py:EnrichOrders"
+PASSTHROUGH = "processors/passthrough.py:PassThrough"
 
 
 class TxStream(Contender):
-    def __init__(self, guarantee: str) -> None:
+    txstream = True
+
+    def __init__(self, guarantee: str, processor: str = PROCESSOR, name: str | None = None,
+                 label: str | None = None, max_records_per_partition: int | None = None) -> None:
         self.guarantee = guarantee
-        self.name = f"txstream-{guarantee}"
-        self.label = f"txstream {guarantee}"
+        self.processor = processor
+        self.name = name or f"txstream-{guarantee}"
+        self.label = label or f"txstream {guarantee}"
         self.exactly_once = guarantee != "at-least-once"
+        self.max_records_per_partition = max_records_per_partition
+        self.copies = processor == PASSTHROUGH
+        self.output_kind = "copy" if self.copies else "enriched"
+
+    def expected_output(self, job: Job) -> int:
+        return job.records if self.copies else job.expected
+
+    def settings(self) -> dict:
+        return {"processor": self.processor, "guarantee": self.guarantee,
+                "max_records_per_partition": self.max_records_per_partition or "default (100000)"}
 
     def prepare(self, progress) -> None:
-        if not (REPO / PROCESSOR.split(":")[0]).exists():
-            raise Unavailable(f"{PROCESSOR.split(':')[0]} does not exist yet")
+        if not (REPO / self.processor.split(":")[0]).exists():
+            raise Unavailable(f"{self.processor.split(':')[0]} does not exist yet")
         probe = subprocess.run([sys.executable, "-m", "txstream.cli", "run", "--help"], cwd=REPO,
                                capture_output=True, text=True, timeout=120)
         if probe.returncode != 0:
@@ -37,11 +56,14 @@ class TxStream(Contender):
                 raise Unavailable(f"`txstream run` has no {flag} option yet")
 
     def command(self, job: Job) -> tuple[list[str], dict]:
-        argv = [sys.executable, "-m", "txstream.cli", "run", PROCESSOR,
+        argv = [sys.executable, "-m", "benchmarks.contenders.txstream_run", "run", self.processor,
                 "--bootstrap-servers", job.bootstrap, "--app-id", job.group,
                 "--input", job.input_topic, "--output", job.output_topic,
-                "--dead-letter-topic", f"{job.output_topic}-dlq",
                 "--guarantee", self.guarantee, "--master", "local[2]"]
+        if not self.copies:  # the pass-through decodes nothing, so nothing can be dead-lettered
+            argv += ["--dead-letter-topic", f"{job.output_topic}-dlq"]
+        if self.max_records_per_partition:
+            argv += ["--max-records-per-partition", str(self.max_records_per_partition)]
         if job.mode == "throughput":
             argv.append("--until-caught-up")
         return argv, self.base_env()
@@ -57,7 +79,7 @@ class TxStream(Contender):
         return f"{len(failed)} failed batch attempts, e.g. {detail}"
 
     def extra_topics(self, job: Job) -> list[str]:
-        return [f"{job.output_topic}-dlq"]
+        return [] if self.copies else [f"{job.output_topic}-dlq"]
 
     def versions(self) -> dict:
         try:

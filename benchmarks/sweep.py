@@ -1,0 +1,92 @@
+"""`python -m benchmarks --sweep batch|partitions|record-size`: one parameter, side by side.
+
+- batch: records per batch. txstream exactly-once and at-least-once with
+  `--max-records-per-partition` N (`--batch-sizes`, default 1000, 5000, 20000, 100000): one
+  transaction per input partition per batch, so N records per transaction, N x partitions per
+  batch. The hand-written loop commits every N x partitions records (the same records per offset
+  commit as one txstream batch; its one transaction spans every partition), with the commit
+  interval out of the way. One input topic for every point.
+- partitions: 1, 2, 4, 8 (`--partition-counts`); txstream exactly-once and the hand-written loop,
+  each point on its own input topic with that many partitions (output topics too).
+- record-size: order values of about 100 B, 1 KB, 10 KB (`--value-sizes`; the optional `note` is
+  padded, the enriched output is the same size at every point); txstream exactly-once,
+  at-least-once and the hand-written loop. A point whose input would exceed `--max-input-mb`
+  gets fewer records (recorded in the point's `input`).
+
+`--records` (default 100000), `--partitions` (default 4; not for the partitions sweep) and
+`--runs` (default 1) apply to every point; `--contenders` replaces the sweep's own list.
+"""
+from __future__ import annotations
+
+from benchmarks.contenders import Contender, all_contenders
+from benchmarks.contenders.handwritten import HandWrittenLoop
+from benchmarks.contenders.txstream_engine import TxStream
+
+DEFAULTS = {
+    "batch": ["txstream-exactly-once", "txstream-at-least-once", "handwritten"],
+    "partitions": ["txstream-exactly-once", "handwritten"],
+    "record-size": ["txstream-exactly-once", "txstream-at-least-once", "handwritten"],
+}
+PARAMETER = {
+    "batch": "records per batch (txstream --max-records-per-partition)",
+    "partitions": "partitions",
+    "record-size": "order value bytes",
+}
+COUNT_ONLY_INTERVAL_MS = 3_600_000  # the hand-written loop's commit interval when the count decides
+
+
+def variant(name: str, kind: str, value: int, partitions: int) -> Contender:
+    """The contender `name` set up for one point of the sweep."""
+    base = {c.name: c for c in all_contenders()}[name]
+    if kind == "batch" and isinstance(base, TxStream):
+        return TxStream(base.guarantee, processor=base.processor, name=base.name, label=base.label,
+                        max_records_per_partition=value)
+    if kind == "batch" and isinstance(base, HandWrittenLoop):
+        return HandWrittenLoop(max_batch=value * partitions, commit_interval_ms=COUNT_ONLY_INTERVAL_MS)
+    return base
+
+
+def points(args) -> list[dict]:
+    kind = args.sweep
+    if kind == "batch":
+        return [{"value": v, "label": f"{v:,}", "partitions": args.partitions, "records": args.records,
+                 "value_size": None, "shared_input": True} for v in args.batch_sizes]
+    if kind == "partitions":
+        return [{"value": v, "label": str(v), "partitions": v, "records": args.records, "value_size": None}
+                for v in args.partition_counts]
+    out = []
+    for v in args.value_sizes:
+        approx = v + 45  # value + key (about 33 B) + a little
+        cap = int(args.max_input_mb * 1e6 // approx)
+        records = min(args.records, max(1000, cap))
+        out.append({"value": v, "label": f"{v:,} B", "partitions": args.partitions, "records": records,
+                    "value_size": v})
+    return out
+
+
+def run(args, ctx: dict, results: dict) -> list[Contender]:
+    """Run every point; fills results['sweep'], ['parameter'], ['points']. Returns the contenders used."""
+    from benchmarks.harness import log, run_contender, seed
+
+    kind = args.sweep
+    names = args.sweep_contenders or DEFAULTS[kind]
+    results.update(sweep=kind, parameter=PARAMETER[kind], points=[])
+    used: list[Contender] = []
+    shared_input = None
+    for point in points(args):
+        log(f"=== {kind} sweep: {PARAMETER[kind]} = {point['label']} ===")
+        ctx["point"] = f"-{kind}-{point['value']}"
+        if point.get("shared_input") and shared_input is not None:
+            ctx["seeded"], ctx["partitions"], inp = shared_input
+        else:
+            topic = f"bench-in-{ctx['stamp']}-{kind}-{point['value']}"
+            inp = seed(ctx, topic, point["records"], point["partitions"], point["value_size"])
+            shared_input = (ctx["seeded"], ctx["partitions"], inp)
+        entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
+        results["points"].append(entry)
+        for name in names:
+            contender = variant(name, kind, point["value"], point["partitions"])
+            used.append(contender)
+            entry["contenders"][name] = run_contender(contender, ctx, args.runs)
+    ctx.pop("point", None)
+    return used

@@ -411,7 +411,23 @@ def versions(contenders: list[Contender], broker: str) -> dict:
             v.update(c.versions())
         except Exception:  # noqa: BLE001
             pass
+    v["git"] = git_state()
     return v
+
+
+def git_state() -> str:
+    """The commit measured, and whether txstream/ or processors/ had uncommitted changes (the tree is shared)."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "txstream", "processors"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+        dirty = [line[3:] for line in dirty if line.strip()]
+    except Exception:  # noqa: BLE001
+        return "unknown"
+    return head + (f" + uncommitted changes in {', '.join(dirty)}" if dirty else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -525,7 +541,7 @@ def main(argv=None) -> int:
                      "mode": "sweep" if args.sweep else ("latency" if args.latency else "throughput"),
                      "settings": {k: v for k, v in vars(args).items() if k not in ("contender_names", "sweep_contenders")}
                      | {"contenders": args.contender_names},
-                     "hardware": hardware(), "logs": str(logdir)}
+                     "hardware": hardware(), "logs": str(logdir), "git_at_start": git_state()}
     try:
         if args.bootstrap_servers:
             bootstrap = args.bootstrap_servers

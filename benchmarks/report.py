@@ -113,7 +113,8 @@ def markdown(results: dict) -> str:
     lines.append(f"Versions: Python {v.get('python')}, pyspark {v.get('pyspark')}, confluent-kafka "
                  f"{v.get('confluent_kafka')} (librdkafka {v.get('librdkafka')}), {v.get('kafka_broker')}, "
                  f"quixstreams {v.get('quixstreams', 'n/a')} (with confluent-kafka {v.get('quix_confluent_kafka', 'n/a')}), "
-                 f"Spark connectors {v.get('spark_connectors', 'n/a')}.")
+                 f"Spark connectors {v.get('spark_connectors', 'n/a')}; txstream at {results.get('git_at_start', '?')} "
+                 f"(start), {v.get('git', '?')} (end).")
     if results["mode"] == "throughput":
         inp = results.get("input", {})
         lines.append(f"Input: {inp.get('records', 0):,} Avro orders ({inp.get('bytes', 0) / 1e6:.1f} MB, "
@@ -168,7 +169,8 @@ def _header(results: dict) -> list[str]:
             f"load average at start {hw['loadavg_at_start'][0]:.1f}"
             + (f", at end {end[0]:.1f}" if end else "") + " (shared machine: figures are noisy).",
             f"Versions: Python {v.get('python')}, pyspark {v.get('pyspark')}, confluent-kafka "
-            f"{v.get('confluent_kafka')} (librdkafka {v.get('librdkafka')}), {v.get('kafka_broker')}."]
+            f"{v.get('confluent_kafka')} (librdkafka {v.get('librdkafka')}), {v.get('kafka_broker')}; "
+            f"txstream at {results.get('git_at_start', '?')} (start), {v.get('git', '?')} (end)."]
 
 
 def sweep_value(entry: dict, key: str):

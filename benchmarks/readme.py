@@ -1,0 +1,211 @@
+"""`python -m benchmarks.readme`: rewrite README.md's Performance figures from the result files.
+
+Everything between `<!-- bench:start -->` and `<!-- bench:end -->` in README.md is replaced by
+figures taken from the newest JSON of each kind under benchmarks/results/ (throughput, latency,
+and each sweep; a full run is preferred over a `--quick` one), with links to the files. Nothing
+is typed by hand. A README without the markers is left alone (the harness calls this at the end
+of every run). `--check` exits 1 when the section is not what the files say.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from benchmarks import report
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+README = REPO / "README.md"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+KINDS = ["throughput", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size"]
+
+
+def kind_of(results: dict) -> str:
+    mode = results.get("mode", "throughput")
+    return f"sweep-{results.get('sweep')}" if mode == "sweep" else mode
+
+
+def newest(directory: Path = RESULTS) -> dict[str, tuple[Path, dict]]:
+    """Newest result of each kind: full runs first, a --quick run only when there is no full one."""
+    best: dict[str, tuple[tuple, Path, dict]] = {}
+    for path in directory.glob("*.json"):
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(results, dict) or "hardware" not in results:
+            continue
+        kind = kind_of(results)
+        quick = bool((results.get("settings") or {}).get("quick"))
+        rank = (not quick, results.get("started_at", ""), path.name)
+        if kind not in best or rank > best[kind][0]:
+            best[kind] = (rank, path, results)
+    return {k: (p, r) for k, (_rank, p, r) in best.items()}
+
+
+def _link(path: Path) -> str:
+    rel = Path(os.path.relpath(path, README.parent)).as_posix()
+    md, png = path.with_suffix(".md"), path.with_suffix(".png")
+    parts = [f"[{path.stem}.md]({rel[:-5]}.md)" if md.exists() else None, f"[json]({rel})",
+             f"[chart]({rel[:-5]}.png)" if png.exists() else None]
+    return ", ".join(p for p in parts if p)
+
+
+def _x(v, spec=".2f") -> str:
+    return "n/a" if v is None else f"{format(v, spec)}×"
+
+
+def _n(v, spec=",.0f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _machine(results: dict) -> str:
+    hw = results["hardware"]
+    end = hw.get("loadavg_at_end")
+    load = f"load average {hw['loadavg_at_start'][0]:.1f} at start" + (f", {end[0]:.1f} at end" if end else "")
+    git = results.get("git_at_start")
+    return (f"{results.get('started_at', '?')[:16].replace('T', ' ')} UTC, {hw['cpu_model']}, "
+            f"{hw['logical_cores']} logical cores, {hw['memory_gib']} GiB, {load}"
+            + (f", txstream at {git}" if git else ""))
+
+
+def throughput_section(path: Path, results: dict) -> list[str]:
+    s = results["settings"]
+    inp = results.get("input", {})
+    quick = " (a `--quick` smoke run)" if s.get("quick") else ""
+    lines = [f"**Throughput**{quick}: {inp.get('records', 0):,} orders ({inp.get('avg_value_bytes')} B values) in "
+             f"{s['partitions']} partitions, {s['runs']} run(s) per contender, median; {_machine(results)}. "
+             f"Files: {_link(path)}.", "",
+             "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MiB |",
+             "|---|---|---|---|---|---|"]
+    for _name, e in results["contenders"].items():
+        if e.get("status") != "ok":
+            lines.append(f"| {e['label']} | {e.get('status', '?').replace('|', '/')[:160]} | | | | |")
+            continue
+        sm = e.get("summary", {})
+
+        def med(key, spec=",.0f"):
+            return _n((sm.get(key) or {}).get("median"), spec)
+        lines.append(f"| {e['label']} | {med('records_per_s')} | {report._steady(e)} | {med('first_output_s', '.1f')} | "
+                     f"{med('cpu_s_per_m')} | {med('peak_rss_mb')} |")
+    ratios = results.get("ratios", {})
+    parts = []
+    for label, row in ratios.items():
+        if label.startswith("each"):
+            continue
+        other = label.replace("txstream exactly-once vs ", "")
+        parts.append(f"{other} {_x(row.get('records_per_s'))}")
+    if parts:
+        lines += ["", "txstream exactly-once's records/s divided by each other's: " + ", ".join(parts)
+                  + " (> 1: txstream is faster). CPU per record against the hand-written loop: "
+                  + _x((ratios.get("txstream exactly-once vs hand-written loop") or {}).get("cpu_s_per_m"), ".1f") + "."]
+    rows = [report.batch_row(e["label"], e["batches"]) for e in results["contenders"].values() if e.get("batches")]
+    if rows:
+        lines += ["", *report.BATCH_HEADER, *rows]
+    return lines
+
+
+def latency_section(path: Path, results: dict) -> list[str]:
+    s = results["settings"]
+    quick = " (a `--quick` smoke run)" if s.get("quick") else ""
+    cells = []
+    for e in results["contenders"].values():
+        lat = e.get("latency") or {}
+        if e.get("status") == "ok":
+            cells.append(f"{e['label']} p50 {_n(lat.get('p50_ms'))} ms / p99 {_n(lat.get('p99_ms'))} ms")
+        else:
+            cells.append(f"{e['label']} {e.get('status', '?')[:100]}")
+    return [f"**Latency**{quick} at a steady {s['rate']:,.0f} records/s ({_machine(results)}; {_link(path)}): "
+            + "; ".join(cells) + "."]
+
+
+SWEEP_TITLES = {"batch": "Records per batch", "partitions": "Partitions", "record-size": "Record size"}
+
+
+def sweep_section(path: Path, results: dict) -> list[str]:
+    pts = results["points"]
+    quick = " (a `--quick` smoke run)" if results["settings"].get("quick") else ""
+    recs = sorted({p["input"]["records"] for p in pts})
+    lines = [f"**{SWEEP_TITLES.get(results['sweep'], results['sweep'])} sweep**{quick} "
+             f"({results['parameter']}; {', '.join(f'{r:,}' for r in recs)} records per point; "
+             f"{_machine(results)}; {_link(path)}):", ""]
+    for name, label in report.sweep_names(results):
+        cells = []
+        for p in pts:
+            e = p["contenders"].get(name, {})
+            wall = report.sweep_value(e, "records_per_s")
+            fast = report.sweep_value(e, "in_batch_records_per_s") or report.sweep_value(e, "steady_records_per_s")
+            if wall is None:
+                cells.append(f"{p['label']} failed")
+            else:
+                cells.append(f"{p['label']} → {_n(wall)}" + (f" ({_n(fast)})" if fast else ""))
+        lines.append(f"- {label}: " + ", ".join(cells))
+    lines += report.sweep_ratio_lines(results)
+    lines += ["", "records/s over wall time; in brackets without start-up (txstream: inside batches; others: "
+              "steady state after the first output)."]
+    return lines
+
+
+def section(directory: Path = RESULTS) -> str:
+    found = newest(directory)
+    out = [START, "", "_Generated by `python -m benchmarks.readme` from the newest files in "
+           "[benchmarks/results/](benchmarks/results/) (the harness reruns it after each run); do not edit "
+           "by hand. How the figures are computed: [benchmarks/README.md](benchmarks/README.md). "
+           "The machine is small and shared with other work, so compare ratios within one file, not absolute "
+           "numbers across files._", ""]
+    if not found:
+        out += ["No results yet: run `make bench`.", ""]
+    for kind in KINDS:
+        if kind not in found:
+            continue
+        path, results = found[kind]
+        try:
+            if kind == "throughput":
+                out += throughput_section(path, results)
+            elif kind == "latency":
+                out += latency_section(path, results)
+            else:
+                out += sweep_section(path, results)
+        except Exception as exc:  # noqa: BLE001 - one odd file must not break the rest
+            out.append(f"({path.name}: could not be summarised: {type(exc).__name__}: {exc})")
+        out.append("")
+    out.append(END)
+    return "\n".join(out)
+
+
+def update(readme: Path = README, directory: Path = RESULTS, check: bool = False) -> str:
+    """Rewrite the marked section; returns what happened (never raises for missing markers)."""
+    try:
+        text = readme.read_text()
+    except OSError as exc:
+        return f"README not updated: {exc}"
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        return f"README not updated: {readme.name} has no {START} ... {END} markers"
+    new = text[:start] + section(directory) + text[end + len(END):]
+    if new == text:
+        return f"{readme.name}: Performance section already up to date"
+    if check:
+        return f"{readme.name}: Performance section is out of date"
+    readme.write_text(new)
+    return f"{readme.name}: Performance section rewritten from {len(newest(directory))} result file(s)"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.readme", description=__doc__)
+    ap.add_argument("--check", action="store_true", help="only say whether the section is up to date")
+    ap.add_argument("--print", action="store_true", help="print the section instead of writing it")
+    args = ap.parse_args(argv)
+    if args.print:
+        print(section())
+        return 0
+    message = update(check=args.check)
+    print(message)
+    return 1 if "out of date" in message else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

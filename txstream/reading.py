@@ -176,22 +176,29 @@ def read_range(spec: dict, plan: dict, dead: list[tuple[Any, ...]]) -> Iterator[
     position = start
     try:
         while position < end:
-            messages = consumer.consume(num_messages=min(chunk, 100_000), timeout=0.5)
             rows = _Columns(topic, partition)
-            position = rows.add_all(messages, end, position, key_codec, value_codec, dead)
-            if rows.count:
-                last_progress = time.monotonic()
-                yield rows.to_batch(schema, key_codec, value_codec)
-            if position < end:
-                # Control records and aborted data have offsets but are never delivered:
-                # the consumer's position moves past them, so ask it.
+            while position < end and rows.count < chunk:
+                # Ask for no more than the range can still hold: consume() waits for the full
+                # count (or the timeout), and a range's last records must not wait for it.
+                wanted = min(chunk - rows.count, end - position)
+                messages = consumer.consume(num_messages=wanted, timeout=0.1)
+                if messages:
+                    position = rows.add_all(messages, end, position, key_codec, value_codec, dead)
+                    last_progress = time.monotonic()
+                    continue
+                # Nothing delivered: control records and aborted data have offsets but are
+                # never delivered, and the consumer's position moves past them, so ask it.
                 current = consumer.position([TopicPartition(topic, partition)])[0].offset
                 if current > position:
                     position = min(current, end)
                     last_progress = time.monotonic()
+                elif rows.count:
+                    break  # hand over what is decoded while the broker is slow
                 elif time.monotonic() - last_progress > deadline_idle:
                     raise TimeoutError(f"No progress reading {topic}[{partition}] at offset {position} "
                                        f"(planned end {end}) for {deadline_idle:.0f}s")
+            if rows.count:
+                yield rows.to_batch(schema, key_codec, value_codec)
     finally:
         consumer.close()
 

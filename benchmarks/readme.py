@@ -89,7 +89,7 @@ def throughput_section(path: Path, results: dict) -> list[str]:
 
         def med(key, spec=",.0f"):
             return _n((sm.get(key) or {}).get("median"), spec)
-        lines.append(f"| {e['label']} | {med('records_per_s')} | {report._steady(e)} | {med('first_output_s', '.1f')} | "
+        lines.append(f"| {e['label']} | {med('records_per_s')} | {report._steady(e, ranged=False)} | {med('first_output_s', '.1f')} | "
                      f"{med('cpu_s_per_m')} | {med('peak_rss_mb')} |")
     ratios = results.get("ratios", {})
     parts = []

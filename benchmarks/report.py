@@ -52,10 +52,14 @@ def _range(stats: dict | None, spec: str) -> str:
     return f"{format(stats['median'], spec)} ({format(stats['min'], spec)}–{format(stats['max'], spec)})"
 
 
-def _steady(entry: dict) -> str:
+def _steady(entry: dict, ranged: bool = True) -> str:
     sm = (entry.get("summary") or {}).get("steady_records_per_s")
     if sm:
-        return _range(sm, ",.0f")
+        one_batch = (entry.get("batches") or {}).get("batches") == 1
+        # One txstream batch: the output after the first commit is the rest of that batch's
+        # partition tasks (a second wave on 2 cores), not a stream of batches.
+        text = _range(sm, ",.0f") if ranged else format(sm["median"], ",.0f")
+        return text + (" (1 batch: its later tasks)" if one_batch else "")
     notes = [r.get("steady_note") for r in entry.get("runs", []) if r.get("steady_note")]
     return "n/a (one burst)" if notes and entry.get("status") == "ok" else "n/a"
 
@@ -66,6 +70,8 @@ def _s(v, spec=".2f") -> str:
 
 def init_text(b: dict) -> str:
     init = b.get("init") or {}
+    if init.get("tasks") is not None and not init.get("tasks_paid"):
+        return f"none of {init['tasks']:.0f} tasks"
     if init.get("tasks") is not None:
         return (f"{init.get('tasks_paid', 0):.0f} of {init['tasks']:.0f} tasks, median {_s(init.get('median_s'))}s"
                 f" (max {_s(init.get('max_s'))}s)")

@@ -81,10 +81,11 @@ def batches_done(app: h.App) -> int:
 def test_long_run_leaves_the_process_tree_flat(bootstrap_servers, make_topic):
     duration = h.scale(240, 3600)        # seconds measured after the warm-up
     warmup_batches = 8
-    rate = h.scale(400, 400)             # records/s, well below saturation
+    rate = h.scale(400, 200)             # records/s, well below saturation
+    trigger = h.scale(1, 5)              # seconds between batch starts (the soak shares the machine)
     source, sink = make_topic("soak-in", PARTITIONS), make_topic("soak-out", PARTITIONS)
     app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=2_000,
-                extra=["--trigger-interval", "1"])
+                extra=["--trigger-interval", str(trigger)])
     feeder = h.Feeder(bootstrap_servers, source, PARTITIONS, rate, first=0)
     samples: list[Sample] = []
     try:

@@ -24,7 +24,8 @@ from pathlib import Path
 from benchmarks import batchlog
 from benchmarks.common import BENCH_DIR, REPO, create_topics, delete_topics, digest, seed_input, warm_up_broker
 from benchmarks.contenders import Contender, Job, Unavailable, all_contenders
-from benchmarks.measure import OutputWatcher, TreeSampler, start_process, stop_process, verify_output
+from benchmarks.measure import (ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process,
+                                verify_output)
 
 RESULTS = BENCH_DIR / "results"
 T0 = time.monotonic()
@@ -66,12 +67,14 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
     watcher = OutputWatcher(bootstrap, out_topic, partitions, expected,
                             value_fn=digest if copies else None).start()
     sampler = TreeSampler()
+    foreign = ForeignLoad()
     proc = None
     result: dict = {"run": run_no, "output_topic": out_topic, "log": str(log_path.relative_to(REPO))
                     if log_path.is_relative_to(REPO) else str(log_path), "loadavg_before": os.getloadavg()[0]}
     try:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
+        foreign.start()
         proc = start_process(argv, env, str(log_path), str(REPO))
         sampler.add_root(proc.pid)
         sampler.start()
@@ -97,6 +100,7 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
                     break
             time.sleep(0.05)
         sampler.stop()
+        result.update(foreign.stop())
         sampled_cpu = sampler.cpu_seconds
         self_exit = proc.poll() is not None
         if self_exit:
@@ -128,6 +132,8 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
             time.sleep(1.0)
     finally:
         sampler.stop()
+        if "foreign_cpu_s" not in result:
+            result.update(foreign.stop())
         stop_process(proc)
         watcher.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -194,7 +200,7 @@ def steady_state(watcher: OutputWatcher, done: float, records: int, expected: in
 
 
 SUMMARY_KEYS = ("wall_s", "records_per_s", "mb_per_s", "cpu_s", "cpu_s_per_m", "peak_rss_mb", "first_output_s",
-                "steady_records_per_s")
+                "steady_records_per_s", "foreign_cores")
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -224,6 +230,9 @@ def merge_batches(runs: list[dict]) -> dict | None:
     merged = merge(found)
     merged["runs"] = len(found)
     return merged
+
+
+OTHER_WORK_CORES = 0.25  # other processes' average CPU during a run above which the run is flagged
 
 
 def run_contender(contender: Contender, ctx: dict, runs: int) -> dict:
@@ -262,7 +271,9 @@ def run_contender(contender: Contender, ctx: dict, runs: int) -> dict:
             + f", first output {res['first_output_s'] or 0:.1f}s, {res['cpu_s']:.1f} CPU s, "
             f"peak RSS {res['peak_rss_mb']:.0f} MiB"
             + (f", {b['batches']} batches of median {b['batch_s_median']:.1f}s" if b else "")
-            + "; output verified")
+            + "; output verified"
+            + (f"; OTHER WORK used {res['foreign_cores']:.1f} cores: {'; '.join(res['foreign_top'])[:200]}"
+               if res.get("foreign_cores", 0) >= OTHER_WORK_CORES else ""))
     else:
         entry["status"] = "ok"
         entry["summary"] = summarize(entry["runs"])

@@ -259,3 +259,82 @@ def verify_output(records: list[tuple[bytes, bytes]], expected: dict[bytes, byte
     if duplicates and exactly_once:
         problems.append(f"{duplicates} duplicates")
     return (not problems, ", ".join(problems) or "ok", stats)
+
+
+class ForeignLoad:
+    """CPU used during a run by processes that are not the harness's (the machine is shared).
+
+    Samples every process outside the harness's own tree once a second and keeps, per process,
+    the CPU seconds it had when first seen and the last value seen. `cpu_seconds` is the sum of
+    the differences (processes started during the run count from 0); `cores` is that over the
+    elapsed time; `top` names the busiest ones (e.g. someone's pytest).
+    """
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self.first: dict[tuple[int, float], float] = {}
+        self.last: dict[tuple[int, float], float] = {}
+        self.names: dict[tuple[int, float], str] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0
+        self._elapsed = 0.0
+        self._baseline_done = False
+
+    def start(self) -> "ForeignLoad":
+        self._started = time.monotonic()
+        self.sample()
+        self._baseline_done = True
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="foreign-load")
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        me = os.getpid()
+        try:
+            ours = {me} | {p.pid for p in psutil.Process(me).children(recursive=True)}
+        except psutil.Error:
+            ours = {me}
+        for proc in psutil.process_iter(["pid", "create_time", "cmdline", "cpu_times"]):
+            info = proc.info
+            if info["pid"] in ours or not info.get("cmdline") or info.get("cpu_times") is None:
+                continue
+            key = (info["pid"], info["create_time"] or 0.0)
+            cpu = info["cpu_times"].user + info["cpu_times"].system
+            if key not in self.first:
+                self.first[key] = cpu if not self._baseline_done else 0.0
+                self.names[key] = self._job_name(proc, info["cmdline"])
+            self.last[key] = cpu
+
+    @staticmethod
+    def _job_name(proc: psutil.Process, cmdline: list[str]) -> str:
+        """The job a process belongs to: its outermost ancestor that is a pytest/python/make run."""
+        name = " ".join(cmdline)[:100]
+        try:
+            for parent in proc.parents()[:8]:
+                line = " ".join(parent.cmdline())
+                if any(word in line for word in ("pytest", "python", "make ")) and parent.pid > 1:
+                    name = line[:100]
+        except psutil.Error:
+            pass
+        return name
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+        self.sample()
+        self._elapsed = time.monotonic() - self._started
+        used: dict[str, float] = {}
+        for k in self.last:
+            delta = self.last[k] - self.first[k]
+            if delta > 0:
+                used[self.names[k]] = used.get(self.names[k], 0.0) + delta
+        total = sum(used.values())
+        top = sorted(((v, name) for name, v in used.items() if v >= 0.5), reverse=True)[:3]
+        return {"foreign_cpu_s": total, "foreign_cores": total / self._elapsed if self._elapsed > 0 else 0.0,
+                "foreign_top": [f"{name} ({v:.0f} CPU s)" for v, name in top]}

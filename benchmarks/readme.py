@@ -79,18 +79,18 @@ def throughput_section(path: Path, results: dict) -> list[str]:
     lines = [f"**Throughput**{quick}: {inp.get('records', 0):,} orders ({inp.get('avg_value_bytes')} B values) in "
              f"{s['partitions']} partitions, {s['runs']} run(s) per contender, median; {_machine(results)}. "
              f"Files: {_link(path)}.", "",
-             "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MiB |",
-             "|---|---|---|---|---|---|"]
+             "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MiB | other work (cores) |",
+             "|---|---|---|---|---|---|---|"]
     for _name, e in results["contenders"].items():
         if e.get("status") != "ok":
-            lines.append(f"| {e['label']} | {e.get('status', '?').replace('|', '/')[:160]} | | | | |")
+            lines.append(f"| {e['label']} | {e.get('status', '?').replace('|', '/')[:160]} | | | | | |")
             continue
         sm = e.get("summary", {})
 
         def med(key, spec=",.0f"):
             return _n((sm.get(key) or {}).get("median"), spec)
         lines.append(f"| {e['label']} | {med('records_per_s')} | {report._steady(e, ranged=False)} | {med('first_output_s', '.1f')} | "
-                     f"{med('cpu_s_per_m')} | {med('peak_rss_mb')} |")
+                     f"{med('cpu_s_per_m')} | {med('peak_rss_mb')} | {report.other_work(e)} |")
     ratios = results.get("ratios", {})
     parts = []
     for label, row in ratios.items():
@@ -99,7 +99,9 @@ def throughput_section(path: Path, results: dict) -> list[str]:
         other = label.replace("txstream exactly-once vs ", "")
         parts.append(f"{other} {_x(row.get('records_per_s'))}")
     if parts:
-        lines += ["", "txstream exactly-once's records/s divided by each other's: " + ", ".join(parts)
+        lines += ["", "Other work (cores): CPU that other processes on the shared machine used during the run, "
+                  "on average (2 cores in all).", "",
+                  "txstream exactly-once's records/s divided by each other's: " + ", ".join(parts)
                   + " (> 1: txstream is faster). CPU per record against the hand-written loop: "
                   + _x((ratios.get("txstream exactly-once vs hand-written loop") or {}).get("cpu_s_per_m"), ".1f") + "."]
     rows = [report.batch_row(e["label"], e["batches"]) for e in results["contenders"].values() if e.get("batches")]
@@ -144,8 +146,14 @@ def sweep_section(path: Path, results: dict) -> list[str]:
                 cells.append(f"{p['label']} → {_n(wall)}" + (f" ({_n(fast)})" if fast else ""))
         lines.append(f"- {label}: " + ", ".join(cells))
     lines += report.sweep_ratio_lines(results)
+    busy = [f"{p['label']} {e['label']} {r['foreign_cores']:.1f}" for p in pts for e in p["contenders"].values()
+            for r in e.get("runs", []) if r.get("foreign_cores", 0) >= 0.25]
     lines += ["", "records/s over wall time; in brackets without start-up (txstream: inside batches; others: "
-              "steady state after the first output)."]
+              "steady state after the first output). "
+              + ("Other work on the machine during runs (cores): " + ", ".join(busy) + "." if busy else
+                 "No other work above 0.25 cores during any run." if any(
+                     r.get("foreign_cores") is not None for p in pts for e in p["contenders"].values()
+                     for r in e.get("runs", [])) else "")]
     return lines
 
 

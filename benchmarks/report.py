@@ -64,6 +64,19 @@ def _steady(entry: dict, ranged: bool = True) -> str:
     return "n/a (one burst)" if notes and entry.get("status") == "ok" else "n/a"
 
 
+def other_work(entry: dict) -> str:
+    """Average cores other processes (not the harness's) used during the runs: the machine is shared."""
+    vals = [r["foreign_cores"] for r in entry.get("runs", []) if r.get("foreign_cores") is not None]
+    if not vals:
+        return "n/a"
+    tops = [t for r in entry.get("runs", []) if r.get("foreign_cores", 0) >= 0.25 for t in r.get("foreign_top", [])]
+    job = ""
+    if tops:
+        first = tops[0]
+        job = " (" + ("pytest" if "pytest" in first else first.split(" (")[0][:40]) + ")"
+    return f"{max(vals):.1f}{job}"
+
+
 def _s(v, spec=".2f") -> str:
     return "n/a" if v is None else format(v, spec)
 
@@ -127,8 +140,8 @@ def markdown(results: dict) -> str:
                      f"{inp.get('avg_value_bytes')} B per value) in {s['partitions']} partitions; "
                      f"{inp.get('expected_output', 0):,} have amount > 0 and must come out. "
                      f"Runs per contender: {s['runs']}; median (min–max).")
-        lines += ["", "| contender | status | records/s | steady records/s | MB/s (input) | wall s | first output s | CPU s per M records | peak RSS MiB | vs hand-written (rec/s) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| contender | status | records/s | steady records/s | MB/s (input) | wall s | first output s | CPU s per M records | peak RSS MiB | vs hand-written (rec/s) | other work (cores) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         rel = results.get("ratios", {}).get("each vs hand-written loop", {})
         for name, e in results["contenders"].items():
             sm = e.get("summary") or {}
@@ -140,7 +153,8 @@ def markdown(results: dict) -> str:
                          f"{_steady(e)} | "
                          f"{_range(sm.get('mb_per_s'), '.2f')} | {_range(sm.get('wall_s'), '.1f')} | "
                          f"{_range(sm.get('first_output_s'), '.1f')} | {_range(sm.get('cpu_s_per_m'), ',.0f')} | "
-                         f"{_range(sm.get('peak_rss_mb'), ',.0f')} | {_fmt(r, '.2f')}{'×' if r is not None else ''} |")
+                         f"{_range(sm.get('peak_rss_mb'), ',.0f')} | {_fmt(r, '.2f')}{'×' if r is not None else ''} | "
+                         f"{other_work(e)} |")
         lines += ["", "records/s = input records / wall time (start of the process to the last output record); "
                   "steady records/s = input records processed after the first output record / (done - first "
                   "output), n/a when the output came in one burst (e.g. txstream with all input in one batch)."]
@@ -162,6 +176,9 @@ def markdown(results: dict) -> str:
             continue
         parts = [f"{k} {_fmt(x, '.2f')}{'×' if x is not None else ''}" for k, x in row.items()]
         lines.append(f"- {label}: " + ", ".join(parts))
+    lines += ["", "Other work (cores): the most CPU other processes on the machine (not this harness's) used on "
+              "average during a run of that contender; above 0.25 the run is flagged in the log. The machine has "
+              f"{results['hardware']['logical_cores']} cores."]
     lines += ["", "records/s ratios > 1 mean txstream is faster; CPU and RSS ratios > 1 mean it uses more; "
               "n/a where a contender is unavailable (or, for steady records/s, where output came in one burst).", ""]
     return "\n".join(lines)
@@ -195,6 +212,7 @@ SWEEP_METRICS = [("records_per_s", "records/s (wall)", ",.0f"),
                  ("mb_per_s", "MB/s input (wall)", ".2f"),
                  ("first_output_s", "first output s", ".1f"),
                  ("cpu_s_per_m", "CPU s per M records", ",.0f"),
+                 ("foreign_cores", "other work during the run (cores)", ".1f"),
                  ("batches", "txstream batches", ".0f"),
                  ("batch_s_median", "txstream batch s (median)", ".2f"),
                  ("split_read", "txstream read s (median per batch)", ".2f"),

@@ -338,11 +338,13 @@ def committed_offset(spec: dict, topic: str, partition: int) -> int | None:
 def _publisher(spec: dict, plan: dict) -> tuple[TransactionalPublisher, bool]:
     """The cached publisher for this partition, or a new initialised one. (publisher, fresh)."""
     tid = plan["transactional_id"]
+    # Producers that another worker fenced since are dead weight (threads, sockets): close them,
+    # so across all workers there is about one live producer per input partition.
+    for stale in [t for t, p in _PUBLISHERS.items() if not p.still_owner()]:
+        _drop_publisher(stale)
     publisher = _PUBLISHERS.get(tid)
-    if publisher is not None and publisher.still_owner():
-        return publisher, False
     if publisher is not None:
-        publisher.close()
+        return publisher, False
     publisher = TransactionalPublisher(spec["producer_config"], tid, spec.get("owner_dir"),
                                        spec.get("timeout_s", 60))
     publisher.init()

@@ -105,6 +105,13 @@ def throughput_section(path: Path, results: dict) -> list[str]:
                   + " (> 1: txstream is faster). CPU per record against the hand-written loop: "
                   + _x((ratios.get("txstream exactly-once vs hand-written loop") or {}).get("cpu_s_per_m"), ".1f") + "."]
     rows = [report.batch_row(e["label"], e["batches"]) for e in results["contenders"].values() if e.get("batches")]
+    inside = {n: (e.get("batches") or {}).get("in_batch_records_per_s") for n, e in results["contenders"].items()
+              if e.get("status") == "ok"}
+    eo = inside.get(report.TXS)
+    others = [(n, results["contenders"][n]["label"]) for n in inside if n != report.TXS and inside[n]]
+    if eo and others:
+        lines += ["", f"Inside batches (Spark's start-up left out), txstream exactly-once moves {eo:,.0f} records/s: "
+                  + ", ".join(f"{_x(eo / inside[n])} {label}'s {inside[n]:,.0f}" for n, label in others) + "."]
     if rows:
         lines += ["", *report.BATCH_HEADER, *rows]
     return lines

@@ -137,10 +137,15 @@ SWEEP_TITLES = {"batch": "Records per batch", "partitions": "Partitions", "recor
 def sweep_section(path: Path, results: dict) -> list[str]:
     pts = results["points"]
     quick = " (a `--quick` smoke run)" if results["settings"].get("quick") else ""
-    recs = sorted({p["input"]["records"] for p in pts})
-    lines = [f"**{SWEEP_TITLES.get(results['sweep'], results['sweep'])} sweep**{quick} "
-             f"({results['parameter']}; {', '.join(f'{r:,}' for r in recs)} records per point; "
-             f"{_machine(results)}; {_link(path)}):", ""]
+    most = max(p["input"]["records"] for p in pts)
+    fewer = [f"{p['input']['records']:,} at {p['label']}" for p in pts if p["input"]["records"] != most]
+    capped = (f" ({', '.join(fewer)}: input capped at {results['settings'].get('max_input_mb', 0):.0f} MB)"
+              if fewer else "")
+    lines = [f"**{SWEEP_TITLES.get(results['sweep'], results['sweep'])} sweep**{quick}: {results['parameter']}; "
+             f"{most:,} records per point{capped}"
+             + (f", {pts[0]['input']['partitions']} partitions" if results["sweep"] != "partitions" else "")
+             + f"; {_machine(results)}; {_link(path)}.", ""]
+    mbs = results["sweep"] == "record-size"
     for name, label in report.sweep_names(results):
         cells = []
         for p in pts:
@@ -150,13 +155,16 @@ def sweep_section(path: Path, results: dict) -> list[str]:
             if wall is None:
                 cells.append(f"{p['label']} failed")
             else:
-                cells.append(f"{p['label']} → {_n(wall)}" + (f" ({_n(fast)})" if fast else ""))
+                mb = report.sweep_value(e, "mb_per_s") if mbs else None
+                cells.append(f"{p['label']} → {_n(wall)}" + (f" ({_n(fast)})" if fast else "")
+                             + (f" [{mb:.1f} MB/s]" if mb is not None else ""))
         lines.append(f"- {label}: " + ", ".join(cells))
     lines += report.sweep_ratio_lines(results)
     busy = [f"{p['label']} {e['label']} {r['foreign_cores']:.1f}" for p in pts for e in p["contenders"].values()
             for r in e.get("runs", []) if r.get("foreign_cores", 0) >= 0.25]
     lines += ["", "records/s over wall time; in brackets without start-up (txstream: inside batches; others: "
-              "steady state after the first output). "
+              "steady state after the first output)" + ("; in square brackets input MB/s over wall time" if mbs else "")
+              + ". "
               + ("Other work on the machine during runs (cores): " + ", ".join(busy) + "." if busy else
                  "No other work above 0.25 cores during any run." if any(
                      r.get("foreign_cores") is not None for p in pts for e in p["contenders"].values()

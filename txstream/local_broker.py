@@ -264,7 +264,9 @@ class LocalKafkaCluster:
                                       "(or stop what listens there).")
         libs = kafka_libs(progress)
         if not self.cluster_id:
-            self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            # Kafka's storage tool reads an id starting with '-' as an option (1 in 64 ids): avoid it.
+            while not self.cluster_id or self.cluster_id.startswith("-"):
+                self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         for node in self.nodes:
             os.makedirs(node.directory, exist_ok=True)
             Path(node.directory, "server.properties").write_text(self._properties(node))

@@ -362,8 +362,6 @@ def publish_partition(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator
     """mapInArrow body: the protocol of DESIGN.md 2.4 for this task's planned range."""
     from pyspark import TaskContext
 
-    from txstream.reading import read_side_file
-
     index = TaskContext.get().partitionId()
     plan = spec["plans"][index]
     result = _Result(index)
@@ -371,9 +369,7 @@ def publish_partition(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator
         _publish_transactional(spec, plan, batches, result)
     else:
         _publish_plain(spec, plan, batches, result)
-    read = read_side_file(spec["side_dir"], spec["batch_id"])  # cached by peek_side_file
-    if read is not None:
-        result.records_in, result.read_s = read.records, read.read_seconds
+    _take_side_file(spec, result)  # if no path above took it (an early return)
     yield result.to_batch()
 
 
@@ -423,12 +419,21 @@ def _produce_all(collector: RecordCollector, batches: Iterator[pa.RecordBatch], 
         faults.maybe_fail("publish.mid_produce", plan)
 
 
-def _collect_dead_letters(spec: dict, plan: dict, collector: RecordCollector) -> int:
-    """Add the reader's undecodable records (its side file) to this range's output."""
-    from txstream.reading import peek_side_file
+def _take_side_file(spec: dict, result: _Result) -> list[tuple[Any, ...]]:
+    """Consume the reader's side file of this task attempt (once): its counts go to `result`,
+    its undecodable records are returned."""
+    from txstream.reading import read_side_file
 
-    read = peek_side_file(spec["side_dir"], spec["batch_id"])
-    dead = read.dead_letters if read is not None else []
+    read = read_side_file(spec["side_dir"], spec["batch_id"])
+    if read is None:
+        return []
+    result.records_in, result.read_s = read.records, read.read_seconds
+    return read.dead_letters
+
+
+def _collect_dead_letters(spec: dict, plan: dict, collector: RecordCollector, result: _Result) -> int:
+    """Add the reader's undecodable records (its side file) to this range's output."""
+    dead = _take_side_file(spec, result)
     if dead and not spec.get("dead_letter_topic"):
         key, _value, _h, _ts, offset, stage, error = dead[0]
         raise PoisonRecordError(
@@ -464,7 +469,7 @@ def _publish_transactional(spec: dict, plan: dict, batches: Iterator[pa.RecordBa
             if collector is None:
                 collector = _collector(spec, plan, publisher.producer)
                 _produce_all(collector, batches, result, plan)
-                result.dead_letters = _collect_dead_letters(spec, plan, collector)
+                result.dead_letters = _collect_dead_letters(spec, plan, collector, result)
             else:
                 started = time.perf_counter()
                 collector.producer = publisher.producer
@@ -528,7 +533,7 @@ def _publish_plain(spec: dict, plan: dict, batches: Iterator[pa.RecordBatch], re
     _PLAIN_ERRORS.clear()
     collector = _collector(spec, plan, producer)
     _produce_all(collector, batches, result, plan)
-    result.dead_letters = _collect_dead_letters(spec, plan, collector)
+    result.dead_letters = _collect_dead_letters(spec, plan, collector, result)
     started = time.perf_counter()
     remaining = producer.flush(spec.get("timeout_s", 60))
     result.commit_s = time.perf_counter() - started  # waiting for the acknowledgements

@@ -120,26 +120,14 @@ def write_side_file(spec: dict, result: ReadResult) -> None:
     os.replace(tmp, path)
 
 
-_PEEKED: dict[Path, ReadResult] = {}  # what the publisher already loaded, until it is done
-
-
-def peek_side_file(side_dir: str, batch_id: int) -> ReadResult | None:
-    """The reader's result for this task attempt (loaded once, kept for read_side_file)."""
-    path = side_file(side_dir, batch_id, current_task_attempt(), "read")
-    if path not in _PEEKED:
-        try:
-            with open(path, "rb") as src:
-                _PEEKED[path] = pickle.load(src)
-        except FileNotFoundError:
-            return None
-    return _PEEKED[path]
-
-
 def read_side_file(side_dir: str, batch_id: int) -> ReadResult | None:
     """The reader's result for this task attempt, consumed: the file is removed."""
     path = side_file(side_dir, batch_id, current_task_attempt(), "read")
-    result = peek_side_file(side_dir, batch_id)
-    _PEEKED.pop(path, None)
+    try:
+        with open(path, "rb") as src:
+            result = pickle.load(src)
+    except FileNotFoundError:
+        return None
     path.unlink(missing_ok=True)
     return result
 
@@ -227,8 +215,8 @@ class _Columns:
         The hot loop of reading: one pass, names bound locally, one decode call per side."""
         from confluent_kafka import KafkaError, KafkaException
 
-        decode_key = key_codec.decode_for_arrow if key_codec is not None else None
-        decode_value = value_codec.decode_for_arrow if value_codec is not None else None
+        decode_key = key_codec.decoder_for_arrow() if key_codec is not None else None
+        decode_value = value_codec.decoder_for_arrow() if value_codec is not None else None
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         timestamps, headers = self.timestamps.append, self.headers.append
         for msg in messages:

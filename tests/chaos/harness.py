@@ -24,6 +24,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from txstream import headers as hdr
+from txstream.topic_io import produce_waiting
 
 REPO = Path(__file__).resolve().parents[2]
 SOAK = os.environ.get("TXSTREAM_SOAK", "") not in ("", "0")
@@ -146,15 +147,21 @@ class Run:
                 pass
         self._close_log()
 
-    def dump_stacks(self, settle: float = 2.0) -> None:
-        """Ask a stuck driver where it is: the CLI dumps every thread's stack on SIGUSR1."""
+    def dump_stacks(self, timeout: float = 5.0) -> None:
+        """Ask a stuck driver where it is: the CLI dumps every thread's stack on SIGUSR1 into
+        the log; wait until the dump is there (or the timeout: the diagnosis is best effort)."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        dumps_before = self.log_path.read_text(errors="replace").count("most recent call first")
         try:
             os.kill(self.pid, signal.SIGUSR1)
         except ProcessLookupError:
             return
-        time.sleep(settle)  # the dump is written asynchronously by the driver process
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self.log_path.read_text(errors="replace").count("most recent call first") > dumps_before:
+                return
+            time.sleep(0.1)
 
     def _close_log(self) -> None:
         log = getattr(self, "log", None)
@@ -336,12 +343,7 @@ def seed(bootstrap: str, topic: str, partitions: int, count: int, first: int = 0
     sent: Counter = Counter()
     for n in range(first, first + count):
         key, value = record(n)
-        while True:
-            try:
-                producer.produce(topic, value, key, partition=n % partitions if only is None else only)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, topic, value, key, n % partitions if only is None else only)
         sent[(key, value)] += 1
     assert producer.flush(120) == 0, "seeding did not finish"
     return sent

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import operator
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +160,9 @@ def _without_timestamp_logical_types(schema: dict, names: set[str]) -> dict:
 
     raw = {k: v for k, v in schema.items() if not k.startswith("__")}
     raw["fields"] = [dict(f, type=plain(f["type"])) if f["name"] in names else f for f in schema["fields"]]
-    return fastavro.parse_schema(raw, _write_hint=False, _force=True)
+    # Parsed normally, so it carries fastavro's "parsed" mark: without it schemaless_reader and
+    # schemaless_writer parse the schema again on every call (measured: 2-3x the cost of a record).
+    return fastavro.parse_schema(raw)
 
 
 @dataclass
@@ -188,6 +191,23 @@ class AvroCodec:
         """The Python value for `to_arrow` (timestamps as epoch integers): the reader's hot path."""
         return self._decode(payload, self._wire)
 
+    def decoder_for_arrow(self):
+        """`decode_for_arrow` as a closure with everything bound: the reader's per-record call."""
+        if self.registry_schema_id is not None:
+            return self.decode_for_arrow
+        schema, read, new_buffer = self._wire, fastavro.schemaless_reader, io.BytesIO
+
+        def decode(payload: bytes) -> Any:
+            if payload is None:
+                raise ValueError("null where an Avro value is required")
+            buf = new_buffer(payload)
+            record = read(buf, schema, None)
+            if buf.tell() != len(payload):
+                raise ValueError(f"{len(payload) - buf.tell()} trailing bytes after the Avro record")
+            return record
+
+        return decode
+
     def _decode(self, payload: bytes, schema: dict) -> Any:
         if payload is None:
             raise ValueError("null where an Avro value is required")
@@ -202,7 +222,27 @@ class AvroCodec:
         return record
 
     def to_arrow(self, decoded: list) -> pa.Array:
-        """Arrow array of values returned by `decode_for_arrow`."""
+        """Arrow array of values returned by `decode_for_arrow`.
+
+        A record is built column by column (one list per field, one `pa.array` each): Arrow's
+        conversion of a list of dicts into a struct array costs ~3x more per record."""
+        if not pa.types.is_struct(self.arrow) or not decoded or any(d is None for d in decoded):
+            return self._to_arrow_rowwise(decoded)
+        fields = list(self.arrow)
+        if len(fields) == 1:
+            columns = [[d[fields[0].name] for d in decoded]]
+        else:
+            columns = list(zip(*map(operator.itemgetter(*[f.name for f in fields]), decoded)))
+        children = []
+        for f, values in zip(fields, columns):
+            factor = self._timestamps.get(f.name)
+            if factor is not None:
+                children.append(pc.multiply(pa.array(values, pa.int64()), factor).cast(f.type))
+            else:
+                children.append(pa.array(values, f.type))
+        return pa.StructArray.from_arrays(children, fields=fields)
+
+    def _to_arrow_rowwise(self, decoded: list) -> pa.Array:
         if not self._timestamps:
             return pa.array(decoded, self.arrow)
         wire_type = pa.struct([pa.field(f.name, pa.int64() if f.name in self._timestamps else f.type)

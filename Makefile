@@ -10,6 +10,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,bench]"
+	# Spark's class-data-sharing archive: about 5 s off every Spark start (see spark_session.py).
+	$(PY) -m txstream.spark_session
 	touch $@
 
 install: $(VENV)/.installed

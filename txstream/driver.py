@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -30,9 +29,10 @@ from txstream.poison import PoisonIsolator
 from txstream.retry import is_transient
 from txstream.publishing import (ACKED, ALREADY_DONE, COMMITTED, FENCED, RESULT_DDL, STALE_PLAN,
                                  DriverCommits, publish_partition)
-from txstream.reading import SOURCE_NAME, KafkaRangeSource
+from txstream.reading import SOURCE_NAME
 from txstream.serde import SchemaError, check_struct_fits
 from txstream.settings import RunSettings
+from txstream.spark_session import build_spark, warm_python_workers
 
 log = logging.getLogger("txstream")
 
@@ -76,60 +76,6 @@ class BatchReport:
         if lag is not None:
             parts.append(f"lag {lag}")
         return "  ".join(parts)
-
-
-def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf: dict[str, str] | None = None):  # noqa: ANN201
-    """A Spark session whose Python workers use this interpreter (pyarrow, confluent_kafka)."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    paths = [os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p) and p.startswith(os.getcwd())]]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-    from pyspark.sql import SparkSession
-
-    if master.startswith("local[") and "," not in master:
-        # Retry a failed task once, as a cluster would (local mode's default is no retry). Not
-        # more: a record that fails the transform fails every attempt, and isolating it
-        # (poison.py) runs several short jobs that each pay for the retries.
-        master = master[:-1] + ",2]"
-    conf = {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.python.worker.reuse": "true",
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
-        "spark.sql.shuffle.partitions": "8",
-        "spark.driver.memory": "2g",
-        **(spark_conf or {}),
-    }
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("TXSTREAM_SPARK_LOG_LEVEL", "ERROR"))
-    spark.dataSource.register(KafkaRangeSource)
-    return spark
-
-
-def _import_engine(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
-    import confluent_kafka  # noqa: F401
-    import fastavro  # noqa: F401
-
-    import txstream.publishing  # noqa: F401
-    import txstream.reading  # noqa: F401
-
-    yield from batches
-
-
-def warm_python_workers(spark) -> None:  # noqa: ANN001
-    """Start Spark's Python workers and import the engine in them while the driver validates the
-    transform and joins the group, instead of in the first batch (seconds on a busy machine).
-    Two chained mapInArrow calls, as a batch has (reader, publisher): two workers per core."""
-    try:
-        slots = spark.sparkContext.defaultParallelism
-        (spark.range(0, slots, 1, slots).mapInArrow(_import_engine, "id long")
-         .mapInArrow(_import_engine, "id long").collect())
-    except Exception as exc:  # noqa: BLE001 - only an optimisation; the first batch pays instead
-        log.debug("warming up Python workers: %s", exc)
 
 
 class BatchTimeout(TimeoutError):

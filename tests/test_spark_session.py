@@ -1,0 +1,29 @@
+"""The Spark session's fixed costs: workers import byte-compiled pyspark, the JVM maps the class archive."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from txstream.spark_session import class_archive
+
+
+def _where_pyspark_comes_from(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
+    import pyspark
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"path": pyspark.__file__}])
+
+
+def test_python_workers_import_the_installed_pyspark_not_the_zip(spark) -> None:  # noqa: ANN001
+    """From pyspark.zip every worker compiles pyspark from source and every task re-reads the zip."""
+    paths = {row.path for row in spark.range(0, 2, 1, 2).mapInArrow(_where_pyspark_comes_from, "path string").collect()}
+    assert paths and all(".zip" not in p for p in paths), paths
+
+
+def test_the_driver_jvm_maps_the_class_archive(spark) -> None:  # noqa: ANN001
+    """`make install` writes the archive; every session started afterwards uses it."""
+    archive = class_archive()
+    assert archive.is_file(), f"no class archive at {archive}: run `python -m txstream.spark_session`"
+    jvm = spark.sparkContext._jvm
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert f"-XX:SharedArchiveFile={archive}" in arguments, arguments

@@ -1,0 +1,191 @@
+"""The Spark session txstream runs in: configured once, with Python workers that start fast.
+
+Why a module of its own: how the JVM and its Python workers are launched decides a large part
+of txstream's fixed costs (session start-up, worker start, every task's set-up), and none of it
+is about Kafka.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from txstream.reading import KafkaRangeSource
+
+log = logging.getLogger("txstream")
+
+
+def spark_home() -> str:
+    """A SPARK_HOME for the pip-installed pyspark without its `python/lib` zips.
+
+    Spark puts `$SPARK_HOME/python/lib/pyspark.zip` (sources, no bytecode) first on every Python
+    worker's path. Workers then compile pyspark from source on each start, and every task's
+    `importlib.invalidate_caches()` re-reads the zip's directory: measured, about half of all
+    Python-worker CPU in a 200,000-record batch. This directory links everything of the pyspark
+    package except `python/`, so the zips Spark names do not exist and workers import the
+    installed, byte-compiled pyspark instead (the same files, the same version).
+    """
+    import pyspark
+
+    package = Path(pyspark.__file__).parent
+    version = getattr(pyspark, "__version__", "unknown")
+    home = _cache_dir() / f"spark-home-{version}"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        for entry in package.iterdir():
+            if entry.name in ("python", "__pycache__"):
+                continue
+            link = home / entry.name
+            if link.is_symlink() and os.readlink(link) == str(entry):
+                continue
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(entry)
+    except OSError as exc:  # read-only home, no symlinks: the package itself still works
+        log.debug("using the pyspark package as SPARK_HOME: %s", exc)
+        return str(package)
+    return str(home)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("TXSTREAM_CACHE", Path.home() / ".cache" / "txstream"))
+
+
+def class_archive() -> Path:
+    """Where the JVM's class-data-sharing archive for this pyspark and this Java lives."""
+    import pyspark
+
+    java = os.environ.get("JAVA_HOME", "") or shutil.which("java") or "java"
+    tag = hashlib.sha1(f"{pyspark.__version__}|{os.path.realpath(java)}|{spark_home()}".encode()).hexdigest()[:10]
+    return _cache_dir() / f"spark-classes-{pyspark.__version__}-{tag}.jsa"
+
+
+def _java_options(spark_conf: dict[str, str]) -> str:
+    """The driver JVM's options: the user's, plus the class archive when there is one.
+
+    Loading Spark's classes is most of a session's start-up here (measured: 12 s -> 7 s to a
+    session, 5 s -> 2.5 s for its first job, 2 cores). `python -m txstream.spark_session`
+    writes the archive (`make install` runs it); without one, Spark starts as usual."""
+    options = spark_conf.get("spark.driver.extraJavaOptions", "")
+    archive = class_archive()
+    if os.environ.get("TXSTREAM_CLASS_ARCHIVE", "1") != "0" and archive.is_file() and "SharedArchiveFile" not in options \
+            and "ArchiveClassesAtExit" not in options:
+        # -Xshare:auto: an archive that does not match (another classpath) is ignored, not fatal;
+        # -Xlog:cds=off keeps the JVM from printing why.
+        options = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off".strip()
+    return options
+
+
+def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf: dict[str, str] | None = None):  # noqa: ANN201
+    """A Spark session whose Python workers use this interpreter (pyarrow, confluent_kafka)."""
+    os.environ.setdefault("SPARK_HOME", spark_home())
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    paths = [os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p) and p.startswith(os.getcwd())]]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    from pyspark.sql import SparkSession
+
+    if master.startswith("local[") and "," not in master:
+        # Retry a failed task once, as a cluster would (local mode's default is no retry). Not
+        # more: a record that fails the transform fails every attempt, and isolating it
+        # (poison.py) runs several short jobs that each pay for the retries.
+        master = master[:-1] + ",2]"
+    spark_conf = dict(spark_conf or {})
+    java_options = _java_options(spark_conf)
+    if java_options:
+        spark_conf["spark.driver.extraJavaOptions"] = java_options
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.python.worker.reuse": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.driver.memory": "2g",
+        **spark_conf,
+    }
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("TXSTREAM_SPARK_LOG_LEVEL", "ERROR"))
+    spark.dataSource.register(KafkaRangeSource)
+    return spark
+
+
+def _import_engine(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
+    import confluent_kafka  # noqa: F401
+    import fastavro  # noqa: F401
+
+    import txstream.publishing  # noqa: F401
+    import txstream.reading  # noqa: F401
+
+    yield from batches
+
+
+def warm_python_workers(spark) -> None:  # noqa: ANN001
+    """Start Spark's Python workers and import the engine in them while the driver validates the
+    transform and joins the group, instead of in the first batch (seconds on a busy machine).
+    Two chained mapInArrow calls, as a batch has (reader, publisher): two workers per core."""
+    try:
+        slots = spark.sparkContext.defaultParallelism
+        (spark.range(0, slots, 1, slots).mapInArrow(_import_engine, "id long")
+         .mapInArrow(_import_engine, "id long").collect())
+    except Exception as exc:  # noqa: BLE001 - only an optimisation; the first batch pays instead
+        log.debug("warming up Python workers: %s", exc)
+
+
+
+
+def _representative_job(spark) -> None:  # noqa: ANN001
+    """Load the classes a batch loads: Arrow both ways, Python workers, struct expressions."""
+    warm_python_workers(spark)
+    frame = spark.range(0, 1000, 1, 2).selectExpr(
+        "id", "named_struct('id', cast(id as string), 'amount', id * 1.5D, 'at', timestamp_millis(id)) AS value",
+        "cast(id as string) AS topic")
+    frame = frame.where("value.amount > 1").withColumn("value", frame["value"].withField("cents", frame["id"] * 100))
+    frame.mapInArrow(_import_engine, frame.schema).collect()
+
+
+def write_class_archive(echo=print) -> Path:  # noqa: ANN001
+    """Start Spark once with -XX:ArchiveClassesAtExit in a child process and keep the archive.
+
+    A child, so the archive is complete (the JVM writes it when it exits) before it is renamed
+    into place; a run that starts meanwhile simply does not use it yet."""
+    archive = class_archive()
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_suffix(f".{os.getpid()}.partial")
+    code = ("import sys; from txstream.spark_session import build_spark, _representative_job; "
+            "s = build_spark('local[2]', 'txstream-class-archive', "
+            f"{{'spark.driver.extraJavaOptions': '-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off -Xlog:cds+dynamic=off'}}); "
+            "_representative_job(s); s.stop()")
+    echo(f"writing Spark's class archive to {archive} (once; about 30 s)")
+    env = {**os.environ, "TXSTREAM_CLASS_ARCHIVE": "0"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=600)
+    if done.returncode != 0 or not partial.is_file():
+        partial.unlink(missing_ok=True)
+        tail = (done.stderr or "").strip().splitlines()[-3:]
+        raise RuntimeError(f"could not write the class archive (exit {done.returncode}): {' | '.join(tail)}")
+    os.replace(partial, archive)
+    return archive
+
+
+def main() -> int:
+    archive = class_archive()
+    if archive.is_file() and "--force" not in sys.argv[1:]:
+        print(f"Spark's class archive is in place: {archive}")
+        return 0
+    write_class_archive()
+    return 0
+
+
+__all__ = ["build_spark", "class_archive", "spark_home", "warm_python_workers", "write_class_archive"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -103,6 +103,7 @@ def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
+        "spark.python.daemon.module": "txstream.worker_daemon",
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.memory": "2g",

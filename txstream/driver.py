@@ -8,7 +8,6 @@ by the tasks (exactly-once) or by `DriverCommits` (the weaker guarantees).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import shutil
@@ -29,7 +28,7 @@ from txstream.poison import PoisonIsolator
 from txstream.retry import is_transient
 from txstream.publishing import (ACKED, ALREADY_DONE, COMMITTED, FENCED, RESULT_DDL, STALE_PLAN,
                                  DriverCommits, publish_partition)
-from txstream.reading import SOURCE_NAME
+from txstream.reading import range_frame
 from txstream.serde import SchemaError, check_struct_fits
 from txstream.settings import RunSettings
 from txstream.spark_session import build_spark, warm_python_workers
@@ -138,8 +137,7 @@ class Driver:
 
     def _frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
         assert self.spark is not None
-        return (self.spark.read.format(SOURCE_NAME)
-                .option("spec", json.dumps(self._read_spec(plans))).load())
+        return range_frame(self.spark, self._read_spec(plans))
 
     def output_frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
         """The processor's transform over the planned ranges, checked and reduced to sink columns."""
@@ -206,7 +204,9 @@ class Driver:
     def validate(self) -> None:
         """Refuse a wide transform or an unpublishable output before anything is read."""
         topic = self.settings.input_topics[0]
-        dry = [PartitionPlan(topic, 0, 0, 0, None, transactional_id(self.settings.app_id, topic, 0))]
+        # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even
+        # for groupBy, and the check below would miss a wide transform.
+        dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(self.settings.app_id, topic, p)) for p in (0, 1)]
         self.output_frame(dry)
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from txstream.reading import KafkaRangeSource
 
 log = logging.getLogger("txstream")
 
@@ -114,7 +113,6 @@ def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("TXSTREAM_SPARK_LOG_LEVEL", "ERROR"))
-    spark.dataSource.register(KafkaRangeSource)
     return spark
 
 

@@ -26,7 +26,7 @@ from txstream.membership import GroupMembership
 from txstream.planning import PartitionPlan, Planner, transactional_id
 from txstream.poison import PoisonIsolator
 from txstream.retry import is_transient
-from txstream.publishing import (ACKED, ALREADY_DONE, COMMITTED, FENCED, RESULT_DDL, STALE_PLAN,
+from txstream.publishing import (ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema,
                                  DriverCommits, publish_partition)
 from txstream.reading import range_frame
 from txstream.serde import SchemaError, check_struct_fits
@@ -339,7 +339,7 @@ class Driver:
         started = time.monotonic()
         commits.before_batch(plans)
         spec = self._publish_spec(plans, self.membership.group_metadata())
-        frame = self.output_frame(plans).mapInArrow(functools.partial(publish_partition, spec), RESULT_DDL)
+        frame = self.output_frame(plans).mapInArrow(functools.partial(publish_partition, spec), result_schema())
         outcome: dict[str, Any] = {}
 
         job_group = f"txstream-{self.settings.app_id}-batch-{self.batch_id}"

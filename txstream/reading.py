@@ -20,18 +20,20 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from txstream.serde import AvroCodec, arrow_type, spark_ddl
+from txstream.serde import AvroCodec, arrow_type
 
 HEADERS_ARROW = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 HEADERS_DDL = "array<struct<key:string,value:binary>>"
 
 
-def input_ddl(key_schema: dict | None, value_schema: dict | None) -> str:
-    """The input DataFrame's schema: Spark's Kafka source columns, Avro-decoded where declared."""
-    key = spark_ddl(key_schema) if key_schema else "binary"
-    value = spark_ddl(value_schema) if value_schema else "binary"
-    return (f"key {key}, value {value}, topic string, partition int, offset long, "
-            f"timestamp timestamp, headers {HEADERS_DDL}")
+def input_struct(key_schema: dict | None, value_schema: dict | None):  # noqa: ANN201 - StructType
+    """The input DataFrame's schema: Spark's Kafka source columns, Avro-decoded where declared.
+
+    A StructType, not DDL text: Spark parses DDL with its SQL parser, whose cold start (and the
+    JIT compiling it) cost seconds of driver CPU per run; a StructType crosses as JSON."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(input_arrow_schema(key_schema, value_schema))
 
 
 def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa.Schema:
@@ -74,7 +76,7 @@ def range_frame(spark, spec: dict):  # noqa: ANN001, ANN201 - SparkSession -> Da
     n = max(1, len(spec["plans"]))
     return spark.range(0, n, 1, n).mapInArrow(
         functools.partial(read_planned_range, spec),
-        input_ddl(spec.get("key_schema"), spec.get("value_schema")))
+        input_struct(spec.get("key_schema"), spec.get("value_schema")))
 
 
 def read_planned_range(spec: dict, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

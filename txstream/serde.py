@@ -100,12 +100,6 @@ def arrow_type(schema: Any) -> pa.DataType:
     raise SchemaError(f"Unsupported Avro type {kind!r}")
 
 
-def spark_ddl(schema: Any) -> str:
-    """Spark SQL DDL type for `schema`, matching arrow_type exactly."""
-    typ = arrow_type(schema)
-    return _arrow_to_ddl(typ)
-
-
 def _arrow_to_ddl(typ: pa.DataType) -> str:
     if pa.types.is_struct(typ):
         return "struct<" + ",".join(f"`{f.name}`:{_arrow_to_ddl(f.type)}" for f in typ) + ">"

@@ -132,8 +132,11 @@ def warm_python_workers(spark) -> None:  # noqa: ANN001
     Two chained mapInArrow calls, as a batch has (reader, publisher): two workers per core."""
     try:
         slots = spark.sparkContext.defaultParallelism
-        (spark.range(0, slots, 1, slots).mapInArrow(_import_engine, "id long")
-         .mapInArrow(_import_engine, "id long").collect())
+        from pyspark.sql import types as T
+
+        ids = T.StructType([T.StructField("id", T.LongType(), False)])
+        (spark.range(0, slots, 1, slots).mapInArrow(_import_engine, ids)
+         .mapInArrow(_import_engine, ids).collect())
     except Exception as exc:  # noqa: BLE001 - only an optimisation; the first batch pays instead
         log.debug("warming up Python workers: %s", exc)
 

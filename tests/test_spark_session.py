@@ -27,3 +27,21 @@ def test_the_driver_jvm_maps_the_class_archive(spark) -> None:  # noqa: ANN001
     jvm = spark.sparkContext._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert f"-XX:SharedArchiveFile={archive}" in arguments, arguments
+
+
+def _worker_state(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
+    import sys
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{
+        "jars": sum(1 for entry in sys.path if entry.endswith(".jar")),
+        "preloaded": all(name in sys.modules for name in ("pandas", "fastavro", "confluent_kafka", "txstream.publishing")),
+    }])
+
+
+def test_python_workers_start_with_the_engine_imported_and_no_jar_on_their_path(spark) -> None:  # noqa: ANN001
+    """Forked from txstream.worker_daemon: the imports are inherited, the spark-core jar is gone
+    (zipimport re-read its directory on every task's invalidate_caches)."""
+    rows = spark.range(0, 2, 1, 2).mapInArrow(_worker_state, "jars long, preloaded boolean").collect()
+    assert rows and all(r.jars == 0 and r.preloaded for r in rows), rows

@@ -32,7 +32,9 @@ def spark_home() -> str:
 
     package = Path(pyspark.__file__).parent
     version = getattr(pyspark, "__version__", "unknown")
-    home = _cache_dir() / f"spark-home-{version}"
+    # One per installed package: links to another virtual environment's pyspark must never be
+    # re-pointed under a running JVM (or left dangling when that environment is deleted).
+    home = _cache_dir() / f"spark-home-{version}-{hashlib.sha1(str(package).encode()).hexdigest()[:8]}"
     try:
         home.mkdir(parents=True, exist_ok=True)
         for entry in package.iterdir():

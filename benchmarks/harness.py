@@ -509,21 +509,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def kafka_cluster_id() -> str:
-    """A KRaft cluster id that does not start with '-'.
-
-    Kafka's storage tool reads an id starting with '-' (1 in 64 of the URL-safe base64 ids
-    local_broker generates) as an option and fails: "argument --cluster-id/-t: expected one
-    argument". Kafka's own Uuid.randomUuid() avoids such ids the same way.
-    """
-    import base64
-
-    while True:
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not cid.startswith("-"):
-            return cid
-
-
 def _terminate(_sig, _frame):
     raise KeyboardInterrupt("SIGTERM")
 
@@ -576,8 +561,7 @@ def main(argv=None) -> int:
             from txstream.local_broker import KAFKA_VERSION, LocalKafkaCluster, free_port_block
 
             tmp_data = tempfile.mkdtemp(prefix="txstream-bench-kafka-")
-            cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=tmp_data, die_with_parent=True,
-                                        cluster_id=kafka_cluster_id())
+            cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=tmp_data, die_with_parent=True)
             log("starting a local Kafka broker ...")
             bootstrap = cluster.start(progress=lambda m: log("  " + m))
             broker = f"Apache Kafka {KAFKA_VERSION} (local, 1 KRaft node)"

@@ -6,6 +6,7 @@ records built into Arrow column by column) to the plain, row-wise results.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 
 import fastavro
@@ -54,7 +55,7 @@ def test_columnar_arrow_matches_the_row_wise_conversion(schema_source: str) -> N
     # And back: what the publisher hands the encoder re-encodes to the same bytes.
     assert [encode(v) for v in codec.from_arrow(columnar)] == payloads
     # The logical values are fastavro's own.
-    assert columnar.to_pylist() == [fastavro.schemaless_reader(__import__("io").BytesIO(p), schema, None)
+    assert columnar.to_pylist() == [fastavro.schemaless_reader(io.BytesIO(p), schema, None)
                                     for p in payloads]
 
 
@@ -76,15 +77,26 @@ def test_the_wire_schema_is_parsed_once() -> None:
 
 
 def test_a_bad_payload_still_fails_with_a_clear_error() -> None:
-    decode = AvroCodec(load_schema("schemas/order.avsc")).decoder_for_arrow()
+    codec = AvroCodec(load_schema("schemas/order.avsc"))
+    decode = codec.decoder_for_arrow()
     with pytest.raises(ValueError, match="null where an Avro value is required"):
         decode(None)
-    good = AvroCodec(load_schema("schemas/order.avsc")).encoder()(
+    good = codec.encoder()(
         {"id": "a", "customer_id": "b", "amount": 1.0, "currency": "EUR", "created_at": 1, "items": 1, "note": None})
     with pytest.raises(ValueError, match="trailing bytes"):
         decode(good + b"\x00")
     with pytest.raises(Exception):  # noqa: B017 - fastavro raises EOFError / StopIteration variants
         decode(good[:5])
-    assert AvroCodec(load_schema("schemas/order.avsc")).to_arrow([]).type == \
-        AvroCodec(load_schema("schemas/order.avsc")).arrow
-    assert isinstance(AvroCodec(load_schema("schemas/order.avsc")).to_arrow([]), pa.Array)
+    empty = codec.to_arrow([])
+    assert isinstance(empty, pa.Array) and empty.type == codec.arrow
+
+
+def test_schema_registry_framing_is_checked_and_stripped() -> None:
+    plain = AvroCodec(load_schema("schemas/order.avsc"))
+    framed = AvroCodec(load_schema("schemas/order.avsc"), registry_schema_id=42)
+    order = {"id": "a", "customer_id": "b", "amount": 1.0, "currency": "EUR", "created_at": 1, "items": 1, "note": None}
+    payload = framed.encoder()(order)
+    assert payload[:5] == b"\x00\x00\x00\x00\x2a" and payload[5:] == plain.encoder()(order)
+    assert framed.decoder_for_arrow()(payload) == plain.decoder_for_arrow()(payload[5:])
+    with pytest.raises(ValueError, match="missing schema-registry framing"):
+        framed.decoder_for_arrow()(payload[5:])

@@ -37,18 +37,14 @@ RESULT_SCHEMA = pa.schema([
     ("read_s", pa.float64()), ("upstream_s", pa.float64()), ("produce_s", pa.float64()), ("commit_s", pa.float64()),
     ("init_s", pa.float64()), ("attempts", pa.int32()), ("message", pa.string()),
 ])
-RESULT_COLUMNS = (("index", "int"), ("status", "string"), ("records_in", "long"), ("records_out", "long"),
-                  ("dead_letters", "long"), ("committed", "long"), ("read_s", "double"), ("upstream_s", "double"),
-                  ("produce_s", "double"), ("commit_s", "double"), ("init_s", "double"), ("attempts", "int"),
-                  ("message", "string"))
 
 
 def result_schema():  # noqa: ANN201 - StructType
-    """One row per task, the driver's report. A StructType, so Spark's SQL parser stays idle."""
-    from pyspark.sql import types as T
+    """RESULT_SCHEMA for Spark. A StructType rather than DDL text, so Spark's SQL parser stays idle."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    types = {"int": T.IntegerType(), "long": T.LongType(), "double": T.DoubleType(), "string": T.StringType()}
-    return T.StructType([T.StructField(name, types[kind]) for name, kind in RESULT_COLUMNS])
+    return from_arrow_schema(RESULT_SCHEMA)
+
 
 # Task outcomes the driver acts on.
 COMMITTED, ALREADY_DONE, STALE_PLAN, FENCED, ACKED, EMPTY = (

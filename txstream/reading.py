@@ -23,7 +23,6 @@ import pyarrow as pa
 from txstream.serde import AvroCodec, arrow_type
 
 HEADERS_ARROW = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
-HEADERS_DDL = "array<struct<key:string,value:binary>>"
 
 
 def input_struct(key_schema: dict | None, value_schema: dict | None):  # noqa: ANN201 - StructType

@@ -176,24 +176,29 @@ class AvroCodec:
         self._wire = (_without_timestamp_logical_types(self.schema, set(self._timestamps))
                       if self._timestamps else self.schema)
         self.arrow = arrow_type(self.schema)
+        self._decode_logical = self._decoder(self.schema)
+        self._decode_wire = self._decoder(self._wire)
 
     def decode(self, payload: bytes) -> Any:
         """The Python value, with logical types (timestamps as datetimes)."""
-        return self._decode(payload, self.schema)
+        return self._decode_logical(payload)
 
-    def decode_for_arrow(self, payload: bytes) -> Any:
-        """The Python value for `to_arrow` (timestamps as epoch integers): the reader's hot path."""
-        return self._decode(payload, self._wire)
+    def decoder_for_arrow(self):  # noqa: ANN201 - bytes -> value
+        """The reader's per-record call: values for `to_arrow` (timestamps as epoch integers)."""
+        return self._decode_wire
 
-    def decoder_for_arrow(self):
-        """`decode_for_arrow` as a closure with everything bound: the reader's per-record call."""
-        if self.registry_schema_id is not None:
-            return self.decode_for_arrow
-        schema, read, new_buffer = self._wire, fastavro.schemaless_reader, io.BytesIO
+    def _decoder(self, schema: dict):  # noqa: ANN202 - bytes -> value
+        """One decode function per schema, built once, with everything it needs bound locally."""
+        read, new_buffer = fastavro.schemaless_reader, io.BytesIO
+        framed = self.registry_schema_id is not None
 
         def decode(payload: bytes) -> Any:
             if payload is None:
                 raise ValueError("null where an Avro value is required")
+            if framed:
+                if len(payload) < 5 or payload[0] != _CONFLUENT_MAGIC:
+                    raise ValueError("missing schema-registry framing (magic byte 0 + schema id)")
+                payload = payload[5:]
             buf = new_buffer(payload)
             record = read(buf, schema, None)
             if buf.tell() != len(payload):
@@ -202,21 +207,8 @@ class AvroCodec:
 
         return decode
 
-    def _decode(self, payload: bytes, schema: dict) -> Any:
-        if payload is None:
-            raise ValueError("null where an Avro value is required")
-        if self.registry_schema_id is not None:
-            if len(payload) < 5 or payload[0] != _CONFLUENT_MAGIC:
-                raise ValueError("missing schema-registry framing (magic byte 0 + schema id)")
-            payload = payload[5:]
-        buf = io.BytesIO(payload)
-        record = fastavro.schemaless_reader(buf, schema, None)
-        if buf.tell() != len(payload):
-            raise ValueError(f"{len(payload) - buf.tell()} trailing bytes after the Avro record")
-        return record
-
     def to_arrow(self, decoded: list) -> pa.Array:
-        """Arrow array of values returned by `decode_for_arrow`.
+        """Arrow array of the values `decoder_for_arrow()` returns.
 
         A record is built column by column (one list per field, one `pa.array` each): Arrow's
         conversion of a list of dicts into a struct array costs ~3x more per record."""

@@ -100,3 +100,166 @@ def test_schema_registry_framing_is_checked_and_stripped() -> None:
     assert framed.decoder_for_arrow()(payload) == plain.decoder_for_arrow()(payload[5:])
     with pytest.raises(ValueError, match="missing schema-registry framing"):
         framed.decoder_for_arrow()(payload[5:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole batches at once (avro_columns): the same values and bytes as fastavro, row by row
+# ---------------------------------------------------------------------------------------------
+
+FLAT = {"type": "record", "name": "Flat", "fields": [
+    {"name": "s", "type": "string"}, {"name": "b", "type": "bytes"}, {"name": "i", "type": "int"},
+    {"name": "l", "type": "long"}, {"name": "f", "type": "float"}, {"name": "d", "type": "double"},
+    {"name": "t", "type": "boolean"},
+    {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "tu", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}]},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "ns", "type": ["null", "string"]}, {"name": "nl", "type": ["long", "null"]},
+    {"name": "nd", "type": ["null", "double"]}]}
+
+
+def _flat_records(n: int, seed: int = 7) -> list[dict]:
+    import random
+
+    rnd = random.Random(seed)
+
+    def a_long() -> int:
+        return rnd.choice([0, 1, -1, 63, 64, -64, -65, 2 ** 63 - 1, -2 ** 63,
+                           rnd.randint(-2 ** 40, 2 ** 40), rnd.randint(-300, 300)])
+
+    return [{"s": "".join(rnd.choice("aé€😀z") for _ in range(rnd.randint(0, 20))),
+             "b": bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 5))),
+             "i": rnd.choice([0, 2 ** 31 - 1, -2 ** 31, rnd.randint(-1000, 1000)]), "l": a_long(),
+             "f": rnd.choice([0.5, -1.25, 3.0e10]), "d": rnd.choice([0.1, -1e300, float("inf")]),
+             "t": rnd.random() < 0.5, "ts": rnd.randint(-10 ** 12, 10 ** 13),
+             "tu": None if rnd.random() < 0.3 else rnd.randint(-10 ** 15, 10 ** 16),
+             "day": dt.date(2020, 1, 1) + dt.timedelta(days=rnd.randint(-1000, 1000)),
+             "ns": None if rnd.random() < 0.5 else "x" * rnd.randint(0, 3),
+             "nl": None if rnd.random() < 0.5 else a_long(), "nd": None if rnd.random() < 0.5 else 2.5}
+            for _ in range(n)]
+
+
+def _flat_codec(**kwargs) -> AvroCodec:  # noqa: ANN003
+    codec = AvroCodec(load_schema(json.dumps(FLAT)), **kwargs)
+    assert codec._columnar_decoder is not None and codec._columnar_encoder is not None
+    return codec
+
+
+def _rowwise(codec: AvroCodec, payloads: list) -> pa.Array:
+    return codec.to_arrow([codec.decoder_for_arrow()(p) for p in payloads])
+
+
+def test_a_batch_decodes_and_encodes_to_exactly_what_fastavro_gives() -> None:
+    codec = _flat_codec()
+    encode = codec.encoder()
+    payloads = [encode(r) for r in _flat_records(2000)]
+
+    column, errors = codec.decode_column(payloads)
+    assert errors == {}
+    assert column.equals(_rowwise(codec, payloads))
+    assert codec.encode_column(column) == payloads
+    assert codec.encode_column(column.slice(7, 100)) == payloads[7:107]  # an offset into the buffers
+    assert codec.encode_column(column.slice(0, 0)) == []
+
+
+def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses() -> None:
+    import math
+    import random
+
+    codec = _flat_codec()
+    encode = codec.encoder()
+    rnd = random.Random(3)
+    payloads = []
+    for record in _flat_records(1500):
+        raw = bytearray(encode(record))
+        roll = rnd.random()
+        if roll < 0.3:
+            raw = raw[:rnd.randrange(len(raw))]          # truncated
+        elif roll < 0.6:
+            raw[rnd.randrange(len(raw))] = rnd.randrange(256)  # one byte flipped
+        elif roll < 0.8:
+            raw += b"\x01"                                  # trailing bytes
+        payloads.append(bytes(raw))
+
+    column, errors = codec.decode_column(payloads)
+    refused = {}
+    for row, payload in enumerate(payloads):
+        try:
+            codec.decoder_for_arrow()(payload)
+        except Exception as exc:  # noqa: BLE001 - collected
+            refused[row] = type(exc).__name__
+    assert 100 < len(refused) < len(payloads) - 100  # the corruption hit some, not all
+    # Every row fastavro refuses, in fastavro's words (without its buffer's address)...
+    assert all(errors[row].startswith(refused[row] + ":") and "BytesIO" not in errors[row] for row in refused)
+    # ...and rows fastavro reads although Avro forbids them: a boolean byte other than 0 and 1,
+    # an int beyond 32 bits (which fastavro hands on and Arrow then cannot hold).
+    assert all("holds a value its Avro type does not allow" in errors[row] for row in set(errors) - set(refused))
+    kept = [row for row in range(len(payloads)) if row not in errors]
+    ours, theirs = column.take(pa.array(kept)), _rowwise(codec, [payloads[r] for r in kept])
+    for i, field in enumerate(theirs.type):
+        a, b = ours.field(i), theirs.field(i)
+        # A flipped byte inside a double can make a NaN, and NaN != NaN.
+        assert a.equals(b) or field.name == "d" and all(
+            x == y or math.isnan(x) and math.isnan(y) for x, y in zip(a.to_pylist(), b.to_pylist())), field.name
+
+
+def test_values_avro_forbids_are_refused_even_where_fastavro_reads_them() -> None:
+    codec = AvroCodec(load_schema(json.dumps({"type": "record", "name": "R", "fields": [
+        {"name": "flag", "type": "boolean"}, {"name": "count", "type": "int"}]})))
+    payloads = [b"\x01\x02", b"\x02\x02", b"\x00\x80\x80\x80\x80\x10"]  # ok, boolean 2, int 2^31
+    column, errors = codec.decode_column(payloads)
+    assert set(errors) == {1, 2}
+    assert "`flag`" in errors[1] and "`count`" in errors[2]
+    assert column.slice(0, 1).to_pylist() == [{"flag": True, "count": 1}]
+
+
+def test_invalid_utf8_falls_back_to_row_by_row_and_only_that_record_is_lost() -> None:
+    codec = _flat_codec()
+    records = _flat_records(3)
+    records[1]["s"] = "ééé"
+    good = [codec.encoder()(r) for r in records]
+    broken = bytearray(good[1])
+    broken[broken.index(b"\xc3")] = 0xFF  # the first string is no longer UTF-8
+    column, errors = codec.decode_column([good[0], bytes(broken), good[2]])
+    assert list(errors) == [1] and "utf-8" in errors[1].lower(), errors
+    assert column.take(pa.array([0, 2])).equals(_rowwise(codec, [good[0], good[2]]))
+
+
+def test_keys_may_be_null_values_may_not() -> None:
+    codec = AvroCodec(load_schema("schemas/order.avsc"))
+    payload = codec.encoder()(
+        {"id": "a", "customer_id": "b", "amount": 1.0, "currency": "EUR", "created_at": 1, "items": 1, "note": None})
+    column, errors = codec.decode_column([payload, None], nullable=True)
+    assert errors == {} and column.null_count == 1
+    column, errors = codec.decode_column([payload, None])
+    assert list(errors) == [1] and "null where an Avro value is required" in errors[1]
+
+
+def test_framed_batches_are_checked_and_stripped_column_wise() -> None:
+    framed = AvroCodec(load_schema("schemas/order.avsc"), registry_schema_id=42)
+    order = {"id": "a", "customer_id": "b", "amount": 1.0, "currency": "EUR", "created_at": 1, "items": 1, "note": "n"}
+    payload = framed.encoder()(order)
+    column, errors = framed.decode_column([payload, payload[5:], payload])
+    assert list(errors) == [1] and "missing schema-registry framing" in errors[1]
+    assert framed.encode_column(column.take(pa.array([0, 2]))) == [payload, payload]
+
+
+def test_columns_the_batch_encoder_cannot_vouch_for_get_fastavro_and_its_errors() -> None:
+    codec = AvroCodec(load_schema("schemas/order.avsc"))
+    order = {"id": "a", "customer_id": "b", "amount": 1.0, "currency": "EUR",
+             "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), "items": 1, "note": None}
+    column = pa.array([order], codec.arrow)
+    expected = codec.encode_column(column)
+    # `items` as int64 (Spark's lenient long for an Avro int) and `amount` as float32: the same bytes.
+    widened = pa.StructArray.from_arrays(
+        [column.field(i).cast(pa.int64()) if f.name == "items" else column.field(i) for i, f in enumerate(column.type)],
+        fields=[pa.field(f.name, pa.int64()) if f.name == "items" else f for f in column.type])
+    assert codec.encode_column(widened) == expected
+    # A null where the schema has none: fastavro refuses it, naming nothing silently away.
+    nulled = pa.StructArray.from_arrays(
+        [pa.array([None], pa.string()) if f.name == "id" else column.field(i) for i, f in enumerate(column.type)],
+        fields=list(column.type))
+    assert codec._columnar_encoder.encode(nulled) is None
+    with pytest.raises(Exception):  # noqa: B017 - fastavro's own error type
+        codec.encode_column(nulled)
+    # A schema with an array field is never batch-decoded.
+    assert AvroCodec(load_schema(json.dumps(NESTED)))._columnar_decoder is None

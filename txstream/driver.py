@@ -361,8 +361,11 @@ class Driver:
         next_report = started + every
         cancelled = False
         while self._batch_thread.is_alive():
-            self.membership.poll(0.1)  # heartbeats; a revocation waits for this batch
+            # Wake the moment the job ends (a poll that waits would add up to its timeout to
+            # every batch's latency); librdkafka heartbeats on its own thread, the poll serves
+            # the group's callbacks, and a revocation waits for this batch.
             self._batch_thread.join(0.1)
+            self.membership.poll(0)
             now = time.monotonic()
             if now >= next_report and self._batch_thread.is_alive():
                 next_report = now + every

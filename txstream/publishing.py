@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from txstream import faults, headers
 from txstream.serde import AvroCodec
@@ -221,8 +222,6 @@ class RecordCollector:
     sent: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._encode_value = self.value_codec.encoder() if self.value_codec else None
-        self._encode_key = self.key_codec.encoder() if self.key_codec else None
         topic, partition = self.source
         self._lineage_fixed = [(headers.SOURCE_TOPIC, topic.encode()),
                                (headers.SOURCE_PARTITION, str(partition).encode()),
@@ -233,14 +232,28 @@ class RecordCollector:
         if n == 0:
             return 0
         names = batch.schema.names
-        values = _encoded(batch.column(names.index("value")), self.value_codec, self._encode_value, "value")
-        keys = (_encoded(batch.column(names.index("key")), self.key_codec, self._encode_key, "key")
+        values = _encoded(batch.column(names.index("value")), self.value_codec, "value")
+        keys = (_encoded(batch.column(names.index("key")), self.key_codec, "key")
                 if "key" in names else [None] * n)
+        sent = self.sent
+        if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None:
+            # The common shape (one topic, Kafka's partitioner, no headers of its own): one pass.
+            topic = self.default_topic
+            if not self.lineage:
+                sent.extend([(topic, v, k, -1, None) for v, k in zip(values, keys)])
+            elif "offset" in names and not batch.column(names.index("offset")).null_count:
+                fixed, name = self._lineage_fixed, headers.SOURCE_OFFSET
+                offsets = pc.cast(batch.column(names.index("offset")), pa.string()).cast(pa.binary()).to_pylist()
+                sent.extend([(topic, v, k, -1, [*fixed, (name, o)]) for v, k, o in zip(values, keys, offsets)])
+            else:
+                fixed = self._lineage_fixed
+                sent.extend([(topic, v, k, -1, list(fixed)) for v, k in zip(values, keys)])
+            self._produce_from(len(sent) - n)
+            return n
         topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else None
         partitions = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
         hdrs = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
         offsets = batch.column(names.index("offset")).to_pylist() if "offset" in names else None
-        sent = self.sent
         for i in range(n):
             topic = topics[i] if topics is not None and topics[i] is not None else self.default_topic
             if topic is None:
@@ -290,14 +303,13 @@ class RecordCollector:
         poll(0)
 
 
-def _encoded(column: pa.Array, codec: AvroCodec | None, encode: Callable[[Any], bytes] | None,
-             what: str) -> list:
+def _encoded(column: pa.Array, codec: AvroCodec | None, what: str) -> list:
     typ = column.type
     if pa.types.is_struct(typ):
-        if codec is None or encode is None:
+        if codec is None:
             raise OutputError(f"the output `{what}` is a struct but the processor declares no "
                               f"output_{what}_schema to encode it with")
-        return [encode(v) if v is not None else None for v in codec.from_arrow(column)]
+        return codec.encode_column(column)
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         return [v.encode() if v is not None else None for v in column.to_pylist()]
     if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_null(typ):

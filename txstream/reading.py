@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from txstream.serde import AvroCodec, arrow_type
 
@@ -159,7 +161,7 @@ def read_range(spec: dict, plan: dict, dead: list[tuple[Any, ...]]) -> Iterator[
                 wanted = min(chunk - rows.count, end - position)
                 messages = consumer.consume(num_messages=wanted, timeout=0.1)
                 if messages:
-                    position = rows.add_all(messages, end, position, key_codec, value_codec, dead)
+                    position = rows.add_all(messages, end, position)
                     last_progress = time.monotonic()
                     continue
                 # Nothing delivered: control records and aborted data have offsets but are
@@ -174,13 +176,18 @@ def read_range(spec: dict, plan: dict, dead: list[tuple[Any, ...]]) -> Iterator[
                     raise TimeoutError(f"No progress reading {topic}[{partition}] at offset {position} "
                                        f"(planned end {end}) for {deadline_idle:.0f}s")
             if rows.count:
-                yield rows.to_batch(schema, key_codec, value_codec)
+                batch = rows.to_batch(schema, key_codec, value_codec, dead)
+                if batch is not None:
+                    yield batch
     finally:
         consumer.close()
 
 
 class _Columns:
-    """Column lists for one Arrow batch; decoding happens here, once per record."""
+    """One Arrow batch in the making: raw records in, decoded columns out.
+
+    The per-record loop only collects what librdkafka hands over; decoding happens per batch
+    and column (`AvroCodec.decode_column`), and undecodable records leave the batch there."""
 
     __slots__ = ("topic", "partition", "keys", "values", "offsets", "timestamps", "headers")
 
@@ -196,15 +203,10 @@ class _Columns:
     def count(self) -> int:
         return len(self.offsets)
 
-    def add_all(self, messages: list, end: int, position: int, key_codec: AvroCodec | None,
-                value_codec: AvroCodec | None, dead: list[tuple[Any, ...]]) -> int:
-        """Decode `messages` below `end` into the columns; returns the new read position.
-
-        The hot loop of reading: one pass, names bound locally, one decode call per side."""
+    def add_all(self, messages: list, end: int, position: int) -> int:
+        """Collect `messages` below `end`; returns the new read position."""
         from confluent_kafka import KafkaError, KafkaException
 
-        decode_key = key_codec.decoder_for_arrow() if key_codec is not None else None
-        decode_value = value_codec.decoder_for_arrow() if value_codec is not None else None
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         timestamps, headers = self.timestamps.append, self.headers.append
         for msg in messages:
@@ -219,34 +221,41 @@ class _Columns:
             if offset >= end:
                 return end
             position = offset + 1
-            key, value = msg.key(), msg.value()
-            try:
-                if decode_key is not None and key is not None:
-                    key_out = decode_key(key)
-                else:
-                    key_out = key
-                value_out = decode_value(value) if decode_value is not None else value
-            except Exception as exc:  # noqa: BLE001 - any decode failure is a dead letter
-                dead.append((key, value, msg.headers(), msg.timestamp()[1], offset, "decode",
-                             f"{type(exc).__name__}: {exc}"))
-                continue
-            keys(key_out)
-            values(value_out)
+            keys(msg.key())
+            values(msg.value())
             offsets(offset)
-            timestamps(msg.timestamp()[1] * 1000)  # epoch ms -> Arrow us, no datetimes
-            hdrs = msg.headers()
-            headers([{"key": k, "value": v} for k, v in hdrs] if hdrs else None)
+            timestamps(msg.timestamp()[1])
+            headers(msg.headers())
         return position
 
-    def to_batch(self, schema: pa.Schema, key_codec: AvroCodec | None,
-                 value_codec: AvroCodec | None) -> pa.RecordBatch:
+    def to_batch(self, schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None,
+                 dead: list[tuple[Any, ...]]) -> pa.RecordBatch | None:
+        """The decoded batch without its undecodable records, which go to `dead`."""
+        errors: dict[int, str] = {}
+        if key_codec is not None:
+            keys, errors = key_codec.decode_column(self.keys, nullable=True)
+        else:
+            keys = pa.array(self.keys, pa.binary())
+        if value_codec is not None:
+            values, value_errors = value_codec.decode_column(self.values)
+            errors = {**value_errors, **errors}
+        else:
+            values = pa.array(self.values, schema.field("value").type)
         n = self.count
-        return pa.RecordBatch.from_arrays([
-            key_codec.to_arrow(self.keys) if key_codec else pa.array(self.keys, schema.field("key").type),
-            value_codec.to_arrow(self.values) if value_codec else pa.array(self.values, schema.field("value").type),
-            pa.array([self.topic] * n, pa.string()),
-            pa.array([self.partition] * n, pa.int32()),
+        columns = [
+            keys, values, pa.repeat(pa.scalar(self.topic, pa.string()), n),
+            pa.repeat(pa.scalar(self.partition, pa.int32()), n),
             pa.array(self.offsets, pa.int64()),
-            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
-            pa.array(self.headers, HEADERS_ARROW),
-        ], schema=schema)
+            pc.multiply(pa.array(self.timestamps, pa.int64()), 1000).cast(schema.field("timestamp").type),
+            (pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in self.headers], HEADERS_ARROW)
+             if any(self.headers) else pa.nulls(n, HEADERS_ARROW)),
+        ]
+        batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+        if not errors:
+            return batch
+        for row in sorted(errors):
+            dead.append((self.keys[row], self.values[row], self.headers[row], self.timestamps[row],
+                         self.offsets[row], "decode", errors[row]))
+        keep = np.ones(n, bool)
+        keep[list(errors)] = False
+        return batch.filter(pa.array(keep)) if keep.any() else None

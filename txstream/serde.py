@@ -13,14 +13,18 @@ from __future__ import annotations
 import io
 import json
 import operator
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from txstream import avro_columns
 
 
 class SchemaError(ValueError):
@@ -159,6 +163,14 @@ def _without_timestamp_logical_types(schema: dict, names: set[str]) -> dict:
     return fastavro.parse_schema(raw)
 
 
+def _describe(exc: BaseException) -> str:
+    """A decode error for a dead letter's header, without fastavro's buffer address."""
+    return f"{type(exc).__name__}: {_BUFFER_REPR.sub('', str(exc))}"
+
+
+_BUFFER_REPR = re.compile(r" from <_io\.BytesIO object at 0x[0-9a-f]+>")
+
+
 @dataclass
 class AvroCodec:
     """Encode/decode one side (key or value) of a topic's records with one Avro schema.
@@ -178,6 +190,13 @@ class AvroCodec:
         self.arrow = arrow_type(self.schema)
         self._decode_logical = self._decoder(self.schema)
         self._decode_wire = self._decoder(self._wire)
+        # Whole batches at once with numpy where the schema allows (avro_columns), else fastavro.
+        fields = avro_columns.fields_of(self.schema, self.arrow)
+        framing = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
+                   if self.registry_schema_id is not None else b"")
+        self._columnar_decoder = (avro_columns.ColumnarDecoder(fields, self.arrow, bool(framing))
+                                  if fields else None)
+        self._columnar_encoder = avro_columns.ColumnarEncoder(fields, framing) if fields else None
 
     def decode(self, payload: bytes) -> Any:
         """The Python value, with logical types (timestamps as datetimes)."""
@@ -206,6 +225,65 @@ class AvroCodec:
             return record
 
         return decode
+
+    def decode_column(self, payloads: list, nullable: bool = False) -> tuple[pa.Array, dict[int, str]]:
+        """A batch of payloads as one Arrow column, and {row: error} for the rows that are not
+        valid Avro of this schema. Those rows hold nulls or garbage: the caller drops them.
+        With `nullable` (keys), a None payload is a null value, not an error."""
+        if not payloads:
+            return self.to_arrow([]), {}
+        columnar = self._columnar_decoder
+        if columnar is not None and not (nullable and None in payloads):
+            try:
+                array, bad, culprit, unsure = columnar.decode(payloads)
+            except avro_columns.UndecidedBatch:
+                pass
+            else:
+                errors = {}
+                # Invalid UTF-8 somewhere: fastavro judges every row. Otherwise only the bad
+                # ones, for its words on what is wrong.
+                for row in (range(len(payloads)) if unsure else np.flatnonzero(bad).tolist()):
+                    try:
+                        self._decode_wire(payloads[row])
+                    except Exception as exc:  # noqa: BLE001 - reported, not raised
+                        errors[row] = _describe(exc)
+                    else:
+                        if bad[row]:
+                            where = columnar.fields[culprit[row]].name if culprit[row] < len(columnar.fields) else "?"
+                            errors[row] = f"ValueError: field `{where}` holds a value its Avro type does not allow"
+                return array, errors
+        decode, values, errors = self._decode_wire, [], {}
+        for row, payload in enumerate(payloads):
+            if payload is None and nullable:
+                values.append(None)
+                continue
+            try:
+                values.append(decode(payload))
+            except Exception as exc:  # noqa: BLE001 - any decode failure is the row's error
+                errors[row] = _describe(exc)
+                values.append(None)
+        try:
+            return self.to_arrow(values), errors
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
+        # A value fastavro reads but Arrow cannot hold (an int beyond 32 bits): find its rows.
+        for row, value in enumerate(values):
+            if value is not None:
+                try:
+                    self.to_arrow([value])
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                    errors[row] = f"ValueError: the value does not fit its Avro type: {exc}"
+                    values[row] = None
+        return self.to_arrow(values), errors
+
+    def encode_column(self, column: pa.Array) -> list:
+        """Payloads (None for a null value) of an Arrow struct column."""
+        if self._columnar_encoder is not None:
+            payloads = self._columnar_encoder.encode(column)
+            if payloads is not None:
+                return payloads
+        encode = self.encoder()
+        return [encode(v) if v is not None else None for v in self.from_arrow(column)]
 
     def to_arrow(self, decoded: list) -> pa.Array:
         """Arrow array of the values `decoder_for_arrow()` returns.

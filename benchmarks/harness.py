@@ -235,52 +235,63 @@ def merge_batches(runs: list[dict]) -> dict | None:
 OTHER_WORK_CORES = 0.25  # other processes' average CPU during a run above which the run is flagged
 
 
-def run_contender(contender: Contender, ctx: dict, runs: int) -> dict:
-    """Prepare a contender and run it `runs` times: its entry in the results."""
-    entry: dict = {"label": contender.label, "runs": []}
-    knobs = contender.settings()
-    if knobs:
-        entry["settings"] = knobs
-    log(f"== {contender.label} ==")
-    try:
-        contender.prepare(lambda m: log(m))
-    except Unavailable as exc:
-        entry["status"] = f"unavailable: {exc}"
-        log(f"   {entry['status']}")
-        return entry
-    except Exception as exc:  # noqa: BLE001
-        entry["status"] = f"unavailable: {type(exc).__name__}: {exc}"
-        log(f"   {entry['status']}")
-        return entry
-    for run_no in range(1, runs + 1):
-        log(f"   run {run_no}/{runs} ...")
+def run_contenders(contenders: list[Contender], ctx: dict, runs: int) -> dict[str, dict]:
+    """Prepare every contender, then run them in rounds (run 1 of each, then run 2 of each...):
+    the machine's speed drifts over minutes, and rounds spread the drift over all contenders
+    instead of favouring whoever ran in the fast minutes. Their entries in the results, by name."""
+    entries: dict[str, dict] = {}
+    ready: list[Contender] = []
+    for contender in contenders:
+        entry: dict = {"label": contender.label, "runs": []}
+        knobs = contender.settings()
+        if knobs:
+            entry["settings"] = knobs
+        entries[contender.name] = entry
+        log(f"== {contender.label}: preparing ==")
         try:
-            res = run_once(contender, ctx, run_no)
-        except Exception as exc:  # noqa: BLE001 - one contender's failure is its row
-            res = {"run": run_no, "ok": False, "problem": f"{type(exc).__name__}: {exc}",
-                   "traceback": traceback.format_exc()}
-        entry["runs"].append(res)
-        if not res.get("ok"):
-            entry["status"] = f"unavailable: {res['problem']}"
+            contender.prepare(lambda m: log(m))
+        except Unavailable as exc:
+            entry["status"] = f"unavailable: {exc}"
             log(f"   {entry['status']}")
-            break
-        steady = res.get("steady_records_per_s")
-        b = res.get("batches")
-        log(f"   {res['wall_s']:.1f}s, {res['records_per_s']:,.0f} rec/s"
-            + (f" (steady {steady:,.0f})" if steady else "")
-            + f", first output {res['first_output_s'] or 0:.1f}s, {res['cpu_s']:.1f} CPU s, "
-            f"peak RSS {res['peak_rss_mb']:.0f} MiB"
-            + (f", {b['batches']} batches of median {b['batch_s_median']:.1f}s" if b else "")
-            + "; output verified"
-            + (f"; OTHER WORK used {res['foreign_cores']:.1f} cores: {'; '.join(res['foreign_top'])[:200]}"
-               if res.get("foreign_cores", 0) >= OTHER_WORK_CORES else ""))
-    else:
+            continue
+        except Exception as exc:  # noqa: BLE001
+            entry["status"] = f"unavailable: {type(exc).__name__}: {exc}"
+            log(f"   {entry['status']}")
+            continue
+        ready.append(contender)
+    for run_no in range(1, runs + 1):
+        for contender in list(ready):
+            entry = entries[contender.name]
+            log(f"== {contender.label}: run {run_no}/{runs} ...")
+            try:
+                res = run_once(contender, ctx, run_no)
+            except Exception as exc:  # noqa: BLE001 - one contender's failure is its row
+                res = {"run": run_no, "ok": False, "problem": f"{type(exc).__name__}: {exc}",
+                       "traceback": traceback.format_exc()}
+            entry["runs"].append(res)
+            if not res.get("ok"):
+                entry["status"] = f"unavailable: {res['problem']}"
+                log(f"   {entry['status']}")
+                ready.remove(contender)
+                continue
+            steady = res.get("steady_records_per_s")
+            b = res.get("batches")
+            log(f"   {res['wall_s']:.1f}s, {res['records_per_s']:,.0f} rec/s"
+                + (f" (steady {steady:,.0f})" if steady else "")
+                + f", first output {res['first_output_s'] or 0:.1f}s, {res['cpu_s']:.1f} CPU s, "
+                f"peak RSS {res['peak_rss_mb']:.0f} MiB"
+                + (f", {b['batches']} batches of median {b['batch_s_median']:.1f}s" if b else "")
+                + "; output verified"
+                + (f"; OTHER WORK used {res['foreign_cores']:.1f} cores: {'; '.join(res['foreign_top'])[:200]}"
+                   if res.get("foreign_cores", 0) >= OTHER_WORK_CORES else ""))
+    for contender in ready:
+        entry = entries[contender.name]
         entry["status"] = "ok"
         entry["summary"] = summarize(entry["runs"])
         batches = merge_batches(entry["runs"])
         if batches:
             entry["batches"] = batches
-    return entry
+    return entries
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,7 +613,8 @@ def main(argv=None) -> int:
                         entry["status"] = f"unavailable: {res['problem']}"
                         log(f"   {entry['status']}")
                     continue
-                results["contenders"][contender.name] = run_contender(contender, ctx, args.runs)
+            if not args.latency:
+                results["contenders"] = run_contenders(contenders, ctx, args.runs)
             results["versions"] = versions(contenders, broker)
             results["ratios"] = report.ratios(results)
         results["hardware"]["loadavg_at_end"] = os.getloadavg()

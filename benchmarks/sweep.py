@@ -66,7 +66,7 @@ def points(args) -> list[dict]:
 
 def run(args, ctx: dict, results: dict) -> list[Contender]:
     """Run every point; fills results['sweep'], ['parameter'], ['points']. Returns the contenders used."""
-    from benchmarks.harness import log, run_contender, seed
+    from benchmarks.harness import log, run_contenders, seed
 
     kind = args.sweep
     names = args.sweep_contenders or DEFAULTS[kind]
@@ -84,9 +84,8 @@ def run(args, ctx: dict, results: dict) -> list[Contender]:
             shared_input = (ctx["seeded"], ctx["partitions"], inp)
         entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
         results["points"].append(entry)
-        for name in names:
-            contender = variant(name, kind, point["value"], point["partitions"])
-            used.append(contender)
-            entry["contenders"][name] = run_contender(contender, ctx, args.runs)
+        contenders = [variant(name, kind, point["value"], point["partitions"]) for name in names]
+        used.extend(contenders)
+        entry["contenders"] = run_contenders(contenders, ctx, args.runs)
     ctx.pop("point", None)
     return used

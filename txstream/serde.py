@@ -4,7 +4,9 @@ Why one module: a Spark column declared `int` over an Arrow int64 array fails de
 ("Cannot call the method getInt"), so the Spark schema, the Arrow schema and the fastavro
 encoder/decoder are all derived from the same parsed Avro schema here.
 
-Wire format is plain Avro binary (fastavro's schemaless reader/writer). With
+Wire format is plain Avro binary. Batches cross with `decode_column` / `encode_column`: whole
+columns at once (avro_columns) where the schema allows, fastavro's schemaless reader/writer
+record by record otherwise, and fastavro has the last word on any record refused. With
 `schema_registry_framing=True` values carry Confluent's 5-byte prefix (magic 0 + schema id),
 which is stripped on read and written with the configured id.
 """

@@ -131,14 +131,31 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port_block(count: int) -> int:
-    """A base port such that base .. base+count-1 and base+100 .. are all free."""
-    for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base + 100 + count > 65000:
-            continue
+    """A base port such that base .. base+count-1 and base+100 .. are all free, outside the
+    kernel's ephemeral range.
+
+    Inside it, a stopped node's port is a free source port for any outgoing connection on the
+    machine (clients reconnecting to that very node included), and the node then cannot bind it
+    when it restarts: a broker bounce in the chaos suite failed that way twice in a row."""
+    import random
+
+    low, high = _ephemeral_ports()
+    span = 100 + count
+    ranges = [(r_low, r_high - span) for r_low, r_high in ((10_000, low), (high + 1, 65_000)) if r_high - span > r_low]
+    pick = random.Random()
+    for _ in range(500):
+        r_low, r_high = pick.choice(ranges)
+        base = pick.randrange(r_low, r_high)
         if all(port_is_free(base + i) and port_is_free(base + 100 + i) for i in range(count)):
             return base
     raise BrokerError("Could not find free ports for a local Kafka cluster.")
@@ -339,7 +356,7 @@ class LocalKafkaCluster:
         while time.monotonic() < deadline:
             if node.pid is None or not _alive(node.pid, self._procs.get(node.node_id)):
                 raise BrokerError(f"Kafka node {node.node_id} exited during start-up. "
-                                  f"Last lines of {node.log_file}:\n{self.log_tail(node)}")
+                                  f"{self.log_errors(node)}Last lines of {node.log_file}:\n{self.log_tail(node)}")
             fresh_log = _read(node.log_file)[self._log_offsets.get(node.node_id, 0):]
             if not port_is_free(node.port) and "Kafka Server started" in fresh_log:
                 return
@@ -378,6 +395,13 @@ class LocalKafkaCluster:
     def log_tail(self, node: Node, lines: int = 25) -> str:
         text = _read(node.log_file) or _read(Path(node.directory) / "stdout.log")
         return "\n".join(text.splitlines()[-lines:]) or "(the log is empty)"
+
+    def log_errors(self, node: Node, lines: int = 5) -> str:
+        """The first ERROR/FATAL lines this start of the node logged (the cause, which the
+        shutdown lines at the log's end hide), or nothing."""
+        fresh = _read(node.log_file)[self._log_offsets.get(node.node_id, 0):]
+        errors = [line for line in fresh.splitlines() if "] ERROR " in line or "] FATAL " in line][:lines]
+        return ("Errors it logged:\n" + "\n".join(errors) + "\n") if errors else ""
 
     def alive_pids(self) -> list[int]:
         return [n.pid for n in self.nodes if n.pid and _alive(n.pid, self._procs.get(n.node_id))]

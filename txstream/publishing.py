@@ -236,12 +236,14 @@ class RecordCollector:
         keys = (_encoded(batch.column(names.index("key")), self.key_codec, "key")
                 if "key" in names else [None] * n)
         sent = self.sent
-        if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None:
+        offset_nulls = batch.column(names.index("offset")).null_count if "offset" in names else 0
+        if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None \
+                and not offset_nulls:
             # The common shape (one topic, Kafka's partitioner, no headers of its own): one pass.
             topic = self.default_topic
             if not self.lineage:
                 sent.extend([(topic, v, k, -1, None) for v, k in zip(values, keys)])
-            elif "offset" in names and not batch.column(names.index("offset")).null_count:
+            elif "offset" in names:
                 fixed, name = self._lineage_fixed, headers.SOURCE_OFFSET
                 offsets = pc.cast(batch.column(names.index("offset")), pa.string()).cast(pa.binary()).to_pylist()
                 sent.extend([(topic, v, k, -1, [*fixed, (name, o)]) for v, k, o in zip(values, keys, offsets)])

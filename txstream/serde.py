@@ -194,11 +194,11 @@ class AvroCodec:
         self._decode_wire = self._decoder(self._wire)
         # Whole batches at once with numpy where the schema allows (avro_columns), else fastavro.
         fields = avro_columns.fields_of(self.schema, self.arrow)
-        framing = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
-                   if self.registry_schema_id is not None else b"")
-        self._columnar_decoder = (avro_columns.ColumnarDecoder(fields, self.arrow, bool(framing))
+        self._framing = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
+                         if self.registry_schema_id is not None else b"")
+        self._columnar_decoder = (avro_columns.ColumnarDecoder(fields, self.arrow, bool(self._framing))
                                   if fields else None)
-        self._columnar_encoder = avro_columns.ColumnarEncoder(fields, framing) if fields else None
+        self._columnar_encoder = avro_columns.ColumnarEncoder(fields, self._framing) if fields else None
 
     def decode(self, payload: bytes) -> Any:
         """The Python value, with logical types (timestamps as datetimes)."""
@@ -341,8 +341,7 @@ class AvroCodec:
         """A function value -> bytes, reusing one buffer (the hot path of publishing)."""
         schema = self._wire
         writer = fastavro.schemaless_writer
-        prefix = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
-                  if self.registry_schema_id is not None else b"")
+        prefix = self._framing
         buf = io.BytesIO()
 
         def encode(value: Any) -> bytes:

@@ -16,12 +16,12 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 kafka-jars: install
-	$(PY) -c "from txstream.local_broker import kafka_libs; kafka_libs(print)"
+	$(PY) -c "from txstream.local.cluster import kafka_libs; kafka_libs(print)"
 
 # Spark's class-data-sharing archive in ~/.cache/txstream: about 5 s off every Spark start (see
 # txstream/spark_session.py). Written once (~1 min); afterwards this only checks it is there.
 spark-archive: install
-	$(PY) -m txstream.spark_session
+	$(PY) -m txstream.spark.session
 
 demo: kafka-jars spark-archive
 	$(PY) scripts/demo.py

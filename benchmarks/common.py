@@ -219,7 +219,7 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
 def broker_version(bootstrap: str) -> str:
     """The broker's software version, from the cluster's own jars when local, else unknown."""
     try:
-        from txstream import local_broker
+        from txstream.local import cluster as local_broker
 
         return local_broker.KAFKA_VERSION
     except Exception:  # noqa: BLE001

@@ -569,7 +569,7 @@ def main(argv=None) -> int:
             bootstrap = args.bootstrap_servers
             broker = "external cluster (version not known to the harness)"
         else:
-            from txstream.local_broker import KAFKA_VERSION, LocalKafkaCluster, free_port_block
+            from txstream.local.cluster import KAFKA_VERSION, LocalKafkaCluster, free_port_block
 
             tmp_data = tempfile.mkdtemp(prefix="txstream-bench-kafka-")
             cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=tmp_data, die_with_parent=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from txstream.local_broker import LocalKafkaCluster, free_port_block
+from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
 _BROKER_KIND = {"kind": "not started"}
 
@@ -84,7 +84,7 @@ def make_topic(admin: AdminClient, request: pytest.FixtureRequest) -> Callable[.
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for the in-process engine tests (2 task slots, retries on)."""
-    from txstream.driver import build_spark
+    from txstream.driver.loop import build_spark
 
     session = build_spark("local[2]", "txstream-tests")
     yield session
@@ -94,7 +94,7 @@ def spark():
 @pytest.fixture
 def run_processor(bootstrap_servers: str, spark):  # noqa: ANN001
     """Run a processor class in-process until caught up; returns the Driver (totals, reports)."""
-    from txstream.driver import Driver
+    from txstream.driver.loop import Driver
     from txstream.settings import resolve
 
     def run(cls, **overrides):  # noqa: ANN001, ANN202

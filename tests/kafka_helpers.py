@@ -10,8 +10,8 @@ from typing import Iterable
 import fastavro
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from txstream.retry import retriable
-from txstream.topic_io import end_offsets, produce_waiting
+from txstream.kafka.retry import retriable
+from txstream.tools.topic_io import end_offsets, produce_waiting
 
 
 @dataclass

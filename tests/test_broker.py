@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from txstream.broker_check import transaction_round_trip
+from txstream.tools.broker_check import transaction_round_trip
 
 
 def test_read_committed_hides_aborted_and_open_transactions(bootstrap_servers: str) -> None:

@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from txstream.local_broker import LocalKafkaCluster, free_port_block
+from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
 RECORDS_PER_TXN = 5
 log = logging.getLogger("chaos")

@@ -18,9 +18,10 @@ from pyspark.sql import DataFrame, functions as F, types as T
 from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
 from tests.kafka_helpers import avro_bytes, committed, produce, read_all
-from txstream import Processor, headers as hdr
-from txstream.serde import load_schema
-from txstream.topic_io import end_offsets
+from txstream import Processor
+from txstream.kafka import headers as hdr
+from txstream.serde.avro import load_schema
+from txstream.tools.topic_io import end_offsets
 
 REPO = Path(__file__).resolve().parents[1]
 ORDER = load_schema(str(REPO / "schemas/order.avsc"))
@@ -131,7 +132,7 @@ def test_poison_records_go_to_the_dead_letter_topic(bootstrap_servers, make_topi
     ends = {p: end for p, (_low, end) in end_offsets(bootstrap_servers, source, "read_committed").items()}
     assert committed(bootstrap_servers, driver.settings.app_id, source, partitions) == ends
 
-    from txstream.verify import audit
+    from txstream.tools.verify import audit
 
     report = audit(bootstrap_servers, source, output, dead_letter=dead, app_id=driver.settings.app_id)
     assert report.clean and report.totals["dead_lettered"] == len(poison), report.table()

@@ -9,10 +9,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from processors.passthrough import PassThrough
 from tests.kafka_helpers import committed, produce, read_all
-from txstream.driver import Driver
-from txstream.membership import GroupMembership
-from txstream.planning import PartitionPlan, transactional_id
-from txstream.publishing import ALREADY_DONE, COMMITTED, STALE_PLAN, DriverCommits, FencedError, TransactionalPublisher
+from txstream.driver.loop import Driver
+from txstream.driver.membership import GroupMembership
+from txstream.driver.planning import PartitionPlan, transactional_id
+from txstream.task.publish import ALREADY_DONE, COMMITTED, STALE_PLAN, DriverCommits, FencedError, TransactionalPublisher
 from txstream.settings import resolve
 
 

@@ -13,8 +13,8 @@ from processors.passthrough import PassThrough
 from processors.route_by_currency import RouteByCurrency
 from processors.sample_orders import enriched, orders
 from tests.kafka_helpers import avro_bytes, committed, java_partition, murmur2, produce, read_all
-from txstream import headers
-from txstream.serde import AvroCodec, load_schema
+from txstream.kafka import headers
+from txstream.serde.avro import AvroCodec, load_schema
 
 ORDER = load_schema("schemas/order.avsc")
 ENRICHED = load_schema("schemas/order_enriched.avsc")

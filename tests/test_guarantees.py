@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.kafka_helpers import committed, produce, read_all
-from txstream import verify
+from txstream.tools import verify
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 4

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from txstream.local_broker import free_port_block, port_is_free
+from txstream.local.cluster import free_port_block, port_is_free
 
 
 def _txstream(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -24,7 +24,7 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     registry.mkdir()
     # Reuse the jars already resolved, but keep cluster registrations private.
     env["TXSTREAM_CACHE_DIR"] = str(registry)
-    from txstream.local_broker import KAFKA_VERSION, cache_dir
+    from txstream.local.cluster import KAFKA_VERSION, cache_dir
 
     shared = cache_dir() / f"kafka-{KAFKA_VERSION}"
     if shared.exists():

@@ -18,10 +18,10 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
 from processors.passthrough import PassThrough
 from tests.kafka_helpers import committed, produce, read_all
-from txstream.driver import Driver
-from txstream.planning import NoCommittedOffsetError
+from txstream.driver.loop import Driver
+from txstream.driver.planning import NoCommittedOffsetError
 from txstream.settings import resolve
-from txstream.topic_io import end_offsets
+from txstream.tools.topic_io import end_offsets
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""`txstream offsets show|reset` and txstream.offsets, against the real broker (never a mock).
+"""`txstream offsets show|reset` and txstream.tools.offsets, against the real broker (never a mock).
 
 Each test builds its own topic and group: records from a plain Producer, committed offsets from a
 Consumer that commits and closes (so the group is Empty), open transactions from a transactional
@@ -17,9 +17,9 @@ from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from txstream import offsets as ofs
+from txstream.tools import offsets as ofs
 from txstream.cli import main
-from txstream.offsets import Partition
+from txstream.tools.offsets import Partition
 
 BASE_TS = int(time.time() * 1000) - 3_600_000  # record i of a topic has timestamp BASE_TS + i seconds
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from txstream import headers
-from txstream.publishing import RecordCollector
+from txstream.kafka import headers
+from txstream.task.publish import RecordCollector
 
 
 class _Calls:

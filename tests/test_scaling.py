@@ -19,8 +19,8 @@ from confluent_kafka import Producer
 
 from tests.kafka_helpers import committed, read_all
 from tests.test_guarantees import TxstreamRun, batch_lines
-from txstream import verify
-from txstream.topic_io import end_offsets
+from txstream.tools import verify
+from txstream.tools.topic_io import end_offsets
 
 PARTITIONS = 4
 RATE = 200          # records per second, over all partitions (one instance handles several times that)

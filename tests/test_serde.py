@@ -13,7 +13,7 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from txstream.serde import AvroCodec, load_schema
+from txstream.serde.avro import AvroCodec, load_schema
 
 NESTED = {
     "type": "record", "name": "Shipment", "fields": [

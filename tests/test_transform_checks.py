@@ -7,8 +7,8 @@ from pyspark.sql import functions as F
 from processors.enrich_orders import EnrichOrders
 from processors.passthrough import PassThrough
 from tests.kafka_helpers import committed, produce, read_all
-from txstream.driver import TransformError
-from txstream.serde import SchemaError
+from txstream.driver.loop import TransformError
+from txstream.serde.avro import SchemaError
 
 
 class CountPerKey(PassThrough):

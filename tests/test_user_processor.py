@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 from tests.kafka_helpers import avro_bytes, committed, produce, read_all
-from txstream import headers
-from txstream.serde import AvroCodec, load_schema
+from txstream.kafka import headers
+from txstream.serde.avro import AvroCodec, load_schema
 
 USER_CODE = '''
 from pyspark.sql import DataFrame, functions as F, types as T

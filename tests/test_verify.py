@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from txstream import headers as hdr
+from txstream.kafka import headers as hdr
 from txstream.cli import main as cli
-from txstream.verify import AuditError, audit
+from txstream.tools.verify import AuditError, audit
 
 
 # ---------------------------------------------------------------------------------------------

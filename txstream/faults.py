@@ -18,6 +18,8 @@ import signal
 from functools import lru_cache
 from pathlib import Path
 
+from txstream.errors import InfrastructureError
+
 POINTS = (
     "read.end",                 # reader finished its range, before the publisher sees the end
     "publish.before_produce",   # transaction begun, nothing produced
@@ -28,8 +30,9 @@ POINTS = (
 )
 
 
-class InjectedFault(RuntimeError):
-    """Raised by a `raise` fault; never seen unless TXSTREAM_FAULTS is set."""
+class InjectedFault(InfrastructureError):
+    """Raised by a `raise` fault; never seen unless TXSTREAM_FAULTS is set. A failure of the
+    machinery, never of the data."""
 
 
 @lru_cache(maxsize=1)

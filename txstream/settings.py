@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from txstream.processor import Processor
-from txstream.publishing import AT_LEAST_ONCE, AT_MOST_ONCE, EXACTLY_ONCE
-from txstream.serde import load_schema
+from txstream.task.publish import AT_LEAST_ONCE, AT_MOST_ONCE, EXACTLY_ONCE
+from txstream.serde.avro import load_schema
+from txstream.errors import SettingsError
 
 GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE)
 OFFSET_RESETS = ("earliest", "latest", "none")
-
-
-class SettingsError(ValueError):
-    """A setting or processor reference is wrong; the message says what to change."""
 
 
 @dataclass

@@ -25,7 +25,7 @@ class KafkaCeiling(Contender):
         self.libs = None
 
     def prepare(self, progress) -> None:
-        from txstream.local_broker import KAFKA_VERSION, kafka_libs
+        from txstream.local.cluster import KAFKA_VERSION, kafka_libs
 
         if not shutil.which("java"):
             raise Unavailable("java is not on PATH")

@@ -60,7 +60,7 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 def connector_jars(progress=lambda _m: None) -> tuple[list[str], dict]:
     """Jars to add to Spark (those pyspark does not already ship), and the versions chosen."""
     import pyspark
-    from txstream.local_broker import cache_dir
+    from txstream.local.cluster import cache_dir
 
     version = pyspark.__version__
     work = cache_dir() / f"bench-spark-connectors-{version}"

@@ -22,7 +22,7 @@ FIELDS = (("init", "init_s"), ("read", "read_s"), ("upstream", "upstream_s"), ("
 
 def _wrap_batch_report() -> None:
     try:
-        from txstream import driver
+        from txstream.driver import loop as driver
 
         original = driver.BatchReport.line
     except Exception as exc:  # noqa: BLE001 - the run itself must not depend on this

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.chaos import harness as h
-from txstream.local_broker import LocalKafkaCluster, free_port_block
+from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
 
 def pytest_collection_modifyitems(items) -> None:  # noqa: ANN001 - pytest hook

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from txstream import headers as hdr
-from txstream.topic_io import produce_waiting
+from txstream.kafka import headers as hdr
+from txstream.tools.topic_io import produce_waiting
 
 REPO = Path(__file__).resolve().parents[2]
 SOAK = os.environ.get("TXSTREAM_SOAK", "") not in ("", "0")
@@ -493,7 +493,7 @@ def verdict(name: str, bootstrap: str, app: App, expected: Counter, checker: Che
             dead_letter: str | None = None, extra: str = "") -> dict:
     """Assert exactly-once: output multiset == input, audit clean, checker saw no duplicate.
     Prints one line: records in / out / dead-lettered / duplicates / missing."""
-    from txstream.verify import audit
+    from txstream.tools.verify import audit
 
     got, records = read_pairs(bootstrap, app.output)
     missing = sum((expected - got).values())

@@ -38,7 +38,7 @@ def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:  #
     with the node's stdout, which server.log does not have)."""
     from pathlib import Path
 
-    from txstream.local_broker import BrokerError
+    from txstream.local.cluster import BrokerError
 
     began = time.monotonic()
     try:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txstream.serde import AvroCodec, arrow_type
+from txstream.serde.avro import AvroCodec, arrow_type
 
 HEADERS_ARROW = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 

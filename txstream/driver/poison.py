@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
-from txstream.planning import PartitionPlan
+from txstream.driver.planning import PartitionPlan
 
 if TYPE_CHECKING:
-    from txstream.driver import Driver
+    from txstream.driver.loop import Driver
 
 # Failures that come from Kafka or the publishing protocol, never from the data.
 _INFRASTRUCTURE = ("KafkaException", "KafkaError", "FencedError", "AbortableError", "TimeoutError",
@@ -94,7 +94,7 @@ class PoisonIsolator:
         return found
 
     def _dead_letter(self, plan: PartitionPlan, offset: int, message: str) -> None:
-        from txstream.publishing import STALE_PLAN, PoisonRecordError, publish_dead_letter
+        from txstream.task.publish import STALE_PLAN, PoisonRecordError, publish_dead_letter
 
         driver = self.driver
         if not driver.settings.dead_letter_topic:

@@ -4,7 +4,7 @@
 from the beginning up to their last stable offsets (taken once, at the start: the audit is a
 snapshot), and checks, per source partition, that each source record in the audited range was
 published once: not by two publications (duplicates) and, for 1:1 processors, not by none
-(gaps). Lineage comes from the headers in `txstream.headers`.
+(gaps). Lineage comes from the headers in `txstream.kafka.headers`.
 
 The audited range of a source partition is `[log start, end)` where `end` is the app's committed
 offset (its consumer group) when an app id is given, else the input's last stable offset.
@@ -23,16 +23,13 @@ from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, IsolationLe
                              KafkaException, TopicPartition)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from txstream import headers as hdr
+from txstream.kafka import headers as hdr
+from txstream.errors import AuditError
 
 SAMPLES = 20  # offsets listed per partition and problem kind; counts are always complete
 _BATCH = 10_000
 # librdkafka logs connection failures to stderr on its own; the audit reports them itself.
 _QUIET = {"log_level": 0}
-
-
-class AuditError(RuntimeError):
-    """Bad arguments or an unreachable/unknown cluster or topic, phrased for the user."""
 
 
 @dataclass

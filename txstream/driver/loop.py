@@ -22,16 +22,17 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream import faults
-from txstream.membership import GroupMembership
-from txstream.planning import PartitionPlan, Planner, transactional_id
-from txstream.poison import PoisonIsolator
-from txstream.retry import is_transient
-from txstream.publishing import (ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema,
+from txstream.driver.membership import GroupMembership
+from txstream.driver.planning import PartitionPlan, Planner, transactional_id
+from txstream.driver.poison import PoisonIsolator
+from txstream.kafka.retry import is_transient
+from txstream.task.publish import (ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema,
                                  DriverCommits, publish_partition)
-from txstream.reading import range_frame
-from txstream.serde import SchemaError, check_struct_fits
+from txstream.task.reading import range_frame
+from txstream.serde.avro import SchemaError, check_struct_fits
 from txstream.settings import RunSettings
-from txstream.spark_session import build_spark, warm_python_workers
+from txstream.spark.session import build_spark, warm_python_workers
+from txstream.errors import BatchTimeout, TransformError
 
 log = logging.getLogger("txstream")
 
@@ -40,10 +41,6 @@ SINK_COLUMNS = ("key", "value", "topic", "partition", "headers", "offset")
 # Errors that no retry can cure: the run stops with the message.
 BATCH_PROGRESS_EVERY_S = 30.0  # a 'still running' line this often while a batch is slow
 FATAL_MARKERS = ("PoisonRecordError", "SchemaError", "OutputError", "NoCommittedOffsetError", "TransformError")
-
-
-class TransformError(ValueError):
-    """The processor's transform does not produce what txstream can publish."""
 
 
 @dataclass
@@ -75,10 +72,6 @@ class BatchReport:
         if lag is not None:
             parts.append(f"lag {lag}")
         return "  ".join(parts)
-
-
-class BatchTimeout(TimeoutError):
-    """The watchdog cancelled a batch that ran past batch_timeout_s."""
 
 
 class Driver:
@@ -439,7 +432,7 @@ class Driver:
         return min(cap, safe)
 
     def _remember_targets(self, owned: list[TopicPartition]) -> None:
-        from txstream.planning import watermarks
+        from txstream.driver.planning import watermarks
 
         new = [tp for tp in owned if (tp.topic, tp.partition) not in self.targets]
         if new:

@@ -41,7 +41,7 @@ def verify(inputs: tuple[str, ...], outputs: tuple[str, ...], dead_letter: str |
     follows each output's lineage headers back to its source record. Exit status: 0 clean,
     1 duplicates or gaps found, 2 usage or connection error.
     """
-    from txstream.verify import AuditError, audit
+    from txstream.tools.verify import AuditError, audit
 
     try:
         report = audit(bootstrap_servers, list(inputs), list(outputs), dead_letter=dead_letter,

@@ -8,7 +8,7 @@ plus Spark's planning workers. Imported here, the forked workers inherit the loa
 Spark's own daemon imports nothing before forking because a library may start threads at import;
 the only threads these imports start are pyarrow's allocator threads, and its allocators and
 thread pools reinitialise themselves in a forked child (they register at-fork handlers).
-Set with `spark.python.daemon.module=txstream.worker_daemon` (spark_session.py does).
+Set with `spark.python.daemon.module=txstream.spark.worker_daemon` (spark_session.py does).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ import pyarrow.compute  # noqa: F401
 import confluent_kafka  # noqa: F401
 import fastavro  # noqa: F401
 
-import txstream.publishing  # noqa: F401
-import txstream.reading  # noqa: F401
+import txstream.task.publish  # noqa: F401
+import txstream.task.reading  # noqa: F401
 from pyspark.daemon import manager
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import click
 
-from txstream import offsets as ofs
+from txstream.tools import offsets as ofs
 
 _BOOTSTRAP = click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
                           show_default=True, show_envvar=True, help="Kafka to talk to.")

@@ -26,8 +26,11 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txstream import faults, headers
-from txstream.serde import AvroCodec
+from txstream import faults
+from txstream.kafka import headers
+from txstream.serde.avro import AvroCodec
+from txstream.errors import (AbortableError, FatalKafkaError, FencedError, OutputError, PoisonRecordError,
+                             classify_kafka, kafka_error_of)
 
 # Guarantees (DESIGN.md 2): only exactly-once uses transactions.
 EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE = "exactly-once", "at-least-once", "at-most-once"
@@ -52,33 +55,9 @@ COMMITTED, ALREADY_DONE, STALE_PLAN, FENCED, ACKED, EMPTY = (
     "committed", "already-done", "stale-plan", "fenced", "acked", "empty")
 
 
-class FencedError(RuntimeError):
-    """A newer producer owns this transactional.id: this attempt is a zombie."""
-
-
-class AbortableError(RuntimeError):
-    """The transaction was aborted; its range may be published again."""
-
-
-class OutputError(ValueError):
-    """The output cannot be published as the transform shaped it (no retry can cure it)."""
-
-
-class PoisonRecordError(RuntimeError):
-    """A record cannot be processed and there is no dead-letter topic to set it aside."""
-
-
 # ---------------------------------------------------------------------------------------------
 # The transactional producer and its errors
 # ---------------------------------------------------------------------------------------------
-
-def _kafka_error(exc: BaseException):  # noqa: ANN202 - confluent_kafka.KafkaError or None
-    from confluent_kafka import KafkaException
-
-    if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "code"):
-        return exc.args[0]
-    return None
-
 
 class TransactionalPublisher:
     """Owns one producer for one transactional.id (one input partition of one app)."""
@@ -176,7 +155,7 @@ class TransactionalPublisher:
             try:
                 return fn()
             except Exception as exc:  # noqa: BLE001 - classified below
-                err = _kafka_error(exc)
+                err = kafka_error_of(exc)
                 if (err is not None and err.retriable() and not err.fatal() and attempt < attempts - 1
                         and time.monotonic() < deadline):
                     time.sleep(min(0.1 * 2 ** attempt, 2.0))
@@ -188,20 +167,15 @@ class TransactionalPublisher:
         raise AssertionError("unreachable")
 
     def _classify(self, exc: BaseException, what: str) -> BaseException:
-        err = _kafka_error(exc)
+        """Kafka's errors as txstream's outcome types. A fatal error is treated as a fence:
+        this producer is done, and a fresh one's init_transactions settles what was open."""
+        err = kafka_error_of(exc)
         if err is None:
             return exc
-        if err.fatal() or err.code() in _FENCED_CODES():
-            return FencedError(f"{self.transactional_id}: {what} failed fatally: {err.str()}")
-        if err.txn_requires_abort():
-            return AbortableError(f"{self.transactional_id}: {what} needs an abort: {err.str()}")
-        return exc
-
-
-def _FENCED_CODES() -> set[int]:  # noqa: N802 - constant-like, imported lazily
-    from confluent_kafka import KafkaError
-
-    return {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+        classified = classify_kafka(err, f"{self.transactional_id}: {what}")
+        if isinstance(classified, FatalKafkaError):
+            return FencedError(str(classified), err)
+        return classified
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +269,8 @@ class RecordCollector:
                 except BufferError:
                     poll(0.05)  # local queue full: let deliveries drain
                 except KafkaException as exc:
-                    code = exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
+                    err = kafka_error_of(exc)
+                    code = err.code() if err is not None else None
                     if code in (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART):
                         raise OutputError(f"output topic {topic!r} does not exist; create it first "
                                           "(txstream never auto-creates topics)") from None
@@ -346,7 +321,7 @@ def _group_reader(spec: dict) -> Any:
 def committed_offset(spec: dict, topic: str, partition: int) -> int | None:
     from confluent_kafka import TopicPartition
 
-    from txstream.retry import retriable
+    from txstream.kafka.retry import retriable
 
     timeout = spec.get("timeout_s", 60)
     tp = retriable(lambda: _group_reader(spec).committed([TopicPartition(topic, partition)], timeout=timeout),
@@ -441,7 +416,7 @@ def _produce_all(collector: RecordCollector, batches: Iterator[pa.RecordBatch], 
 def _take_side_file(spec: dict, result: _Result) -> list[tuple[Any, ...]]:
     """Consume the reader's side file of this task attempt (once): its counts go to `result`,
     its undecodable records are returned."""
-    from txstream.reading import read_side_file
+    from txstream.task.reading import read_side_file
 
     read = read_side_file(spec["side_dir"], spec["batch_id"])
     if read is None:
@@ -506,7 +481,7 @@ def _publish_transactional(spec: dict, plan: dict, batches: Iterator[pa.RecordBa
         except AbortableError as exc:
             publisher.abort()
             result.message = str(exc)
-            if "generation" in str(exc).lower() or "member" in str(exc).lower():
+            if exc.code in _group_moved_codes():
                 # The group rebalanced since planning: this plan's metadata is stale.
                 result.status = STALE_PLAN
                 return
@@ -528,6 +503,14 @@ def _publish_transactional(spec: dict, plan: dict, batches: Iterator[pa.RecordBa
                 _drop_publisher(tid)
             raise
     raise AbortableError(f"{tid}: gave up after {result.attempts} aborted attempts: {result.message}")
+
+
+def _group_moved_codes() -> set[int]:
+    """send_offsets_to_transaction refused because the group rebalanced since planning."""
+    from confluent_kafka import KafkaError
+
+    return {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID,
+            KafkaError.REBALANCE_IN_PROGRESS}
 
 
 _PLAIN_PRODUCERS: dict[str, Any] = {}

@@ -71,7 +71,7 @@ def _java_options(spark_conf: dict[str, str], home: str) -> str:
     """The driver JVM's options: the user's, plus the class archive when there is one.
 
     Loading Spark's classes is most of a session's start-up here (measured: 12 s -> 7 s to a
-    session, 5 s -> 2.5 s for its first job, 2 cores). `python -m txstream.spark_session`
+    session, 5 s -> 2.5 s for its first job, 2 cores). `python -m txstream.spark.session`
     writes the archive (`make install` runs it); without one, Spark starts as usual."""
     options = spark_conf.get("spark.driver.extraJavaOptions", "")
     archive = class_archive(home)
@@ -107,7 +107,7 @@ def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
-        "spark.python.daemon.module": "txstream.worker_daemon",
+        "spark.python.daemon.module": "txstream.spark.worker_daemon",
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.memory": "2g",
@@ -125,8 +125,8 @@ def _import_engine(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
     import confluent_kafka  # noqa: F401
     import fastavro  # noqa: F401
 
-    import txstream.publishing  # noqa: F401
-    import txstream.reading  # noqa: F401
+    import txstream.task.publish  # noqa: F401
+    import txstream.task.reading  # noqa: F401
 
     yield from batches
 
@@ -164,7 +164,7 @@ def write_class_archive(echo=print) -> Path:  # noqa: ANN001
     archive = class_archive()
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_suffix(f".{os.getpid()}.partial")
-    code = ("import sys; from txstream.spark_session import build_spark, _representative_job; "
+    code = ("import sys; from txstream.spark.session import build_spark, _representative_job; "
             "s = build_spark('local[2]', 'txstream-class-archive', "
             f"{{'spark.driver.extraJavaOptions': '-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off -Xlog:cds+dynamic=off'}}); "
             "_representative_job(s); s.stop()")

@@ -26,11 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txstream import avro_columns
-
-
-class SchemaError(ValueError):
-    """A schema or a DataFrame does not fit the Avro schema it must be encoded with."""
+from txstream.serde import columns as avro_columns
+from txstream.errors import SchemaError
 
 
 def load_schema(path_or_json: str | dict, base_dir: str | Path | None = None) -> dict:

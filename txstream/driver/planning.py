@@ -18,13 +18,10 @@ try:  # confluent-kafka >= 2.3
 except ImportError:  # pragma: no cover
     from confluent_kafka.admin import IsolationLevel  # type: ignore[no-redef]
 
-from txstream.retry import retriable
+from txstream.kafka.retry import retriable
+from txstream.errors import NoCommittedOffsetError
 
 log = logging.getLogger("txstream")
-
-
-class NoCommittedOffsetError(RuntimeError):
-    """auto.offset.reset=none and some partitions have no committed offset."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from txstream.retry import retriable
+from txstream.kafka.retry import retriable
 
 log = logging.getLogger("txstream")
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from txstream import local_broker
+from txstream.local import cluster as local_broker
 
 
 def _progress(message: str) -> None:
@@ -78,7 +78,7 @@ def kafka_status() -> None:
               show_default=True)
 def kafka_check(bootstrap_servers: str) -> None:
     """Prove the cluster honours transactions: aborted vs committed vs open, read two ways."""
-    from txstream.broker_check import transaction_round_trip
+    from txstream.tools.broker_check import transaction_round_trip
 
     result = transaction_round_trip(bootstrap_servers)
     click.echo(result.report())
@@ -107,7 +107,7 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 def _clean_error(exc: BaseException) -> str:
     """The line a user needs from an error that may have crossed the JVM (Py4J) boundary."""
     text = str(exc)
-    from txstream.driver import FATAL_MARKERS
+    from txstream.driver.loop import FATAL_MARKERS
 
     for line in text.splitlines():
         for marker in FATAL_MARKERS:
@@ -158,7 +158,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     import logging
 
     from txstream import settings as run_settings
-    from txstream.driver import Driver
+    from txstream.driver.loop import Driver
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # `kill -USR1 PID` prints every thread's stack: where a stuck run is stuck.
@@ -194,8 +194,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
 def produce(topic: str, bootstrap_servers: str, value_schema: str | None, key_field: str | None,
             path, transactional: bool) -> None:  # noqa: ANN001 - click.File
     """Write JSON lines to TOPIC (one record per line)."""
-    from txstream.serde import load_schema
-    from txstream.topic_io import produce_lines
+    from txstream.serde.avro import load_schema
+    from txstream.tools.topic_io import produce_lines
 
     try:
         schema = load_schema(value_schema) if value_schema else None
@@ -218,8 +218,8 @@ def consume(topic: str, bootstrap_servers: str, value_schema: str | None, isolat
     """Print TOPIC from the beginning to its current end as JSON lines."""
     import json
 
-    from txstream.serde import load_schema
-    from txstream.topic_io import read_records
+    from txstream.serde.avro import load_schema
+    from txstream.tools.topic_io import read_records
 
     try:
         schema = load_schema(value_schema) if value_schema else None
@@ -233,8 +233,8 @@ def consume(topic: str, bootstrap_servers: str, value_schema: str | None, isolat
 
 
 # Command groups that live in modules of their own.
-from txstream.cli_offsets import offsets  # noqa: E402
-from txstream.cli_verify import verify  # noqa: E402
+from txstream.cli.offsets import offsets  # noqa: E402
+from txstream.cli.verify import verify  # noqa: E402
 
 main.add_command(offsets)
 main.add_command(verify)

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from txstream.serde import AvroCodec
+from txstream.serde.avro import AvroCodec
 
 
 def _from_json(value: Any, schema: dict | None) -> Any:

@@ -30,21 +30,11 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from txstream.errors import GroupActiveError, KafkaUnreachable, OffsetsError
+
 DEFAULT_TIMEOUT = 10.0
 
 T = TypeVar("T")
-
-
-class OffsetsError(Exception):
-    """A problem the user can fix (bad input, unreachable broker, live group); no traceback needed."""
-
-
-class KafkaUnreachable(OffsetsError):
-    """No broker answered within the timeout."""
-
-
-class GroupActiveError(OffsetsError):
-    """The group has live members, so its offsets must not be moved."""
 
 
 class Partition(NamedTuple):

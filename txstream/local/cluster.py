@@ -21,14 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from txstream.errors import BrokerError
+
 # 4.4.0's kafka-tools artifacts are not on Maven Central (checked 2026-11); 4.3.1 is complete.
 KAFKA_VERSION = os.environ.get("TXSTREAM_KAFKA_VERSION", "4.3.1")
 LOG4J_VERSION = "2.25.4"
 SLF4J_VERSION = "2.0.17"
-
-
-class BrokerError(RuntimeError):
-    """A problem starting or reaching the local broker, phrased for the user (no stack trace)."""
 
 
 def cache_dir() -> Path:

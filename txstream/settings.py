@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txstream.kafka.config import KafkaClients
 from txstream.processor import Processor
 from txstream.task.publish import AT_LEAST_ONCE, AT_MOST_ONCE, EXACTLY_ONCE
 from txstream.serde.avro import load_schema
@@ -24,6 +25,7 @@ OFFSET_RESETS = ("earliest", "latest", "none")
 class RunSettings:
     processor: Processor
     bootstrap_servers: str
+    clients: KafkaClients
     app_id: str
     input_topics: list[str]
     output_topic: str | None
@@ -137,19 +139,14 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     if cap <= 0:
         raise SettingsError("max records per partition must be positive")
     # librdkafka properties: the processor's, then -X. Producer vs consumer is decided by name
-    # prefix `producer.` / `consumer.`; unprefixed ones go to both.
-    producer_config = dict(cls.producer_config)
-    consumer_config = dict(cls.consumer_config)
-    for key, value in (librdkafka or {}).items():
-        if key == "auto.offset.reset":
-            continue
-        if key.startswith("producer."):
-            producer_config[key[len("producer."):]] = value
-        elif key.startswith("consumer."):
-            consumer_config[key[len("consumer."):]] = value
-        else:
-            producer_config[key] = value
-            consumer_config[key] = value
+    # prefix `producer.` / `consumer.`; unprefixed ones go to every client (kafka/config.py).
+    clients = KafkaClients.from_properties(
+        bootstrap_servers,
+        {f"producer.{k}": v for k, v in cls.producer_config.items()},
+        {f"consumer.{k}": v for k, v in cls.consumer_config.items()},
+        {k: v for k, v in (librdkafka or {}).items() if k != "auto.offset.reset"})
+    producer_config = clients.user_properties("producer")
+    consumer_config = clients.user_properties("consumer")
     timeout_ms = int(producer_config.get("transaction.timeout.ms", 60_000))
     return RunSettings(
         processor=cls(),
@@ -168,6 +165,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
         value_schema=_schema(schemas.get("value") or cls.value_schema, cls),
         output_key_schema=_schema(schemas.get("output_key") or cls.output_key_schema, cls),
         output_value_schema=_schema(schemas.get("output_value") or cls.output_value_schema, cls),
+        clients=clients,
         producer_config=producer_config,
         consumer_config=consumer_config,
         spark_conf={**cls.spark_conf, **(spark_conf or {})},

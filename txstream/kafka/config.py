@@ -1,0 +1,113 @@
+"""Client configuration, built in one place: bootstrap servers plus the user's properties.
+
+Every Kafka client txstream makes -- the driver's member and admin client, the readers and
+publishers in tasks, the offsets/verify/produce/consume commands -- gets its configuration from a
+`KafkaClients`, so a property the user gives once (`-X`, `--command-config`, a processor's
+`producer_config`/`consumer_config`) reaches all of them, security settings included.
+
+Properties are librdkafka's. `producer.`/`consumer.` prefixes target one side, as on
+`txstream run`; unprefixed ones go to every client. librdkafka's own log lines go to the
+`txstream.librdkafka` logger, not over the user's terminal.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+LOG = logging.getLogger("txstream.librdkafka")
+
+# Properties that only make sense on the consumer side and that librdkafka refuses (rather than
+# ignores) on a producer or admin client.
+_CONSUMER_ONLY = ("auto.offset.reset", "isolation.level", "group.id", "group.protocol",
+                  "group.instance.id", "enable.auto.commit", "partition.assignment.strategy")
+
+
+@dataclass(frozen=True)
+class KafkaClients:
+    """Where Kafka is and how to reach it. Picklable: it travels to tasks inside task specs."""
+
+    bootstrap_servers: str
+    common: Mapping[str, Any] = field(default_factory=dict)         # every client
+    producer_only: Mapping[str, Any] = field(default_factory=dict)  # `producer.`-prefixed
+    consumer_only: Mapping[str, Any] = field(default_factory=dict)  # `consumer.`-prefixed
+
+    @classmethod
+    def from_properties(cls, bootstrap_servers: str, *sources: Mapping[str, Any] | None) -> KafkaClients:
+        """Merge property sources (later ones win) and split them by `producer.`/`consumer.` prefix."""
+        common: dict[str, Any] = {}
+        producer: dict[str, Any] = {}
+        consumer: dict[str, Any] = {}
+        for source in sources:
+            for key, value in (source or {}).items():
+                if key.startswith("producer."):
+                    producer[key[len("producer."):]] = value
+                elif key.startswith("consumer."):
+                    consumer[key[len("consumer."):]] = value
+                else:
+                    common[key] = value
+        common.pop("bootstrap.servers", None)
+        return cls(bootstrap_servers, common, producer, consumer)
+
+    def _base(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": LOG}
+
+    def admin(self, **defaults: Any) -> dict[str, Any]:
+        """An AdminClient's configuration: the defaults, then every unprefixed property."""
+        shared = {k: v for k, v in self.common.items() if k not in _CONSUMER_ONLY}
+        return {**self._base(), **defaults, **shared}
+
+    def consumer(self, group_id: str | None = None, **defaults: Any) -> dict[str, Any]:
+        """A Consumer's configuration: the defaults, then the user's (consumer side wins)."""
+        config = {**self._base(), **defaults, **self.common, **self.consumer_only}
+        if group_id is not None:
+            config["group.id"] = group_id
+        return config
+
+    def producer(self, **defaults: Any) -> dict[str, Any]:
+        """A Producer's configuration: the defaults, then the user's (producer side wins)."""
+        shared = {k: v for k, v in self.common.items() if k not in _CONSUMER_ONLY}
+        return {**self._base(), **defaults, **shared, **self.producer_only}
+
+    def user_properties(self, side: str) -> dict[str, Any]:
+        """What the user set for one side ("producer" or "consumer"), for validation."""
+        only = self.producer_only if side == "producer" else self.consumer_only
+        return {**self.common, **only}
+
+
+def parse_pairs(values: Iterable[str], option: str = "-X") -> dict[str, str]:
+    """`key=value` strings as a dict; a malformed one is a ValueError naming the option."""
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{option}: expected key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_properties(path: str | Path) -> dict[str, str]:
+    """A Java-style properties file (what Kafka's tools take as --command-config).
+
+    `key=value` or `key: value` per line, `#`/`!` comments, blank lines ignored; a trailing
+    backslash continues a line. Enough for client settings (no unicode escapes)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read the properties file {path}: {exc.strerror or exc}") from None
+    props: dict[str, str] = {}
+    pending = ""
+    for raw in text.splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if not line or line.startswith(("#", "!")):
+            continue
+        if line.endswith("\\"):
+            pending = line[:-1]
+            continue
+        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if cut <= 0:
+            raise ValueError(f"{path}: expected key=value, got {raw.strip()!r}")
+        props[line[:cut].strip()] = line[cut + 1:].strip()
+    return props

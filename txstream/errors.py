@@ -354,33 +354,58 @@ def parse_python_traceback(text: str) -> tuple[str | None, str, list[str]]:
     return exc_type, full, frames
 
 
-def _cause_chain(exc: BaseException) -> list[BaseException]:
-    chain, seen = [], set()
+def _cause_chain(exc: BaseException) -> list[Any]:
+    """`exc`, its causes, and the JVM exceptions behind any Py4J error among them."""
+    chain: list[Any] = []
+    seen: set[int] = set()
     current: Any = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         chain.append(current)
-        current = getattr(current, "_cause", None) or current.__cause__
+        java = getattr(current, "java_exception", None) or getattr(current, "_origin", None)
+        if java is not None:
+            chain.extend(_java_chain(java))
+        current = getattr(current, "_cause", None) or getattr(current, "__cause__", None)
     return chain
 
 
-def _condition(exc: BaseException) -> str | None:
+def _java_chain(java: Any) -> list[Any]:
+    out = []
+    try:
+        while java is not None and len(out) < 20:
+            out.append(java)
+            java = java.getCause()
+    except Exception:  # noqa: BLE001 - the JVM is gone: what was read so far is all there is
+        pass
+    return out
+
+
+def _condition(link: Any) -> str | None:
     for getter in ("getCondition", "getErrorClass"):
-        fn = getattr(exc, getter, None)
+        fn = getattr(link, getter, None)
         if fn is None:
             continue
         try:
             value = fn()
-        except Exception:  # noqa: BLE001 - a Py4J object that is gone: no condition to read
-            return None
+        except Exception:  # noqa: BLE001 - not a SparkThrowable, or the JVM is gone
+            continue
         if value:
             return str(value)
     return None
 
 
-def _is_spark_error(exc: BaseException) -> bool:
-    module = type(exc).__module__ or ""
+def _is_spark_error(link: Any) -> bool:
+    module = type(link).__module__ or ""
     return module.startswith(("pyspark.", "py4j."))
+
+
+def _text(link: Any) -> str:
+    if isinstance(link, BaseException):
+        return str(link)
+    try:  # a Py4J JavaObject: the exception's own message
+        return str(link.getMessage() or "")
+    except Exception:  # noqa: BLE001
+        return ""
 
 
 def describe_remote(exc: BaseException) -> RemoteFailure | None:
@@ -393,9 +418,9 @@ def describe_remote(exc: BaseException) -> RemoteFailure | None:
     texts = []
     for link in chain:
         condition = _condition(link)
-        if condition:
+        if condition and condition not in failure.conditions:
             failure.conditions.append(condition)
-        texts.append(str(link))
+        texts.append(_text(link))
     for text in texts:
         exc_type, message, frames = parse_python_traceback(text)
         if exc_type is not None:
@@ -405,7 +430,9 @@ def describe_remote(exc: BaseException) -> RemoteFailure | None:
         short = failure.python_type.rpartition(".")[2] if failure.txstream_type else failure.python_type
         failure.summary = f"{short}: {failure.python_message}".strip()
     else:
-        failure.summary = _first_meaningful_line(texts[-1] if texts else str(exc))
+        # The deepest cause that says something (a lost executor, a crashed Python worker).
+        said = [t for t in texts if t.strip()]
+        failure.summary = _first_meaningful_line(said[-1] if said else str(exc))
     return failure
 
 

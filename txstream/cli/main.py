@@ -104,21 +104,6 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     return out
 
 
-def _clean_error(exc: BaseException) -> str:
-    """The line a user needs from an error that may have crossed the JVM (Py4J) boundary."""
-    text = str(exc)
-    from txstream.driver.loop import FATAL_MARKERS
-
-    for line in text.splitlines():
-        for marker in FATAL_MARKERS:
-            if marker in line:
-                return line.split(f"{marker}: ", 1)[-1].strip()
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:2000]
-    return type(exc).__name__
-
-
 @main.command("run")
 @click.argument("processor")
 @BOOTSTRAP
@@ -179,8 +164,10 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:
         raise
-    except Exception as exc:  # noqa: BLE001 - every failure ends as one clear line
-        raise click.ClickException(_clean_error(exc)) from None
+    except Exception as exc:  # every failure ends as one clear line, its type decides the words
+        from txstream.errors import one_line
+
+        raise click.ClickException(one_line(exc)) from None
     sys.exit(code)
 
 

@@ -15,24 +15,24 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream import faults
 from txstream.driver.membership import GroupMembership
 from txstream.driver.planning import PartitionPlan, Planner, transactional_id
 from txstream.driver.poison import PoisonIsolator
-from txstream.kafka.retry import is_transient
 from txstream.task.publish import (ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema,
-                                 DriverCommits, publish_partition)
+                                 DriverCommits, publish_dead_letter, publish_partition)
 from txstream.task.reading import range_frame
-from txstream.serde.avro import SchemaError, check_struct_fits
+from txstream.serde.avro import check_struct_fits
 from txstream.settings import RunSettings
 from txstream.spark.session import build_spark, warm_python_workers
-from txstream.errors import BatchTimeout, TransformError
+from txstream.errors import (BatchTimeout, DataError, Decision, InfrastructureError, PoisonRecordError, TransformError,
+                             TxstreamError, decide, one_line, understand)
 
 log = logging.getLogger("txstream")
 
@@ -40,7 +40,6 @@ SINK_COLUMNS = ("key", "value", "topic", "partition", "headers", "offset")
 
 # Errors that no retry can cure: the run stops with the message.
 BATCH_PROGRESS_EVERY_S = 30.0  # a 'still running' line this often while a batch is slow
-FATAL_MARKERS = ("PoisonRecordError", "SchemaError", "OutputError", "NoCommittedOffsetError", "TransformError")
 
 
 @dataclass
@@ -83,13 +82,16 @@ class Driver:
         self.admin = self._admin_client()
         self.stop_requested = threading.Event()
         self._batch_thread: threading.Thread | None = None
-        self._side_dir = tempfile.mkdtemp(prefix=f"txstream-{settings.app_id}-")
+        self.side_dir = tempfile.mkdtemp(prefix=f"txstream-{settings.app_id}-")
         self._owner_dir = os.path.join(tempfile.gettempdir(), "txstream-owners", settings.app_id)
         self.batch_id = 0
         self.membership: GroupMembership | None = None
         self.targets: dict[tuple[str, int], int] = {}
         self.totals = {"records_in": 0, "records_out": 0, "dead_letters": 0, "batches": 0}
         self._rate: float | None = None    # records/s per partition, measured
+        self._failures = 0                  # batches or plans failed in a row
+        self.commits: DriverCommits | None = None
+        self.poison = PoisonIsolator(self, echo, settings.dead_letter_topic)
         self._cap_warned = False
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -104,7 +106,7 @@ class Driver:
         return {"bootstrap_servers": s.bootstrap_servers, "app_id": s.app_id,
                 "consumer_config": s.consumer_config, "key_schema": s.key_schema,
                 "value_schema": s.value_schema, "plans": [p.to_dict() for p in plans],
-                "side_dir": self._side_dir, "batch_id": self.batch_id}
+                "side_dir": self.side_dir, "batch_id": self.batch_id}
 
     def _publish_spec(self, plans: list[PartitionPlan], group_metadata: bytes) -> dict[str, Any]:
         s = self.settings
@@ -249,11 +251,10 @@ class Driver:
             self.validate()
             self.membership = GroupMembership(s.bootstrap_servers, s.app_id, s.input_topics,
                                               s.consumer_config, self._wait_for_batch, self._on_group_change)
-            commits = DriverCommits(s.guarantee, self.membership)
+            self.commits = DriverCommits(s.guarantee, self.membership)
             planner = Planner(self.admin, s.app_id, s.auto_offset_reset, s.max_records_per_partition)
             self._wait_for_assignment()
             idle = 0.05
-            failures = 0
             while not self.stop_requested.is_set():
                 started = time.monotonic()
                 self.membership.poll(0)
@@ -265,19 +266,13 @@ class Driver:
                         self.echo(self.summary("caught up"))
                         return 0
                     plans = planner.plan(owned, committed, self._cap()) if owned else []
-                except KafkaException as exc:
+                except Exception as exc:
                     # A broker restarting or a coordinator moving: plan again shortly.
-                    if not is_transient(exc):
-                        raise
-                    failures += 1
-                    if failures > s.max_consecutive_failures:
-                        raise
-                    self.echo(f"planning failed ({_first_line(str(exc))}); retrying")
+                    self._failed("planning", exc)
                     # The admin client's metadata (leader epochs) may be stale after a broker
                     # bounce, and it does not refresh on FENCED_LEADER_EPOCH: start a new one.
                     self.admin = self._admin_client()
                     planner.admin = self.admin
-                    self._idle(min(0.5 * 2 ** failures, 10.0))
                     continue
                 for warning in planner.warnings:
                     self.echo(warning)
@@ -288,21 +283,10 @@ class Driver:
                     continue
                 idle = 0.05
                 try:
-                    report = self.run_batch(plans, commits)
-                    failures = 0
-                except Exception as exc:  # noqa: BLE001 - classified: fatal stops, others retry
-                    text = str(exc)
-                    if any(marker in text for marker in FATAL_MARKERS) or isinstance(exc, (TransformError, SchemaError)):
-                        raise
-                    if not isinstance(exc, BatchTimeout) and PoisonIsolator(self).isolate(plans, commits, self.echo):
-                        failures = 0
-                        continue
-                    failures += 1
-                    if failures > s.max_consecutive_failures:
-                        raise RuntimeError(f"{failures} batches in a row failed; the last error: {text}") from exc
-                    delay = min(0.5 * 2 ** failures, 10.0)
-                    self.echo(f"batch {self.batch_id} failed ({_first_line(text)}); re-planning in {delay:.1f}s")
-                    self._idle(delay)
+                    report = self.run_batch(plans, self.commits)
+                    self._failures = 0
+                except Exception as exc:
+                    self._batch_failed(plans, exc)
                     continue
                 self.echo(report.line(self._lag(owned, report)))
                 faults.maybe_fail("driver.between_batches")
@@ -316,13 +300,99 @@ class Driver:
         finally:
             self.close()
 
+    # -- failures: decided by type (txstream.errors.decide), nowhere else ------------------------
+
+    def _batch_failed(self, plans: list[PartitionPlan], exc: BaseException) -> None:
+        """Stop, isolate a poison record, or retry the batch, as the error's type says."""
+        error = understand(exc)
+        if decide(error) is Decision.ISOLATE:
+            try:
+                if self.poison.isolate(plans):
+                    self._failures = 0
+                    return
+            except Exception as during:
+                error = understand(during)  # the machinery failed while isolating: retry or stop
+        self._failed(f"batch {self.batch_id}", error)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Count a failure; stop on a user error, a fatal one or too many in a row; else back off."""
+        error = understand(exc)
+        if decide(error) is Decision.STOP:
+            raise error from exc if error is not exc else None
+        self._failures += 1
+        if self._failures > self.settings.max_consecutive_failures:
+            kind = "" if isinstance(error, DataError) else ", not because of the data (nothing was dead-lettered)"
+            raise InfrastructureError(f"{what} failed {self._failures} times in a row{kind}; the last failure: "
+                                      f"{one_line(error)}") from exc
+        delay = min(0.5 * 2 ** self._failures, 10.0)
+        self.echo(f"{what} failed ({one_line(error)}); retrying in {delay:.1f}s")
+        self._idle(delay)
+
+    # -- what the poison isolator may do (driver/poison.py IsolationTarget) -----------------------
+
+    def dry_run(self, plans: list[PartitionPlan]) -> TxstreamError | None:
+        """The transform over `plans`, computed and counted, nothing published."""
+        from txstream.task.dry_run import count_rows
+
+        sc = self.spark.sparkContext
+        sc.setJobGroup(f"txstream-{self.settings.app_id}-dry-run",
+                       f"txstream {self.settings.app_id}: dry run of {len(plans)} range(s) (isolating a record)",
+                       interruptOnCancel=True)
+        try:
+            self.output_frame(plans).mapInArrow(count_rows, "rows long").collect()
+            return None
+        except Exception as exc:
+            return understand(exc)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            sc.setLocalProperty("spark.job.description", None)
+
+    def publish(self, plans: list[PartitionPlan]) -> None:
+        """Publish `plans` as a normal batch (the good records before a poison record)."""
+        self.echo(self.run_batch(plans, self.commits).line())
+
+    def dead_letter(self, plan: PartitionPlan, offset: int, message: str) -> None:
+        """The record at `offset` to the dead-letter topic, its offset committed past (one
+        transaction under exactly-once)."""
+        s = self.settings
+        if not s.dead_letter_topic:
+            raise PoisonRecordError(
+                f"record {plan.topic}[{plan.partition}]@{offset} failed in the transform: {message}. "
+                "Declare a dead_letter_topic on the processor (or --dead-letter-topic) to set such "
+                "records aside; nothing from this record on was published.")
+        record = self._raw_record(plan, offset, message)
+        current = self.membership.committed([TopicPartition(plan.topic, plan.partition)])
+        spec = self._publish_spec([plan], self.membership.group_metadata())
+        status = publish_dead_letter(spec, replace(plan, committed=current.get((plan.topic, plan.partition))).to_dict(),
+                                     record, self.membership)
+        if status == STALE_PLAN:
+            raise InfrastructureError(f"{plan.topic}[{plan.partition}] moved on while isolating offset {offset}")
+
+    def _raw_record(self, plan: PartitionPlan, offset: int, message: str, timeout: float = 30) -> tuple:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(self.settings.clients.consumer(
+            f"{self.settings.app_id}-poison", **{"isolation.level": "read_committed", "enable.auto.commit": False}))
+        consumer.assign([TopicPartition(plan.topic, plan.partition, offset)])
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is None or msg.error():
+                    continue
+                if msg.offset() == offset:
+                    return (msg.key(), msg.value(), msg.headers(), msg.timestamp()[1], offset, "transform", message)
+        finally:
+            consumer.close()
+        raise InfrastructureError(f"could not read {plan.topic}[{plan.partition}]@{offset} to dead-letter it")
+
     def _wait_for_assignment(self, timeout: float = 60.0) -> None:
         assert self.membership is not None
         deadline = time.monotonic() + timeout
         while not self.membership.owned() and not self.stop_requested.is_set():
             if time.monotonic() > deadline:
                 if self.settings.until_caught_up:
-                    raise RuntimeError(f"no partition of {', '.join(self.settings.input_topics)} was assigned "
+                    raise InfrastructureError(f"no partition of {', '.join(self.settings.input_topics)} was assigned "
                                        f"to this instance within {timeout:.0f}s (do the topics exist?)")
                 deadline = float("inf")
             self.membership.poll(0.1)
@@ -380,7 +450,7 @@ class Driver:
                 self.echo(f"batch {self.batch_id} exceeded {limit:.0f}s; cancelling it")
                 sc.cancelJobGroup(job_group)
                 cancelled = True
-        shutil.rmtree(os.path.join(self._side_dir, f"batch-{self.batch_id}"), ignore_errors=True)
+        shutil.rmtree(os.path.join(self.side_dir, f"batch-{self.batch_id}"), ignore_errors=True)
         if "error" in outcome:
             if cancelled:
                 raise BatchTimeout(f"batch {self.batch_id} cancelled after {limit:.0f}s "
@@ -474,15 +544,7 @@ class Driver:
         if self.spark is not None and self._own_spark:
             self.spark.stop()
             self.spark = None
-        shutil.rmtree(self._side_dir, ignore_errors=True)
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("Traceback", "File ", "at ")):
-            return line[:300]
-    return text[:300]
+        shutil.rmtree(self.side_dir, ignore_errors=True)
 
 
 __all__ = ["Driver", "TransformError", "BatchReport", "build_spark", "ALREADY_DONE", "FENCED", "STALE_PLAN"]

@@ -1,129 +1,98 @@
 """Isolating a record that makes the transform fail, so it never blocks its partition.
 
 A row-level error inside a DataFrame transform (a UDF that raises, an ANSI cast or division
-error) fails the whole Spark task: Spark cannot say which row. When a batch fails, the driver
-re-runs its transform without publishing (a dry run). If the dry run fails too, the failure is
-in the data, not in Kafka: the driver bisects each partition's range with dry runs down to the
-first failing record, publishes the good records before it as a normal batch, and sends the
-failing record to the dead-letter topic (stage `transform`) in a transaction that also moves
-the offset past it. What is caught: any error raised while the transform computes a row. What
-is not: errors that do not depend on the data (a wrong column name fails validation at start).
+error) fails the whole Spark task: Spark cannot say which row. When a batch fails with a
+`DataError` (txstream.errors recognises one positively: an exception raised while computing a
+row), the driver re-runs the transform without publishing (dry runs), bisects each failing
+partition's range down to its first failing record, and **confirms** it before acting: the
+record fails again alone, and the range before it computes. Then the good records before it are
+published as a normal batch and the record goes to the dead-letter topic (stage `transform`) in
+a transaction that also moves the offset past it.
+
+Anything else a dry run meets -- a Python worker that cannot start or is killed, an import that
+fails on an executor, a side directory that cannot be written, a lost executor, Kafka -- is not
+the data's fault: isolation stops and the error goes back to the driver, which retries the batch
+with back-off and finally stops the run naming the cause. A good record is never dead-lettered
+because the machinery failed.
+
+The isolator sees the driver only through `IsolationTarget`.
 """
 from __future__ import annotations
 
-import re
-import time
-import uuid
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Protocol
 
-import pyarrow as pa
-from confluent_kafka import Consumer, TopicPartition
-
+from txstream.errors import DataError, InfrastructureError, TxstreamError
 from txstream.driver.planning import PartitionPlan
 
-if TYPE_CHECKING:
-    from txstream.driver.loop import Driver
 
-# Failures that come from Kafka or the publishing protocol, never from the data.
-_INFRASTRUCTURE = ("KafkaException", "KafkaError", "FencedError", "AbortableError", "TimeoutError",
-                   "InjectedFault", "Connection refused", "BrokerError")
+class IsolationTarget(Protocol):
+    """What the isolator may ask of the driver."""
 
+    def dry_run(self, plans: list[PartitionPlan]) -> TxstreamError | None:
+        """Compute the transform over `plans` without publishing: None, or why it failed."""
 
-def _count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    total = sum(batch.num_rows for batch in batches)
-    yield pa.RecordBatch.from_pylist([{"rows": total}], schema=pa.schema([("rows", pa.int64())]))
+    def publish(self, plans: list[PartitionPlan]) -> None:
+        """Publish `plans` as a normal batch."""
 
-
-def error_line(text: str) -> str:
-    """The 'SomeError: message' line of an error that crossed the JVM boundary."""
-    matches = re.findall(r"^\s*([A-Za-z_.]*(?:Error|Exception)[A-Za-z_]*: .+)$", text, re.MULTILINE)
-    python_side = [m for m in matches if not m.lstrip().startswith(("org.", "java.", "py4j.", "pyspark.errors"))]
-    chosen = (python_side or matches or [text.strip().splitlines()[0] if text.strip() else "unknown error"])[-1]
-    return chosen.strip()[:1000]
+    def dead_letter(self, plan: PartitionPlan, offset: int, message: str) -> None:
+        """Send the record at `offset` to the dead-letter topic and commit past it."""
 
 
 class PoisonIsolator:
-    def __init__(self, driver: Driver) -> None:
-        self.driver = driver
+    def __init__(self, target: IsolationTarget, echo: Callable[[str], None], dead_letter_topic: str | None) -> None:
+        self.target = target
+        self.echo = echo
+        self.dead_letter_topic = dead_letter_topic
+        self.dry_runs = 0
 
-    def dry_run(self, plans: list[PartitionPlan]) -> str | None:
-        """None when the transform computes every row of `plans`; else the error text."""
-        try:
-            self.driver.output_frame(plans).mapInArrow(_count_rows, "rows long").collect()
+    def isolate(self, plans: list[PartitionPlan]) -> bool:
+        """Publish around the first poison record of each failing partition. False when the
+        failure does not reproduce (the batch is simply retried); raises the error when a dry
+        run fails for a reason that is not the data."""
+        if self._dry(plans) is None:
+            return False
+        found = False
+        for plan in plans:
+            hit = self.first_failing_record(plan)
+            if hit is None:
+                continue
+            offset, error = hit
+            if offset > plan.start:
+                self.target.publish([replace(plan, end=offset)])
+            self.target.dead_letter(plan, offset, str(error))
+            self.echo(f"{plan.topic}[{plan.partition}]@{offset} failed in the transform ({error}); "
+                      f"sent to {self.dead_letter_topic}")
+            found = True
+        return found
+
+    def first_failing_record(self, plan: PartitionPlan) -> tuple[int, DataError] | None:
+        """Bisect `plan`'s range with dry runs and confirm: (offset of the first failing record,
+        its error), or None when the range computes."""
+        error = self._dry([plan])
+        if error is None:
             return None
-        except Exception as exc:  # noqa: BLE001 - classified by the caller
-            return str(exc)
-
-    def is_data_error(self, text: str) -> bool:
-        return not any(marker in text for marker in _INFRASTRUCTURE)
-
-    def first_failing_offset(self, plan: PartitionPlan) -> tuple[int, str] | None:
-        """Bisect `plan`'s range with dry runs: (offset of the first failing record, its error)."""
-        error = self.dry_run([plan])
-        if error is None or not self.is_data_error(error):
-            return None
+        # Invariant: [start, lo) computes (or is empty), [start, hi) fails.
         lo, hi = plan.start, plan.end
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            left = self.dry_run([replace(plan, end=mid)])
-            if left is not None and self.is_data_error(left):
-                hi, error = mid, left
-            else:
+            left = self._dry([replace(plan, end=mid)])
+            if left is None:
                 lo = mid
-        return lo, error
+            else:
+                hi, error = mid, left
+        alone = self._dry([replace(plan, start=lo, end=lo + 1)])
+        if alone is None:
+            raise InfrastructureError(
+                f"{plan.topic}[{plan.partition}]: the transform failed on [{plan.start}, {hi}) but record {lo} "
+                f"computes alone ({error}); the failure is not reproducible, so nothing is dead-lettered")
+        return lo, alone
 
-    def isolate(self, plans: list[PartitionPlan], commits, echo: Callable[[str], None]) -> bool:  # noqa: ANN001
-        """Publish around the first poison record of each failing partition. True if any was found."""
-        error = self.dry_run(plans)
-        if error is None or not self.is_data_error(error):
-            return False  # the data computes: the failure was Kafka's, retry the batch
-        found = False
-        for plan in plans:
-            hit = self.first_failing_offset(plan)
-            if hit is None:
-                continue
-            found = True
-            offset, error = hit
-            message = error_line(error)
-            if offset > plan.start:
-                self.driver.run_batch([replace(plan, end=offset)], commits)
-            self._dead_letter(plan, offset, message)
-            echo(f"{plan.topic}[{plan.partition}]@{offset} failed in the transform ({message}); "
-                 f"sent to {self.driver.settings.dead_letter_topic}")
-        return found
-
-    def _dead_letter(self, plan: PartitionPlan, offset: int, message: str) -> None:
-        from txstream.task.publish import STALE_PLAN, PoisonRecordError, publish_dead_letter
-
-        driver = self.driver
-        if not driver.settings.dead_letter_topic:
-            raise PoisonRecordError(
-                f"record {plan.topic}[{plan.partition}]@{offset} failed in the transform: {message}. "
-                "Declare a dead_letter_topic on the processor (or --dead-letter-topic) to set such "
-                "records aside; nothing from this record on was published.")
-        record = self._raw_record(plan, offset, message)
-        committed = driver.membership.committed([TopicPartition(plan.topic, plan.partition)])
-        current = committed.get((plan.topic, plan.partition))
-        spec = driver._publish_spec([plan], driver.membership.group_metadata())
-        status = publish_dead_letter(spec, replace(plan, committed=current).to_dict(), record, driver.membership)
-        if status == STALE_PLAN:
-            raise RuntimeError(f"{plan.topic}[{plan.partition}] moved on while isolating offset {offset}")
-
-    def _raw_record(self, plan: PartitionPlan, offset: int, message: str, timeout: float = 30) -> tuple:
-        s = self.driver.settings
-        consumer = Consumer({"bootstrap.servers": s.bootstrap_servers, "group.id": f"{s.app_id}-poison-{uuid.uuid4().hex[:6]}",
-                             "isolation.level": "read_committed", "enable.auto.commit": False,
-                             **{k: v for k, v in s.consumer_config.items() if k.startswith(("security.", "sasl.", "ssl."))}})
-        consumer.assign([TopicPartition(plan.topic, plan.partition, offset)])
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                msg = consumer.poll(0.5)
-                if msg is None or msg.error():
-                    continue
-                if msg.offset() == offset:
-                    return (msg.key(), msg.value(), msg.headers(), msg.timestamp()[1], offset, "transform", message)
-        finally:
-            consumer.close()
-        raise TimeoutError(f"could not read {plan.topic}[{plan.partition}]@{offset} to dead-letter it")
+    def _dry(self, plans: list[PartitionPlan]) -> DataError | None:
+        """A dry run: None when it computes, the DataError when a row fails; any other failure
+        (the machinery's) is raised."""
+        self.dry_runs += 1
+        error = self.target.dry_run(plans)
+        if error is None or isinstance(error, DataError):
+            return error
+        raise error

@@ -212,3 +212,27 @@ def test_a_raising_udf_dead_letters_one_record(bootstrap_servers, make_topic, ru
     assert h[hdr.DLQ_STAGE] == b"transform", h
     assert b"ValueError" in h[hdr.DLQ_ERROR], h
     assert h[hdr.SOURCE_TOPIC] == source.encode() and hdr.SOURCE_OFFSET in h, h
+
+
+class CastsToInt(Processor):
+    """Spark's own row-level error: under ANSI mode (Spark 4's default) a cast of 'x' to int
+    fails the task with CAST_INVALID_INPUT."""
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        number = F.col("value").cast("string").cast("int")
+        return batch.select("key", (number * 2).cast("string").alias("value"), "offset")
+
+
+@pytest.mark.transform_errors
+def test_a_spark_row_level_error_dead_letters_one_record(bootstrap_servers, make_topic, run_processor, spark):
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+    source, output, dead = make_topic("in"), make_topic("out"), make_topic("dlq")
+    records = [(f"k{i}".encode(), str(i).encode()) for i in range(20)]
+    records.insert(7, (b"bad", b"not-a-number"))
+    produce(bootstrap_servers, source, records)
+    driver = run_processor(CastsToInt, inputs=[source], output=output, dead_letter=dead, max_consecutive_failures=1)
+    assert driver.exit_code == 0, driver.lines
+    assert sorted(int(r.value) for r in read_all(bootstrap_servers, output)) == [2 * i for i in range(20)]
+    letters = read_all(bootstrap_servers, dead)
+    assert [(r.key, r.value) for r in letters] == [(b"bad", b"not-a-number")], letters
+    assert b"CAST_INVALID_INPUT" in letters[0].headers[hdr.DLQ_ERROR], letters[0].headers

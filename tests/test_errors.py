@@ -1,0 +1,92 @@
+"""The error taxonomy (txstream/errors.py): Kafka errors classified once by librdkafka's flags,
+Python tracebacks that crossed Py4J read once, and the decision taken by type alone."""
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from txstream import errors as E
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (KafkaError(KafkaError._FENCED, "fenced", fatal=True), E.FencedError),
+    (KafkaError(KafkaError.PRODUCER_FENCED, "fenced"), E.FencedError),
+    (KafkaError(KafkaError.INVALID_PRODUCER_EPOCH, "epoch"), E.FencedError),
+    (KafkaError(KafkaError._INCONSISTENT, "fatal", fatal=True), E.FatalKafkaError),
+    (KafkaError(KafkaError.INVALID_TXN_STATE, "abort", txn_requires_abort=True), E.AbortableError),
+    (KafkaError(KafkaError.NOT_COORDINATOR, "moved"), E.TransientKafkaError),
+    (KafkaError(KafkaError._TRANSPORT, "down", retriable=True), E.TransientKafkaError),
+    (KafkaError(KafkaError._ALL_BROKERS_DOWN, "all down"), E.KafkaUnreachable),
+    (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), E.KafkaFailure),
+])
+def test_kafka_errors_are_classified_by_their_flags(error, expected) -> None:
+    classified = E.classify_kafka(KafkaException(error), "commit_transaction")
+    assert type(classified) is expected
+    assert classified.kafka_error is error and classified.code == error.code()
+    assert str(classified).startswith("commit_transaction: ")
+    assert E.kafka_error_of(classified) is error
+
+
+def test_decisions_are_taken_by_type() -> None:
+    assert E.decide(E.OutputError("x")) is E.Decision.STOP
+    assert E.decide(E.SchemaError("x")) is E.Decision.STOP
+    assert E.decide(E.FatalKafkaError("x")) is E.Decision.STOP
+    assert E.decide(E.DataError("x")) is E.Decision.ISOLATE
+    for retried in (E.InfrastructureError("x"), E.BatchTimeout("x"), E.FencedError("x"),
+                    E.AbortableError("x"), E.TransientKafkaError("x"), E.KafkaFailure("x")):
+        assert E.decide(retried) is E.Decision.RETRY, retried
+    from txstream.faults import InjectedFault
+
+    assert E.decide(E.understand(InjectedFault("x"))) is E.Decision.RETRY
+    assert isinstance(E.understand(KeyError("k")), E.InfrastructureError)
+
+
+UDF_TRACEBACK = '''An exception was thrown from the Python worker. Please see the stack trace below.
+Traceback (most recent call last):
+  File "/srv/app/processors/orders.py", line 12, in checked
+    raise ValueError(f"cannot handle {value!r}")
+ValueError: cannot handle b'x'
+second line of the message
+
+\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:624)
+'''
+
+SETUP_TRACEBACK = '''Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/pyspark/worker.py", line 1931, in main
+    func, profiler, deserializer, serializer = read_udfs(pickleSer, infile, eval_type)
+  File "/venv/lib/python3.11/site-packages/pyspark/serializers.py", line 483, in loads
+    return cloudpickle.loads(obj, encoding=encoding)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+ModuleNotFoundError: No module named 'orders'
+'''
+
+OWN_TRACEBACK = '''Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/txstream/task/publish.py", line 80, in publish_partition
+    raise OutputError(...)
+txstream.errors.OutputError: output topic 'x' does not exist
+'''
+
+
+def test_python_tracebacks_are_read_once() -> None:
+    exc_type, message, frames = E.parse_python_traceback(UDF_TRACEBACK)
+    assert exc_type == "ValueError"
+    assert message == "cannot handle b'x'\nsecond line of the message"
+    assert frames == ["/srv/app/processors/orders.py"]
+    assert E.parse_python_traceback(SETUP_TRACEBACK)[0] == "ModuleNotFoundError"
+    assert E.parse_python_traceback(OWN_TRACEBACK)[:2] == ("txstream.errors.OutputError",
+                                                           "output topic 'x' does not exist")
+    assert E.parse_python_traceback("no traceback here") == (None, "", [])
+
+
+def test_remote_failures_name_their_kind() -> None:
+    udf = E.RemoteFailure("ValueError", "bad", ["/srv/app/processors/orders.py"])
+    setup = E.RemoteFailure("ModuleNotFoundError", "no module", ["/venv/site-packages/pyspark/worker.py"])
+    engine = E.RemoteFailure("KeyError", "k", ["/venv/site-packages/txstream/task/reading.py"])
+    own = E.RemoteFailure("txstream.errors.OutputError", "topic")
+    assert udf.raised_in_user_code and not setup.raised_in_user_code and not engine.raised_in_user_code
+    assert own.txstream_type is E.OutputError and udf.txstream_type is None
+
+
+def test_one_line_keeps_a_user_errors_words() -> None:
+    assert E.one_line(E.GroupActiveError("group g is Stable:\n  member m")) == "group g is Stable:\n  member m"
+    assert E.one_line(E.InfrastructureError("Traceback (most recent call last):\nboom")) == "boom"

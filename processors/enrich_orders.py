@@ -1,4 +1,4 @@
-"""The order enricher of DESIGN.md: Avro in, filter, computed columns, Avro out."""
+"""The order enricher (the README's example): Avro in, filter, computed columns, Avro out."""
 from pyspark.sql import DataFrame, functions as F
 
 from txstream import Processor

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--mode", default="throughput")
     args = ap.parse_args(argv)
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # before the session starts (see DESIGN.md)
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # before the session starts (Spark starts workers with the bare python3 otherwise)
 
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F

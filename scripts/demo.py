@@ -71,6 +71,13 @@ def start_processor(bootstrap: str, log: Path) -> subprocess.Popen:
         cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def show_batches(log: Path) -> None:
+    """One run's batch lines, under that run's heading (each run has its own log)."""
+    for line in log.read_text().splitlines():
+        if line.startswith(("batch ", "caught up")):
+            say("   | " + line)
+
+
 def main() -> int:
     port = int(os.environ.get("DEMO_PORT") or free_port_block(1))
     data_dir = tempfile.mkdtemp(prefix="txstream-demo-")
@@ -80,7 +87,7 @@ def main() -> int:
     except BrokerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    log = Path(data_dir) / "processor.log"
+    first_log, second_log = Path(data_dir) / "processor-killed.log", Path(data_dir) / "processor-restarted.log"
     processor: subprocess.Popen | None = None
     try:
         say("\n1. The broker honours transactions:")
@@ -94,26 +101,26 @@ def main() -> int:
         say(f"\n2. Seeded {len(data)} Avro orders into '{INPUT}' ({PARTITIONS} partitions).")
 
         say("\n3. txstream run processors.enrich_orders:EnrichOrders --until-caught-up ...")
-        processor = start_processor(bootstrap, log)
+        processor = start_processor(bootstrap, first_log)
         deadline = time.monotonic() + 300
         while committed_total(bootstrap) < len(data) // 4:
             if processor.poll() is not None or time.monotonic() > deadline:
-                say(log.read_text()[-3000:])
+                say(first_log.read_text()[-3000:])
                 return 1
             time.sleep(0.2)
         done = committed_total(bootstrap)
         os.killpg(processor.pid, signal.SIGKILL)
         processor.wait()
+        say("   the first run printed:")
+        show_batches(first_log)
         say(f"   kill -9 of the processor (driver, JVM, Python workers) with {done} of {len(data)} "
             "input records committed; some of its output may be in open transactions.")
-        say("   restarting it ...")
-        processor = start_processor(bootstrap, log)
+        say("   restarting it ... the restarted run printed:")
+        processor = start_processor(bootstrap, second_log)
         if processor.wait(timeout=600) != 0:
-            say(log.read_text()[-3000:])
+            say(second_log.read_text()[-3000:])
             return 1
-        for line in log.read_text().splitlines():
-            if line.startswith(("batch ", "caught up")):
-                say("   | " + line)
+        show_batches(second_log)
 
         say(f"\n4. What a read_committed consumer of '{OUTPUT}' sees:")
         codec = AvroCodec(load_schema(str(ROOT / "schemas/order_enriched.avsc")))

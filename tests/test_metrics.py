@@ -1,0 +1,156 @@
+"""Operations (issue 16): `/metrics` scraped during a run agrees with what the run did, and the
+JSON log lines carry the same counts.
+
+Runs the order enricher in the session's Spark against the real broker, the driver on a thread
+of its own (as `txstream run` would, minus the process), its endpoint on a free port.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from processors.enrich_orders import EnrichOrders
+from processors.sample_orders import enriched, orders
+from tests.kafka_helpers import avro_bytes, committed, produce, read_all
+from txstream.serde.avro import load_schema
+from txstream.tools.topic_io import end_offsets
+
+REPO = Path(__file__).resolve().parents[1]
+ORDER = load_schema(str(REPO / "schemas/order.avsc"))
+
+
+def scrape(port: int) -> dict[str, list]:
+    """name -> [(labels, value)] of every sample the endpoint serves."""
+    with urllib.request.urlopen(f"http://localhost:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, list] = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name].append((sample.labels, sample.value))
+    return samples
+
+
+def total(samples: dict[str, list], name: str, **labels: str) -> float:
+    return sum(v for l, v in samples.get(name, []) if all(l.get(k) == w for k, w in labels.items()))
+
+
+def wait_for(condition, timeout: float, what: str, every: float = 0.5, state=lambda: ""):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; {state()}")
+
+
+def seed(bootstrap: str, topic: str, partitions: int, count: int, bad: int) -> tuple[int, int]:
+    """`count` orders over the partitions and `bad` undecodable records on partition 0.
+    Returns (records the transform gets, records EnrichOrders publishes)."""
+    good = list(orders(count, seed=16))
+    for p in range(partitions):
+        produce(bootstrap, topic, [(o["id"].encode(), avro_bytes(ORDER, o)) for o in good[p::partitions]],
+                partition=p)
+    produce(bootstrap, topic, [(f"bad-{i}".encode(), b"\xff" * 12) for i in range(bad)], partition=0)
+    return count, sum(enriched(o) is not None for o in good)
+
+
+def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_topic, spark) -> None:
+    from txstream.driver.loop import Driver
+    from txstream.settings import resolve
+
+    partitions, bad = 3, 2
+    source = make_topic("orders", partitions)
+    output = make_topic("orders-enriched", partitions)
+    dead = make_topic("orders-dlq", 1)
+    decoded, expected_out = seed(bootstrap_servers, source, partitions, 900, bad)
+    app = f"test-metrics-{source[-8:]}"
+    settings = resolve(EnrichOrders, bootstrap_servers=bootstrap_servers, master="local[2]", app_id=app,
+                       inputs=[source], output=output, dead_letter=dead, max_records_per_partition=120,
+                       metrics_port=0, metrics_address="127.0.0.1", log_format="json")
+    lines: list[str] = []
+    driver = Driver(settings, echo=lines.append, spark=spark)
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(code=driver.run()), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: driver.telemetry.port, 120, "the metrics endpoint")
+        port = driver.telemetry.port
+
+        def caught_up():  # noqa: ANN202
+            s = scrape(port)
+            lags = s.get("txstream_partition_lag_records", [])
+            done = (total(s, "txstream_records_in_total", app=app) >= decoded and len(lags) == partitions
+                    and all(v == 0 for _l, v in lags))
+            return s if done else None
+
+        def state() -> str:
+            s = scrape(port)
+            return (f"in {total(s, 'txstream_records_in_total')}, lag {s.get('txstream_partition_lag_records')}; "
+                    f"last lines: {lines[-6:]}")
+
+        s = wait_for(caught_up, 300, "every record in and the lag at 0", state=state)
+        # Scraped while the run goes on (idle, caught up).
+        assert thread.is_alive(), outcome
+        assert total(s, "txstream_records_in_total", app=app, guarantee="exactly-once") == decoded
+        assert total(s, "txstream_records_out_total", app=app) == expected_out
+        assert total(s, "txstream_dead_letters_total", app=app, stage="decode") == bad
+        assert total(s, "txstream_dead_letters_total", app=app, topic=source, partition="0") == bad
+        assert total(s, "txstream_records_in_total", app=app, topic=source, partition="1") == 300
+        batches = total(s, "txstream_batches_total", app=app)
+        assert batches >= 900 / partitions / 120  # capped: several batches
+        assert total(s, "txstream_batch_duration_seconds_count", app=app) == batches
+        committed_tx = total(s, "txstream_transactions_total", app=app, outcome="committed")
+        assert committed_tx >= batches and total(s, "txstream_transactions_total", outcome="aborted") == 0
+        assert total(s, "txstream_stage_duration_seconds_count", stage="read") == committed_tx
+        assert total(s, "txstream_fenced_producers_total", app=app) == 0
+        assert total(s, "txstream_assigned_partitions", app=app) == partitions
+        assert total(s, "txstream_rebalances_total", app=app) >= 1
+        assert total(s, "txstream_batch_cap_records", app=app) == 120
+        assert total(s, "txstream_transaction_timeout_seconds", app=app) == 60
+        # The partition offsets the endpoint shows are the group's.
+        ends = {p: end for p, (_low, end) in end_offsets(bootstrap_servers, source, "read_committed").items()}
+        assert committed(bootstrap_servers, app, source, partitions) == ends
+        for p, end in ends.items():
+            assert total(s, "txstream_partition_committed_offset", topic=source, partition=str(p)) == end
+            assert total(s, "txstream_partition_last_stable_offset", topic=source, partition=str(p)) == end
+        wait_for(lambda: len(scrape(port).get("txstream_partition_log_end_lag_records", [])) == partitions
+                 and total(scrape(port), "txstream_partition_log_end_lag_records") == 0, 30,
+                 "the log-end lag at 0")
+        # ... and with what reached Kafka.
+        assert len(read_all(bootstrap_servers, output)) == expected_out
+        assert len(read_all(bootstrap_servers, dead)) == bad
+    finally:
+        driver.stop_requested.set()
+        thread.join(120)
+    assert not thread.is_alive() and outcome.get("code") == 0, lines[-5:]
+
+    # The JSON lines: every line parses, and the batch objects carry the same counts.
+    events = [json.loads(line) for line in lines]
+    assert all(e["app"] == app and "time" in e for e in events)
+    kinds = {e["event"] for e in events}
+    assert {"metrics", "assigned", "batch", "dead_letter", "stopped"} <= kinds, kinds
+    per_batch = [e for e in events if e["event"] == "batch"]
+    assert len(per_batch) == batches
+    assert sum(e["records_in"] for e in per_batch) == decoded
+    assert sum(e["records_out"] for e in per_batch) == expected_out
+    assert sum(e["dead_letters"] for e in per_batch) == bad
+    assert sum(e["transactions_committed"] for e in per_batch) == committed_tx
+    assert sum(e["count"] for e in events if e["event"] == "dead_letter") == bad
+    assert per_batch[-1]["lag"] == 0 and per_batch[-1]["totals"]["records_in"] == decoded
+    stopped = next(e for e in events if e["event"] == "stopped")
+    assert (stopped["records_in"], stopped["records_out"], stopped["dead_letters"]) == (decoded, expected_out, bad)
+    assigned = [p for e in events if e["event"] == "assigned" for p in e["partitions"]]
+    assert sorted(assigned) == sorted(f"{source}[{p}]" for p in range(partitions))
+    # The endpoint is gone with the run.
+    try:
+        scrape(port)
+        raise AssertionError("the metrics endpoint outlived the run")
+    except OSError:
+        pass

@@ -123,6 +123,11 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
         wait_for(lambda: len(scrape(port).get("txstream_partition_log_end_lag_records", [])) == partitions
                  and total(scrape(port), "txstream_partition_log_end_lag_records") == 0, 30,
                  "the log-end lag at 0")
+        # Idle, the loop keeps planning: the lag it shows is current, not the last batch's.
+        planned = total(s, "txstream_last_plan_timestamp_seconds", app=app)
+        wait_for(lambda: total(scrape(port), "txstream_last_plan_timestamp_seconds", app=app) > planned, 30,
+                 "an idle turn to plan again")
+        assert total(scrape(port), "txstream_batches_total", app=app) == batches
         # ... and with what reached Kafka.
         assert len(read_all(bootstrap_servers, output)) == expected_out
         assert len(read_all(bootstrap_servers, dead)) == bad

@@ -281,6 +281,7 @@ class Driver:
                     self.echo(warning)
                 planner.warnings.clear()
                 if not plans:
+                    self.telemetry.idle(planner.marks)
                     self._idle(idle)
                     idle = min(idle * 2, s.idle_backoff_max_s)
                     continue

@@ -34,6 +34,9 @@ LOG_FORMATS = (HUMAN, JSON)
 # send_offsets+commit (or the acknowledgements); init_transactions (fresh producers only).
 STAGES = ("read", "upstream", "produce", "commit", "init_transactions")
 STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# While idle the log end is asked this seldom (every batch asks): an input transaction left open
+# shows as log-end lag with a last-stable lag of 0.
+LOG_END_EVERY_S = 5.0
 BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
@@ -92,6 +95,7 @@ class Telemetry:
         self._server = None
         self.port: int | None = None    # the port bound (metrics_port 0 picks a free one)
         self._log_end: dict[tuple[str, int], int] = {}
+        self._log_end_asked = 0.0
         self._position: dict[tuple[str, int], int] = {}
         self.registry = r = CollectorRegistry()
         part = ["app", "guarantee", "topic", "partition"]
@@ -129,6 +133,8 @@ class Telemetry:
                          "stay inside transaction.timeout.ms)", ["app"], registry=r)
         self.timeout = Gauge("txstream_transaction_timeout_seconds", "transaction.timeout.ms of the task "
                              "producers, in seconds", ["app"], registry=r)
+        self.last_plan = Gauge("txstream_last_plan_timestamp_seconds", "When the loop last planned (Unix time; "
+                               "every batch and every idle turn plans)", ["app"], registry=r)
         self.last_batch = Gauge("txstream_last_batch_timestamp_seconds", "When the last batch finished (Unix "
                                 "time)", ["app"], registry=r)
         self.info = Gauge("txstream_info", "One per running instance", ["app", "guarantee"], registry=r)
@@ -257,7 +263,7 @@ class Telemetry:
         return failed
 
     def _lags(self, marks: dict[tuple[str, int], Watermarks] | None,
-              positions: dict[tuple[str, int], int]) -> dict[str, int]:
+              positions: dict[tuple[str, int], int], ask_log_end: bool = True) -> dict[str, int]:
         """Per owned partition: last stable offset (at planning) minus where the group now is."""
         if not marks:
             return {}
@@ -272,9 +278,19 @@ class Telemetry:
             self.committed.labels(self.app, topic, partition).set(position)
             self.last_stable.labels(self.app, topic, partition).set(mark.last_stable)
             out[f"{key[0]}[{key[1]}]"] = lag
-        if self._server is not None:
+        self.last_plan.labels(self.app).set(time.time())
+        if self._server is not None and (ask_log_end or time.monotonic() - self._log_end_asked > LOG_END_EVERY_S):
+            self._log_end_asked = time.monotonic()
             self._ask_log_end(list(marks))
         return out
+
+    def idle(self, marks: dict[tuple[str, int], Watermarks]) -> None:
+        """A turn of the loop with nothing to do: every owned partition is at its last stable
+        offset (lag 0), and the loop is alive. No line is printed."""
+        membership = self.driver.membership
+        owned = {(tp.topic, tp.partition) for tp in membership.owned()} if membership else set()
+        # With nothing owned the planner did not run: its last watermarks are of partitions gone.
+        self._lags({k: m for k, m in marks.items() if k in owned}, {}, ask_log_end=False)
 
     def _ask_log_end(self, keys: list[tuple[str, int]]) -> None:
         """The log end offsets (read_uncommitted), asked without waiting: the gauges are set when

@@ -33,7 +33,7 @@ from txstream.serde.avro import check_struct_fits
 from txstream.settings import RunSettings
 from txstream.spark.session import build_spark, warm_python_workers
 from txstream.errors import (BatchTimeout, DataError, Decision, InfrastructureError, PoisonRecordError, TransformError,
-                             TxstreamError, decide, one_line, understand)
+                             TxstreamError, decide, one_line, topic_missing, understand)
 
 log = logging.getLogger("txstream")
 
@@ -203,10 +203,9 @@ class Driver:
         wanted = [("input", t) for t in s.input_topics]
         wanted += [("output", s.output_topic)] if s.output_topic else []
         wanted += [("dead-letter", s.dead_letter_topic)] if s.dead_letter_topic else []
-        missing = [f"{role} topic {name!r}" for role, name in wanted if name not in known]
+        missing = [(role, name) for role, name in wanted if name not in known]
         if missing:
-            raise TransformError(f"{', '.join(missing)} does not exist on {s.bootstrap_servers}; "
-                                 "create it first (txstream never auto-creates topics).")
+            raise TransformError(topic_missing(*missing[0], s.bootstrap_servers, missing[1:]))
 
     def validate(self) -> None:
         """Refuse a wide transform or an unpublishable output before anything is read."""

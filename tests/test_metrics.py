@@ -1,5 +1,7 @@
 """Operations (issue 16): `/metrics` scraped during a run agrees with what the run did, and the
-JSON log lines carry the same counts.
+JSON log lines carry the same counts; `txstream status` shows the same offsets, the last
+publications (from the output's lineage headers) and the live figures, and, once the run has
+stopped, the offsets and publications from Kafka alone.
 
 Runs the order enricher in the session's Spark against the real broker, the driver on a thread
 of its own (as `txstream run` would, minus the process), its endpoint on a free port.
@@ -13,11 +15,14 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
 from tests.kafka_helpers import avro_bytes, committed, produce, read_all
+from txstream.cli.main import main
+from txstream.kafka import headers as hdr
 from txstream.serde.avro import load_schema
 from txstream.tools.topic_io import end_offsets
 
@@ -48,6 +53,28 @@ def wait_for(condition, timeout: float, what: str, every: float = 0.5, state=lam
             return last
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; {state()}")
+
+
+def status(bootstrap: str, app: str, output: str, metrics_url: str | None) -> dict:
+    """`txstream status --json`, parsed."""
+    args = ["status", "--app-id", app, "--bootstrap-servers", bootstrap, "--output", output, "--json"]
+    result = CliRunner().invoke(main, args + (["--metrics-url", metrics_url] if metrics_url else []))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def check_offsets(shown: dict, source: str, ends: dict[int, int], published: list) -> None:
+    """Status rows agree with the group's offsets and with the output's lineage headers."""
+    rows = {p["partition"]: p for p in shown["partitions"] if p["topic"] == source}
+    assert sorted(rows) == sorted(ends)
+    for p, end in ends.items():
+        assert (rows[p]["committed"], rows[p]["last_stable"], rows[p]["lag"]) == (end, end, 0), rows[p]
+        newest = max((r for r in published if int(r.headers[hdr.SOURCE_PARTITION]) == p),
+                     key=lambda r: int(r.headers[hdr.SOURCE_OFFSET]))
+        last = rows[p]["last_publication"]
+        assert last["source_offset"] == int(newest.headers[hdr.SOURCE_OFFSET]), last
+        assert last["publication"] == newest.headers[hdr.PUBLICATION].decode(), last
+        assert last["output"].endswith(f"[{newest.partition}]@{newest.offset}"), last
 
 
 def seed(bootstrap: str, topic: str, partitions: int, count: int, bad: int) -> tuple[int, int]:
@@ -129,8 +156,18 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
                  "an idle turn to plan again")
         assert total(scrape(port), "txstream_batches_total", app=app) == batches
         # ... and with what reached Kafka.
-        assert len(read_all(bootstrap_servers, output)) == expected_out
+        published = read_all(bootstrap_servers, output)
+        assert len(published) == expected_out
         assert len(read_all(bootstrap_servers, dead)) == bad
+        # `txstream status` while it runs: the group, the offsets, the last publications, live figures.
+        live = status(bootstrap_servers, app, output, f"http://localhost:{port}/metrics")
+        assert live["state"] == "Stable" and len(live["members"]) == 1
+        assert sorted(live["members"][0]["partitions"]) == sorted(f"{source}[{p}]" for p in range(partitions))
+        check_offsets(live, source, ends, published)
+        assert all(p["owner"] == live["members"][0]["member_id"] and p["live_lag"] == 0 for p in live["partitions"])
+        figures = live["live"]
+        assert (figures["records_in"], figures["records_out"], figures["dead_letters"]) == (decoded, expected_out, bad)
+        assert (figures["lag"], figures["assigned_partitions"], figures["batches"]) == (0, partitions, batches)
     finally:
         driver.stop_requested.set()
         thread.join(120)
@@ -153,6 +190,15 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
     assert (stopped["records_in"], stopped["records_out"], stopped["dead_letters"]) == (decoded, expected_out, bad)
     assigned = [p for e in events if e["event"] == "assigned" for p in e["partitions"]]
     assert sorted(assigned) == sorted(f"{source}[{p}]" for p in range(partitions))
+    # `txstream status` with no instance running: the same offsets and publications, from Kafka.
+    after = status(bootstrap_servers, app, output, None)
+    assert after["state"] == "Empty" and after["members"] == [] and after["live"] is None
+    check_offsets(after, source, ends, published)
+    text = CliRunner().invoke(main, ["status", "--app-id", app, "--bootstrap-servers", bootstrap_servers,
+                                     "--output", output])
+    assert text.exit_code == 0, text.output
+    assert f"App {app}: group Empty, 0 member(s)" in text.stdout
+    assert f"Lineage: read the last 1000 offsets of each of the {partitions} partitions of {output}" in text.stdout
     # The endpoint is gone with the run.
     try:
         scrape(port)

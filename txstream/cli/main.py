@@ -228,12 +228,14 @@ def consume(topic: str, bootstrap_servers: str, value_schema: str | None, isolat
 
 # Command groups that live in modules of their own.
 from txstream.cli.offsets import offsets  # noqa: E402
+from txstream.cli.status import status  # noqa: E402
 from txstream.cli.topics import topics  # noqa: E402
 from txstream.cli.verify import verify  # noqa: E402
 
 main.add_command(offsets)
 main.add_command(verify)
 main.add_command(topics)
+main.add_command(status)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,7 @@ of its own (as `txstream run` would, minus the process), its endpoint on a free 
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import urllib.request
@@ -75,6 +76,44 @@ def check_offsets(shown: dict, source: str, ends: dict[int, int], published: lis
         assert last["source_offset"] == int(newest.headers[hdr.SOURCE_OFFSET]), last
         assert last["publication"] == newest.headers[hdr.PUBLICATION].decode(), last
         assert last["output"].endswith(f"[{newest.partition}]@{newest.offset}"), last
+
+
+def kafka_consumer_groups(bootstrap: str, group: str) -> dict[tuple[str, int], dict[str, str]]:
+    """`kafka-consumer-groups --describe --group G`: Kafka's own ConsumerGroupCommand, run from the
+    broker jars the project resolves; its table by (topic, partition)."""
+    from txstream.local.cluster import _require_java, kafka_libs
+
+    proc = subprocess.run([_require_java(), "-cp", str(kafka_libs() / "*"),
+                           "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                           "--bootstrap-server", bootstrap, "--describe", "--group", group],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line.split() for line in proc.stdout.splitlines() if line.strip()]
+    header = next(i for i, cells in enumerate(lines) if cells[:2] == ["GROUP", "TOPIC"])
+    names = lines[header]
+    rows = [dict(zip(names, cells)) for cells in lines[header + 1:] if cells and cells[0] == group]
+    return {(r["TOPIC"], int(r["PARTITION"])): r for r in rows}
+
+
+def agree_with_kafka_tools(bootstrap: str, app: str, source: str, shown: dict, running: bool) -> None:
+    """Kafka's tool, `txstream offsets show` and `txstream status` show the same offsets and lag.
+    (Kafka's LAG is to the log end, txstream's to the last stable offset: equal here, where no
+    input transaction is open.)"""
+    kafka = kafka_consumer_groups(bootstrap, app)
+    ours = {(p["topic"], p["partition"]): p for p in shown["partitions"]}
+    assert set(kafka) == set(ours), (kafka, ours)
+    result = CliRunner().invoke(main, ["offsets", "show", "--app-id", app, "--bootstrap-servers", bootstrap])
+    assert result.exit_code == 0, result.output
+    table = [line.split() for line in result.stdout.splitlines() if line.startswith(source)]
+    show = {(cells[0], int(cells[1])): cells for cells in table}
+    assert set(show) == set(kafka), result.stdout
+    for key, row in kafka.items():
+        mine = ours[key]
+        assert int(row["CURRENT-OFFSET"]) == mine["committed"] == int(show[key][2]), (row, mine, show[key])
+        assert int(row["LOG-END-OFFSET"]) == mine["log_end"] == int(show[key][3]), (row, mine, show[key])
+        assert int(row["LAG"]) == mine["lag"] == int(show[key][5]), (row, mine, show[key])
+        # Kafka names the member that owns the partition while the instance runs, '-' after.
+        assert (row["CONSUMER-ID"] == mine["owner"]) if running else row["CONSUMER-ID"] == "-", (row, mine)
 
 
 def seed(bootstrap: str, topic: str, partitions: int, count: int, bad: int) -> tuple[int, int]:
@@ -168,6 +207,8 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
         figures = live["live"]
         assert (figures["records_in"], figures["records_out"], figures["dead_letters"]) == (decoded, expected_out, bad)
         assert (figures["lag"], figures["assigned_partitions"], figures["batches"]) == (0, partitions, batches)
+        # Kafka's own kafka-consumer-groups --describe and `txstream offsets show` agree with it.
+        agree_with_kafka_tools(bootstrap_servers, app, source, live, running=True)
     finally:
         driver.stop_requested.set()
         thread.join(120)
@@ -194,6 +235,7 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
     after = status(bootstrap_servers, app, output, None)
     assert after["state"] == "Empty" and after["members"] == [] and after["live"] is None
     check_offsets(after, source, ends, published)
+    agree_with_kafka_tools(bootstrap_servers, app, source, after, running=False)
     text = CliRunner().invoke(main, ["status", "--app-id", app, "--bootstrap-servers", bootstrap_servers,
                                      "--output", output])
     assert text.exit_code == 0, text.output

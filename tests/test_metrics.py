@@ -9,7 +9,9 @@ of its own (as `txstream run` would, minus the process), its endpoint on a free 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -231,6 +233,10 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
     assert (stopped["records_in"], stopped["records_out"], stopped["dead_letters"]) == (decoded, expected_out, bad)
     assigned = [p for e in events if e["event"] == "assigned" for p in e["partitions"]]
     assert sorted(assigned) == sorted(f"{source}[{p}]" for p in range(partitions))
+    # The Spark UI lists each batch's job as the batch lines name it.
+    store = spark.sparkContext._jsc.sc().statusStore()
+    [job] = spark.sparkContext.statusTracker().getJobIdsForGroup(f"txstream-{app}-batch-1")
+    assert store.job(job).description().get() == f"txstream {app} batch 1 ({partitions} partitions, 360 records)"
     # `txstream status` with no instance running: the same offsets and publications, from Kafka.
     after = status(bootstrap_servers, app, output, None)
     assert after["state"] == "Empty" and after["members"] == [] and after["live"] is None
@@ -247,3 +253,24 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
         raise AssertionError("the metrics endpoint outlived the run")
     except OSError:
         pass
+
+
+def test_txstream_run_json_lines_and_the_missing_topic_error(bootstrap_servers, make_topic) -> None:
+    """`txstream run --log-format json --metrics-port 0`: txstream's lines are JSON objects (the
+    endpoint's URL first, the fatal error last; Spark's own log lines are not txstream's), and the
+    error names `txstream topics ensure`."""
+    source = make_topic("in", 1)
+    missing = f"no-such-output-{source[-8:]}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "txstream.cli", "run", "processors.passthrough:PassThrough", "--bootstrap-servers",
+         bootstrap_servers, "--input", source, "--output", missing, "--master", "local[1]",
+         "--log-format", "json", "--metrics-port", "0", "--metrics-address", "127.0.0.1"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("{")]
+    events = [json.loads(line) for line in lines]
+    assert [e["event"] for e in events][0] == "metrics" and events[-1]["event"] == "fatal", events
+    assert events[0]["url"].startswith("http://127.0.0.1:")
+    assert events[-1]["error_type"] == "TransformError"
+    assert f"output topic '{missing}' does not exist" in events[-1]["error"]
+    assert "txstream topics ensure PROCESSOR" in proc.stderr.splitlines()[-1]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -56,6 +56,14 @@ def failed_task_attempts(spark, job_group: str) -> int:  # noqa: ANN001 - SparkS
             stage = tracker.getStageInfo(stage_id)
             failed += stage.numFailedTasks if stage is not None else 0
     return failed
+
+
+class _Series(NamedTuple):
+    records_in: Any
+    records_out: Any
+    lag: Any
+    committed: Any
+    last_stable: Any
 
 
 class _Live:
@@ -142,8 +150,9 @@ class Telemetry:
         self.info.labels(self.app, self.guarantee).set(1)
         self.timeout.labels(self.app).set(s.transaction_timeout_s)
         self.cap.labels(self.app).set(s.max_records_per_partition)
-        for stage in STAGES:   # every stage listed from the start, even before its first observation
-            self.stage_seconds.labels(self.app, stage)
+        # Every stage listed from the start, even before its first observation.
+        self._stages = {stage: self.stage_seconds.labels(self.app, stage) for stage in STAGES}
+        self._by_partition: dict[tuple[str, int], _Series] = {}
         for outcome in ("committed", "aborted"):
             self.transactions.labels(self.app, outcome)
         self.fenced.labels(self.app)
@@ -196,9 +205,10 @@ class Telemetry:
         for row in report.rows:
             plan = report.plans[int(row["index"])]
             topic, partition = plan.topic, str(plan.partition)
+            series = self._series((plan.topic, plan.partition))
             n_in, n_out, n_dead = int(row["records_in"]), int(row["records_out"]), int(row["dead_letters"])
-            self.records_in.labels(app, g, topic, partition).inc(n_in)
-            self.records_out.labels(app, g, topic, partition).inc(n_out)
+            series.records_in.inc(n_in)
+            series.records_out.inc(n_out)
             if n_dead:
                 # Only the reader's undecodable records come with the rows; the transform's are
                 # counted by `event('dead_letter')` when the poison isolator sets one aside.
@@ -210,7 +220,7 @@ class Telemetry:
                 for stage, seconds in _stage_seconds(row).items():
                     slowest[stage] = max(slowest[stage], seconds)
                     if stage != "init_transactions" or seconds > 0:  # a reused producer did not init
-                        self.stage_seconds.labels(app, stage).observe(seconds)
+                        self._stages[stage].observe(seconds)
             positions[(plan.topic, plan.partition)] = (plan.end if status in (COMMITTED, ACKED, ALREADY_DONE)
                                                        else plan.start)
             if g == EXACTLY_ONCE:
@@ -247,6 +257,17 @@ class Telemetry:
         else:
             self._out(line)
 
+    def _series(self, key: tuple[str, int]) -> _Series:
+        """One partition's labelled series, looked up once (label lookups cost more than updates)."""
+        series = self._by_partition.get(key)
+        if series is None:
+            labels = (self.app, key[0], str(key[1]))
+            with_guarantee = (self.app, self.guarantee, key[0], str(key[1]))
+            series = self._by_partition[key] = _Series(
+                self.records_in.labels(*with_guarantee), self.records_out.labels(*with_guarantee),
+                self.lag.labels(*labels), self.committed.labels(*labels), self.last_stable.labels(*labels))
+        return series
+
     def _spark_retries(self, batch_id: int) -> int:
         """Spark's re-run task attempts of this batch's job (a few status calls; only when served)."""
         spark = self.driver.spark
@@ -269,14 +290,14 @@ class Telemetry:
             return {}
         out = {}
         for key, mark in marks.items():
-            topic, partition = key[0], str(key[1])
             # A partition the plan left out had nothing to do: the group is at its LSO.
             position = positions.get(key, mark.last_stable)
             self._position[key] = position
             lag = max(0, mark.last_stable - position)
-            self.lag.labels(self.app, topic, partition).set(lag)
-            self.committed.labels(self.app, topic, partition).set(position)
-            self.last_stable.labels(self.app, topic, partition).set(mark.last_stable)
+            series = self._series(key)
+            series.lag.set(lag)
+            series.committed.set(position)
+            series.last_stable.set(mark.last_stable)
             out[f"{key[0]}[{key[1]}]"] = lag
         self.last_plan.labels(self.app).set(time.time())
         if self._server is not None and (ask_log_end or time.monotonic() - self._log_end_asked > LOG_END_EVERY_S):
@@ -339,6 +360,7 @@ class Telemetry:
                 topic, _, partition = name.rpartition("[")
                 key = (topic, int(partition.rstrip("]")))
                 self._position.pop(key, None)
+                self._by_partition.pop(key, None)
                 self._log_end.pop(key, None)
                 for gauge in (self.lag, self.log_end_lag, self.committed, self.last_stable):
                     try:

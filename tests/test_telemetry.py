@@ -79,3 +79,20 @@ def test_human_format_prints_the_lines_as_they_are() -> None:
     assert value(t, "txstream_batch_retries_total", error="BatchTimeout") == 1
     assert value(t, "txstream_dead_letters_total", topic="orders", partition="0", stage="transform") == 1
     assert value(t, "txstream_partition_lag_records", topic="orders", partition="0") == 0
+
+
+def test_a_port_in_use_is_a_settings_error() -> None:
+    import socket
+
+    import pytest
+
+    from txstream.errors import SettingsError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = resolve(EnrichOrders, bootstrap_servers="localhost:1", app_id="app",
+                           metrics_port=taken.getsockname()[1], metrics_address="127.0.0.1")
+        t = Telemetry(SimpleNamespace(settings=settings, membership=None), print)
+        with pytest.raises(SettingsError, match="choose another --metrics-port"):
+            t.start()

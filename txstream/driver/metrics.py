@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from txstream.errors import SettingsError
 from txstream.task.publish import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -179,7 +180,11 @@ class Telemetry:
             return
         from prometheus_client import start_http_server
 
-        self._server, _thread = start_http_server(self.metrics_port, self.metrics_address, registry=self.registry)
+        try:
+            self._server, _thread = start_http_server(self.metrics_port, self.metrics_address, registry=self.registry)
+        except OSError as exc:
+            raise SettingsError(f"cannot serve metrics on {self.metrics_address}:{self.metrics_port} "
+                                f"({exc.strerror or exc}); choose another --metrics-port") from None
         self.port = self._server.server_address[1]
         host = "localhost" if self.metrics_address in ("0.0.0.0", "::", "") else self.metrics_address
         self.event("metrics", f"metrics at http://{host}:{self.port}/metrics", url=f"http://{host}:{self.port}/metrics")
@@ -312,6 +317,7 @@ class Telemetry:
         owned = {(tp.topic, tp.partition) for tp in membership.owned()} if membership else set()
         # With nothing owned the planner did not run: its last watermarks are of partitions gone.
         self._lags({k: m for k, m in marks.items() if k in owned}, {}, ask_log_end=False)
+        self.last_plan.labels(self.app).set(time.time())   # alive, even owning nothing (a standby)
 
     def _ask_log_end(self, keys: list[tuple[str, int]]) -> None:
         """The log end offsets (read_uncommitted), asked without waiting: the gauges are set when

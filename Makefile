@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test install kafka-jars spark-archive bench clean
+.PHONY: demo test soak install kafka-jars spark-archive bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ demo: kafka-jars spark-archive
 # pytest exits 5 when no test ran; make then fails like on any other non-zero exit.
 test: kafka-jars spark-archive
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The chaos soak at full size (issue 12): 1,000,000+ records, 56 processor bounces, 7 broker bounces
+# on 3 nodes, a read_committed checker throughout; a progress line per step. About an hour here.
+soak: kafka-jars spark-archive
+	TXSTREAM_SOAK=1 $(PY) -m pytest tests/chaos/test_soak.py -s $(PYTEST_ARGS)
 
 bench: kafka-jars spark-archive
 	$(PY) -m benchmarks $(BENCH_ARGS)

@@ -40,6 +40,7 @@ def _poison() -> dict[str, bytes | None]:
     return {
         "bad-avro": b"\xff" * 12,
         "truncated": good[: len(good) // 2],
+        "trailing-bytes": good + b"\x00\x00",          # a whole order, then 2 bytes of something else
         "wrong-schema": avro_bytes(WRONG, {"name": "Alice", "age": 41, "tags": ["a", "b", "c"]}),
         "empty": b"",
         "null": None,
@@ -126,6 +127,7 @@ def test_poison_records_go_to_the_dead_letter_topic(bootstrap_servers, make_topi
         assert int(r.headers[hdr.SOURCE_OFFSET]) == offset, (kind, r.headers)
         assert r.headers[hdr.DLQ_STAGE] == b"decode", (kind, r.headers)
         assert r.headers.get(hdr.DLQ_ERROR), (kind, r.headers)
+    assert b"2 bytes left after the record ends" in by_kind["trailing-bytes"].headers[hdr.DLQ_ERROR]
 
     _check_outputs(bootstrap_servers, output, good)
     # Committed offsets advanced past the poison records: to the end of every partition.

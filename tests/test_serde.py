@@ -83,7 +83,7 @@ def test_a_bad_payload_still_fails_with_a_clear_error() -> None:
         decode(None)
     good = codec.encoder()(
         {"id": "a", "customer_id": "b", "amount": 1.0, "currency": "EUR", "created_at": 1, "items": 1, "note": None})
-    with pytest.raises(ValueError, match="trailing bytes"):
+    with pytest.raises(ValueError, match="1 byte left after the record ends"):
         decode(good + b"\x00")
     with pytest.raises(Exception):  # noqa: B017 - fastavro raises EOFError / StopIteration variants
         decode(good[:5])
@@ -263,3 +263,55 @@ def test_columns_the_batch_encoder_cannot_vouch_for_get_fastavro_and_its_errors(
         codec.encode_column(nulled)
     # A schema with an array field is never batch-decoded.
     assert AvroCodec(load_schema(json.dumps(NESTED)))._columnar_decoder is None
+
+
+SENSOR = {"type": "record", "name": "Reading", "fields": [
+    {"name": "sensor", "type": "string"}, {"name": "celsius", "type": "double"}]}
+ORDER_ITEMS = {"type": "record", "name": "Order", "fields": [   # arrays: the fastavro path
+    {"name": "id", "type": "string"}, {"name": "items", "type": {"type": "array", "items": "long"}}]}
+
+
+def test_bytes_left_after_the_record_are_a_decode_error_naming_how_many() -> None:
+    codec = AvroCodec(load_schema(json.dumps(SENSOR)))
+    # b"\x00\x01garbage" is itself a whole record: "" and the 8 bytes "\x01garbag" read as a double.
+    valid, longer = b"\x00\x01garbage", b"\x00\x01garbage!!!"
+    column, errors = codec.decode_column([valid, longer])
+    assert list(errors) == [1]
+    assert errors[1] == "ValueError: 3 bytes left after the record ends (written with another schema?)"
+    assert column.slice(0, 1).field(0).to_pylist() == [""]
+    lenient = AvroCodec(load_schema(json.dumps(SENSOR)), lenient_trailing_bytes=True)
+    column, errors = lenient.decode_column([valid, longer])
+    assert errors == {} and column.field(0).to_pylist() == ["", ""]
+    assert lenient.decode(longer) == lenient.decode(valid)
+
+
+@pytest.mark.parametrize("lenient", [False, True])
+def test_the_batch_path_and_fastavro_agree_on_random_trailing_bytes(lenient: bool) -> None:
+    import random
+
+    rnd = random.Random(11)
+    cases = [(_flat_codec(lenient_trailing_bytes=lenient), _flat_records(1200, seed=5)),
+             (AvroCodec(load_schema(json.dumps(ORDER_ITEMS)), lenient_trailing_bytes=lenient),
+              [{"id": f"o{i}", "items": list(range(i % 4))} for i in range(300)])]
+    for codec, records in cases:
+        encode = codec.encoder()
+        payloads = [encode(r) + bytes(rnd.randrange(256) for _ in range(rnd.choice([0, 0, 1, 2, 9])))
+                    for r in records]
+        column, errors = codec.decode_column(payloads)
+        row_by_row = {}
+        for row, payload in enumerate(payloads):
+            try:
+                codec.decoder_for_arrow()(payload)
+            except Exception as exc:  # noqa: BLE001 - collected
+                row_by_row[row] = str(exc)
+        with_leftovers = {row for row, r in enumerate(records) if len(payloads[row]) > len(encode(r))}
+        if lenient:
+            assert errors == {} and row_by_row == {}
+        else:
+            assert len(with_leftovers) > 100
+            assert set(errors) == set(row_by_row) == with_leftovers
+            for row in errors:
+                left = len(payloads[row]) - len(encode(records[row]))
+                assert f"{left} byte{'s' if left != 1 else ''} left after the record ends" in errors[row]
+        kept = [row for row in range(len(payloads)) if row not in errors]
+        assert column.take(pa.array(kept)).equals(_rowwise(codec, [payloads[r] for r in kept]))

@@ -181,6 +181,10 @@ class AvroCodec:
 
     schema: dict
     registry_schema_id: int | None = None  # Confluent wire framing when set
+    # A value must end exactly where its schema ends: bytes left over mean it was written with
+    # another schema (fastavro and Java's DatumReader ignore them), so such a record is a
+    # decode error naming how many bytes were left. True restores the old, lenient reading.
+    lenient_trailing_bytes: bool = False
 
     def __post_init__(self) -> None:
         self._timestamps = _timestamp_fields(self.schema)
@@ -193,7 +197,8 @@ class AvroCodec:
         fields = avro_columns.fields_of(self.schema, self.arrow)
         self._framing = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
                          if self.registry_schema_id is not None else b"")
-        self._columnar_decoder = (avro_columns.ColumnarDecoder(fields, self.arrow, bool(self._framing))
+        self._columnar_decoder = (avro_columns.ColumnarDecoder(fields, self.arrow, bool(self._framing),
+                                                               strict_end=not self.lenient_trailing_bytes)
                                   if fields else None)
         self._columnar_encoder = avro_columns.ColumnarEncoder(fields, self._framing) if fields else None
 
@@ -209,6 +214,7 @@ class AvroCodec:
         """One decode function per schema, built once, with everything it needs bound locally."""
         read, new_buffer = fastavro.schemaless_reader, io.BytesIO
         framed = self.registry_schema_id is not None
+        strict = not self.lenient_trailing_bytes
 
         def decode(payload: bytes) -> Any:
             if payload is None:
@@ -219,8 +225,10 @@ class AvroCodec:
                 payload = payload[5:]
             buf = new_buffer(payload)
             record = read(buf, schema, None)
-            if buf.tell() != len(payload):
-                raise ValueError(f"{len(payload) - buf.tell()} trailing bytes after the Avro record")
+            if strict and buf.tell() != len(payload):
+                left = len(payload) - buf.tell()
+                raise ValueError(f"{left} byte{'s' if left != 1 else ''} left after the record ends "
+                                 "(written with another schema?)")
             return record
 
         return decode

@@ -100,8 +100,8 @@ def _validity(present: np.ndarray | None) -> pa.Buffer | None:
 class ColumnarDecoder:
     """Decodes plain Avro payloads of one record schema into an Arrow struct array."""
 
-    def __init__(self, fields: list[_Field], arrow: pa.DataType, framed: bool = False) -> None:
-        self.fields, self.arrow, self.framed = fields, arrow, framed
+    def __init__(self, fields: list[_Field], arrow: pa.DataType, framed: bool = False, strict_end: bool = True) -> None:
+        self.fields, self.arrow, self.framed, self.strict_end = fields, arrow, framed, strict_end
 
     def decode(self, payloads: list) -> tuple[pa.StructArray, np.ndarray, np.ndarray, bool]:
         """(struct array, bad rows, index of the field that made each bad row bad or -1, unsure).
@@ -146,8 +146,9 @@ class ColumnarDecoder:
                     array.validate(full=True)
                 except pa.ArrowInvalid:
                     unsure = True
-        bad |= pos != ends
-        culprit[(pos != ends) & (culprit < 0)] = len(self.fields)
+        if self.strict_end:  # bytes left after the last field: written with another schema
+            bad |= pos != ends
+            culprit[(pos != ends) & (culprit < 0)] = len(self.fields)
         struct = pa.StructArray.from_arrays(children, fields=list(self.arrow))
         return struct, bad, culprit, unsure
 

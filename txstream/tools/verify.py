@@ -241,7 +241,9 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
     dead_set = set(dead)
     out_ranges = {(t, p): (earliest[(t, p)], stable[(t, p)]) for t in [*outputs, *dead] for p in partitions[t]}
     source_of = hdr.source_of
-    pub_key = hdr.PUBLICATION
+    pub_key, seq_key = hdr.PUBLICATION, hdr.PUBLICATION_SEQ
+    first_seq: dict[tuple[str, int], dict[int, bytes | None]] = {k: {} for k in rows}
+    more_seqs: dict[tuple[str, int], dict[int, set]] = {k: {} for k in rows}
 
     def on_output(msgs: list) -> None:
         for msg in msgs:
@@ -269,22 +271,20 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
                 row.dead_lettered += 1
             else:
                 row.outputs += 1
-            pub = None
+            pub = seq = None
             for k, v in headers:   # the last one wins, as in source_of: a dead letter keeps
                 if k == pub_key:   # its input's own (upstream) headers before txstream's
                     pub = v
+                elif k == seq_key:
+                    seq = v
             if pub is None:
                 report.without_publication += 1
             seen = first_pub[key]
             if offset not in seen:
                 seen[offset] = pub
+                first_seq[key][offset] = seq
                 continue
-            prev = seen[offset]
-            if pub is not None and prev is not None:
-                if pub != prev:
-                    dup[key].add(offset)
-            elif one_to_one:
-                # No publication id: a 1:1 processor's second record for an offset is a duplicate.
+            if _is_duplicate(offset, pub, seq, seen[offset], first_seq[key], more_seqs[key], one_to_one):
                 dup[key].add(offset)
 
     report.records_read += _read(bootstrap, out_ranges, on_output, timeout)
@@ -298,6 +298,28 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
             row.gap_offsets = sorted(missing)[:SAMPLES]
     report.seconds = time.monotonic() - began
     return report
+
+
+def _is_duplicate(offset: int, pub: bytes | None, seq: bytes | None, first_pub: bytes | None,
+                  first_seq: dict[int, bytes | None], more_seqs: dict[int, set], one_to_one: bool) -> bool:
+    """Whether another record naming an already-seen source offset is a duplicate.
+
+    (publication, source offset, position in the publication) is unique by construction, so
+    a repeat of all three is a duplicate whatever the processor's cardinality: a verbatim copy,
+    a producer retry without idempotence, a bug that produced twice in one transaction. Two
+    publications of one source offset are a duplicate too (two committed transactions published
+    it). Output written before positions existed has no seq: then only --one-to-one can tell."""
+    if one_to_one:
+        return True   # one output per input: any second record is one too many
+    if pub is not None and first_pub is not None and pub != first_pub:
+        return True
+    if pub is None or pub != first_pub or seq is None:
+        return False
+    seqs = more_seqs.setdefault(offset, {first_seq.get(offset)})
+    if seq in seqs:
+        return True
+    seqs.add(seq)
+    return False
 
 
 def _list_offsets(admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec, timeout: float,

@@ -9,6 +9,10 @@ columns at once (avro_columns) where the schema allows, fastavro's schemaless re
 record by record otherwise, and fastavro has the last word on any record refused. With
 `schema_registry_framing=True` values carry Confluent's 5-byte prefix (magic 0 + schema id),
 which is stripped on read and written with the configured id.
+
+Decoding is strict where fastavro and Java's DatumReader are not: a payload must end exactly where
+its record ends. Bytes left over mean it was written with another schema (a newer one with more
+fields, or another type altogether), and its fields were read from the wrong bytes.
 """
 from __future__ import annotations
 
@@ -162,6 +166,11 @@ def _without_timestamp_logical_types(schema: dict, names: set[str]) -> dict:
     return fastavro.parse_schema(raw)
 
 
+def trailing_bytes_message(left: int) -> str:
+    """Why a payload that goes on after its record ends is refused (both decode paths say this)."""
+    return f"{left} byte{'s' if left != 1 else ''} left after the record ends (written with another schema?)"
+
+
 def _describe(exc: BaseException) -> str:
     """A decode error for a dead letter's header, without fastavro's buffer address."""
     return f"{type(exc).__name__}: {_BUFFER_REPR.sub('', str(exc))}"
@@ -177,13 +186,16 @@ class AvroCodec:
     Timestamps are the expensive part of the per-record path: fastavro turns them into
     timezone-aware datetimes and Arrow turns those back into integers. So top-level timestamp
     fields cross as plain epoch integers and are converted column-wise in Arrow instead.
+
+    `lenient_trailing_bytes`: by default a payload with bytes after the end of its record is not
+    a value of this schema (it was written with another one) and is a decode error naming how
+    many bytes were left, so the reader dead-letters it. True reads such a payload's leading
+    record and ignores the rest, as fastavro and Java's DatumReader do: only for producers known
+    to append bytes on purpose. Both decode paths (columnar and fastavro) follow the option.
     """
 
     schema: dict
     registry_schema_id: int | None = None  # Confluent wire framing when set
-    # A value must end exactly where its schema ends: bytes left over mean it was written with
-    # another schema (fastavro and Java's DatumReader ignore them), so such a record is a
-    # decode error naming how many bytes were left. True restores the old, lenient reading.
     lenient_trailing_bytes: bool = False
 
     def __post_init__(self) -> None:
@@ -198,7 +210,7 @@ class AvroCodec:
         self._framing = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
                          if self.registry_schema_id is not None else b"")
         self._columnar_decoder = (avro_columns.ColumnarDecoder(fields, self.arrow, bool(self._framing),
-                                                               strict_end=not self.lenient_trailing_bytes)
+                                                               strict=not self.lenient_trailing_bytes)
                                   if fields else None)
         self._columnar_encoder = avro_columns.ColumnarEncoder(fields, self._framing) if fields else None
 
@@ -226,9 +238,7 @@ class AvroCodec:
             buf = new_buffer(payload)
             record = read(buf, schema, None)
             if strict and buf.tell() != len(payload):
-                left = len(payload) - buf.tell()
-                raise ValueError(f"{left} byte{'s' if left != 1 else ''} left after the record ends "
-                                 "(written with another schema?)")
+                raise ValueError(trailing_bytes_message(len(payload) - buf.tell()))
             return record
 
         return decode

@@ -18,8 +18,9 @@ install: $(VENV)/.installed
 kafka-jars: install
 	$(PY) -c "from txstream.local.cluster import kafka_libs; kafka_libs(print)"
 
-# Spark's class-data-sharing archive in ~/.cache/txstream: about 5 s off every Spark start (see
-# txstream/spark_session.py). Written once (~1 min); afterwards this only checks it is there.
+# Spark's class-data-sharing archive in ~/.cache/txstream (TXSTREAM_CACHE_DIR moves it): about 5 s
+# off every Spark start (see txstream/spark/session.py). Written once (~1 min); afterwards this only
+# checks it is there.
 spark-archive: install
 	$(PY) -m txstream.spark.session
 

@@ -10,14 +10,7 @@ import time
 
 import psutil
 
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the harness dies, whatever happens."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+from txstream.local.processes import die_with_parent
 
 
 def start_process(argv: list[str], env: dict | None, log_path: str, cwd: str) -> subprocess.Popen:
@@ -25,7 +18,7 @@ def start_process(argv: list[str], env: dict | None, log_path: str, cwd: str) ->
     try:
         return subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
     finally:
         log.close()
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from txstream.kafka import headers as hdr
+from txstream.local.processes import die_with_parent
 from txstream.tools.topic_io import produce_waiting
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ class Run:
         self.log.flush()
         self.proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=REPO, env=self.env,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         self.started = time.monotonic()
         return self
 
@@ -174,14 +175,6 @@ class Run:
         except OSError:
             return ""
         return "\n".join(text[-lines:])
-
-
-def _die_with_parent() -> None:
-    """The driver gets SIGKILL if the test process dies without its finally blocks (killed by
-    `timeout`, say); Spark's JVM and workers then exit when their pipes to the driver close."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _quote(arg: str) -> str:

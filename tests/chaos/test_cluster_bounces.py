@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -23,27 +21,10 @@ import pytest
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from txstream.local.cluster import LocalKafkaCluster, free_port_block
+from txstream.local.cluster import LocalKafkaCluster
 
 RECORDS_PER_TXN = 5
 log = logging.getLogger("chaos")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalKafkaCluster]:
-    data_dir = tempfile.mkdtemp(prefix="txstream-chaos-")
-    nodes = LocalKafkaCluster(port=free_port_block(3), data_dir=data_dir, brokers=3, die_with_parent=True)
-    try:
-        began = time.monotonic()
-        nodes.start(progress=print, timeout=180)
-        print(f"3-node cluster up in {time.monotonic() - began:.1f}s")
-        yield nodes
-    finally:
-        for node in nodes.nodes:            # the data goes anyway: no graceful shutdown needed
-            nodes.stop_node(node.node_id, hard=True)
-        nodes.destroy()
-        shutil.rmtree(data_dir, ignore_errors=True)
-        assert not nodes.alive_pids()
 
 
 # ---------------------------------------------------------------------------------------------

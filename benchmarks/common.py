@@ -210,9 +210,9 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
         for fut in admin.delete_topics(names, operation_timeout=30).values():
             try:
                 fut.result(60)
-            except Exception:  # noqa: BLE001 - best effort clean-up
+            except Exception:  # best effort clean-up
                 pass
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
 
 
@@ -222,7 +222,7 @@ def broker_version(bootstrap: str) -> str:
         from txstream.local import cluster as local_broker
 
         return local_broker.KAFKA_VERSION
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "unknown"
 
 

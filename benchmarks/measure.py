@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -176,7 +175,7 @@ class OutputWatcher:
                 self.timeline.append((now, self.count))
                 if self.done_at is None and self.expected and self.count >= self.expected:
                     self.done_at = now
-        except Exception as exc:  # noqa: BLE001 - reported to the harness
+        except Exception as exc:  # reported to the harness
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.ready.set()
@@ -245,7 +244,7 @@ def verify_output(records: list[tuple[bytes, bytes]], expected: dict[bytes, byte
         elif first_wrong is not None:
             try:
                 got = decode(ENRICHED_SCHEMA, first_wrong[1])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 got = f"undecodable: {exc}"
             stats["first_wrong"] = {"key": first_wrong[0].decode(errors="replace"), "got": str(got),
                                     "want": str(decode(ENRICHED_SCHEMA, first_wrong[2]))}

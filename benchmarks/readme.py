@@ -192,7 +192,7 @@ def section(directory: Path = RESULTS) -> str:
                 out += latency_section(path, results)
             else:
                 out += sweep_section(path, results)
-        except Exception as exc:  # noqa: BLE001 - one odd file must not break the rest
+        except Exception as exc:  # one odd file must not break the rest
             out.append(f"({path.name}: could not be summarised: {type(exc).__name__}: {exc})")
         out.append("")
     out.append(END)

@@ -386,6 +386,6 @@ def write_all(results: dict, directory: Path, prefix: str) -> list[Path]:
     try:
         (sweep_chart if results.get("mode") == "sweep" else chart)(results, png)
         paths.append(png)
-    except Exception as exc:  # noqa: BLE001 - the table and JSON still stand
+    except Exception as exc:  # the table and JSON still stand
         print(f"(no chart: {exc})")
     return paths

@@ -130,12 +130,12 @@ def spark():
 
 
 @pytest.fixture
-def run_processor(bootstrap_servers: str, spark):  # noqa: ANN001
+def run_processor(bootstrap_servers: str, spark):
     """Run a processor class in-process until caught up; returns the Driver (totals, reports)."""
     from txstream.driver.loop import Driver
     from txstream.settings import resolve
 
-    def run(cls, **overrides):  # noqa: ANN001, ANN202
+    def run(cls, **overrides):
         overrides.setdefault("until_caught_up", True)
         overrides.setdefault("app_id", f"test-{cls.__name__.lower()}-{uuid.uuid4().hex[:8]}")
         settings = resolve(cls, bootstrap_servers=bootstrap_servers, master="local[2]", **overrides)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -12,8 +11,15 @@ from tests.kafka_helpers import committed, produce, read_all
 from txstream.driver.loop import Driver
 from txstream.driver.membership import GroupMembership
 from txstream.driver.planning import PartitionPlan, transactional_id
-from txstream.task.publish import ALREADY_DONE, COMMITTED, STALE_PLAN, DriverCommits, FencedError, TransactionalPublisher
 from txstream.settings import resolve
+from txstream.task.publish import (
+    ALREADY_DONE,
+    COMMITTED,
+    STALE_PLAN,
+    DriverCommits,
+    FencedError,
+    TransactionalPublisher,
+)
 
 
 def test_a_zombie_publisher_cannot_commit_after_it_is_fenced(bootstrap_servers, make_topic) -> None:
@@ -44,7 +50,7 @@ def test_a_zombie_publisher_cannot_commit_after_it_is_fenced(bootstrap_servers, 
 
 
 @pytest.fixture
-def driver_with_membership(bootstrap_servers, spark, make_topic):  # noqa: ANN001, ANN201
+def driver_with_membership(bootstrap_servers, spark, make_topic):
     """A Driver whose group membership is live, for running single batches by hand."""
     source, sink = make_topic("in", partitions=2), make_topic("out")
     produce(bootstrap_servers, source, [(f"k{i}".encode(), f"v{i}".encode()) for i in range(200)])

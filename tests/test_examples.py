@@ -4,9 +4,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import fastavro
-import pytest
-
 from processors.enrich_orders import EnrichOrders
 from processors.fanout_items import FanOutItems
 from processors.passthrough import PassThrough

@@ -39,7 +39,7 @@ def values(bootstrap: str, topic: str) -> Counter:
     return Counter(r.value for r in read_all(bootstrap, topic))
 
 
-def wait_until(condition, timeout: float, what: str) -> None:  # noqa: ANN001
+def wait_until(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
@@ -54,7 +54,7 @@ def offsets_cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:
 class BackgroundDriver:
     """A Driver running in a thread (no --until-caught-up), its lines observable while it runs."""
 
-    def __init__(self, spark, bootstrap: str, **overrides) -> None:  # noqa: ANN001
+    def __init__(self, spark, bootstrap: str, **overrides) -> None:
         overrides.setdefault("app_id", f"test-reset-{uuid.uuid4().hex[:8]}")
         self.settings = resolve(PassThrough, bootstrap_servers=bootstrap, master="local[2]", **overrides)
         self.lines: list[str] = []
@@ -65,7 +65,7 @@ class BackgroundDriver:
     def _run(self) -> None:
         try:
             self.result["code"] = self.driver.run()
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+        except BaseException as exc:  # reported by stop()
             self.result["error"] = exc
 
     def __enter__(self) -> "BackgroundDriver":
@@ -85,7 +85,7 @@ class BackgroundDriver:
             raise self.result["error"]
         return self.result["code"]
 
-    def __exit__(self, *exc_info) -> None:  # noqa: ANN002
+    def __exit__(self, *exc_info) -> None:
         if self.thread.is_alive():
             self.driver.stop_requested.set()
             self.thread.join(120)

@@ -17,8 +17,8 @@ from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from txstream.tools import offsets as ofs
 from txstream.cli import main
+from txstream.tools import offsets as ofs
 from txstream.tools.offsets import Partition
 
 BASE_TS = int(time.time() * 1000) - 3_600_000  # record i of a topic has timestamp BASE_TS + i seconds

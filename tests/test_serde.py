@@ -138,7 +138,7 @@ def _flat_records(n: int, seed: int = 7) -> list[dict]:
             for _ in range(n)]
 
 
-def _flat_codec(**kwargs) -> AvroCodec:  # noqa: ANN003
+def _flat_codec(**kwargs) -> AvroCodec:
     codec = AvroCodec(load_schema(json.dumps(FLAT)), **kwargs)
     assert codec._columnar_decoder is not None and codec._columnar_encoder is not None
     return codec
@@ -185,7 +185,7 @@ def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses
     for row, payload in enumerate(payloads):
         try:
             codec.decoder_for_arrow()(payload)
-        except Exception as exc:  # noqa: BLE001 - collected
+        except Exception as exc:  # collected
             refused[row] = type(exc).__name__
     assert 100 < len(refused) < len(payloads) - 100  # the corruption hit some, not all
     # Every row fastavro refuses, in fastavro's words (without its buffer's address)...

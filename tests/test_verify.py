@@ -13,10 +13,9 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from txstream.kafka import headers as hdr
 from txstream.cli import main as cli
+from txstream.kafka import headers as hdr
 from txstream.tools.verify import AuditError, audit
-
 
 # ---------------------------------------------------------------------------------------------
 # Crafting topics

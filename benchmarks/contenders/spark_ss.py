@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -40,7 +39,7 @@ def _jar_exists(artifact: str, version: str) -> bool:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=20) as resp:
             return resp.status == 200
-    except Exception:  # noqa: BLE001 - 404 or unreachable: try the next version
+    except Exception:  # 404 or unreachable: try the next version
         return False
 
 

@@ -254,7 +254,7 @@ class App:
     def baseline(self, timeout: float = 120) -> int:
         return wait_for(lambda: _plus_one(self.committed_total()), timeout, "readable committed offsets") - 1
 
-    def progressed_since(self, baseline: int):  # noqa: ANN201 - a condition for wait_for
+    def progressed_since(self, baseline: int):  # a condition for wait_for
         def check() -> bool:
             total = self.committed_total()
             return total is not None and total > baseline
@@ -302,7 +302,7 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         probe.close()
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2, run: Run | None = None):  # noqa: ANN001, ANN201
+def wait_for(condition, timeout: float, what: str, interval: float = 0.2, run: Run | None = None):
     """Poll `condition()` until truthy; fail with `what` (and the run's log) at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
@@ -378,7 +378,7 @@ class Feeder(threading.Thread):
         if remaining:
             self.errors.append(f"{remaining} records not delivered")
 
-    def _delivered(self, err, _msg) -> None:  # noqa: ANN001
+    def _delivered(self, err, _msg) -> None:
         if err is not None:
             self.errors.append(str(err))
 
@@ -428,10 +428,10 @@ class Checker(threading.Thread):
                                  consumer.position([TopicPartition(self.topic, p) for p in range(self.partitions)])}
             finally:
                 consumer.close()
-        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+        except BaseException as exc:  # reported by finish()
             self.error = exc
 
-    def _check(self, msg) -> None:  # noqa: ANN001
+    def _check(self, msg) -> None:
         headers = msg.headers() or []
         source = hdr.source_of(headers)
         publication = dict(headers).get(hdr.PUBLICATION)
@@ -526,7 +526,7 @@ def verdict(name: str, bootstrap: str, app: App, expected: Counter, checker: Che
     if not problems:
         app.passed()
     assert not problems, f"[{name}] exactly-once violated:\n" + "\n".join(problems) + \
-        f"\n--- txstream run log (tail) ---\n" + "\n".join(app.log_text().splitlines()[-60:])
+        "\n--- txstream run log (tail) ---\n" + "\n".join(app.log_text().splitlines()[-60:])
     return figures
 
 

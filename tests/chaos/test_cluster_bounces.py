@@ -14,10 +14,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import pytest
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
@@ -121,7 +120,7 @@ class TxnWriter:
                     self._committed(txn)
                     txn += 1
             self._call("flush", producer.flush, 30)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:  # reported by the test
             self.failure = exc
             with self.changed:
                 self.changed.notify_all()

@@ -116,7 +116,7 @@ def docker_reachable() -> bool:
 
         docker.from_env(timeout=3).ping()
         return True
-    except Exception:  # noqa: BLE001 - no engine, no socket, no package: not reachable
+    except Exception:  # no engine, no socket, no package: not reachable
         return False
 
 

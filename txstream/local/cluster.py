@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -22,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 from txstream.errors import BrokerError
+from txstream.local import processes
 from txstream.local.maven import Artifact, MavenError, resolve
 from txstream.local.paths import cache_dir
-from txstream.local import processes
 
 # 4.4.0's kafka-tools artifacts are not on Maven Central (checked 2026-11); 4.3.1 is complete.
 KAFKA_VERSION = os.environ.get("TXSTREAM_KAFKA_VERSION", "4.3.1")
@@ -332,7 +331,7 @@ class LocalKafkaCluster:
                     meta = admin.list_topics(timeout=5)
                     if len(meta.brokers) == len(self.nodes):
                         return
-                except Exception:  # noqa: BLE001 - still starting; retried until the deadline
+                except Exception:  # still starting; retried until the deadline
                     pass
                 if time.monotonic() > deadline:
                     raise BrokerError(f"Kafka at {self.bootstrap_servers} did not answer within "
@@ -403,7 +402,7 @@ class LocalKafkaCluster:
                     last = "no leader"
                 else:
                     last = str(tmeta.error if tmeta is not None else "unknown topic")
-            except Exception as exc:  # noqa: BLE001 - metadata is retried until the deadline
+            except Exception as exc:  # metadata is retried until the deadline
                 last = str(exc)
             if time.monotonic() > deadline:
                 raise BrokerError(f"No leader for {topic}[{partition}] within {timeout:.0f}s ({last}).")
@@ -431,7 +430,7 @@ class LocalKafkaCluster:
         included, has a leader and all its replicas in sync; else (False, what is missing)."""
         try:
             meta = self._admin().list_topics(timeout=5)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return False, f"metadata: {exc}"
         missing = {n.node_id for n in self.nodes} - set(meta.brokers)
         if missing:

@@ -188,7 +188,7 @@ def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=-1)
                                    for n in names], operation_timeout=30)
-    for name, fut in futures.items():
+    for fut in futures.values():
         fut.result(60)
     # Wait until metadata shows every partition with a leader.
     deadline = time.monotonic() + 30

@@ -558,7 +558,8 @@ def main(argv=None) -> int:
                  "topics": [], "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup": args.warmup}
     results: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      "mode": "sweep" if args.sweep else ("latency" if args.latency else "throughput"),
-                     "settings": {k: v for k, v in vars(args).items() if k not in ("contender_names", "sweep_contenders")}
+                     "settings": {k: v for k, v in vars(args).items()
+                                  if k not in ("contender_names", "sweep_contenders")}
                      | {"contenders": args.contender_names},
                      "hardware": hardware(), "logs": str(logdir), "git_at_start": git_state()}
     try:

@@ -59,13 +59,14 @@ def driver_with_membership(bootstrap_servers, spark, make_topic):
     driver = Driver(settings, echo=lambda _m: None, spark=spark)
     driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [source], {}, lambda: None)
     try:
-        driver._wait_for_assignment(timeout=30)
+        driver._wait_for_assignment(timeout=30)  # noqa: SLF001 - the protocol step by step
         yield driver, source, sink
     finally:
         driver.membership.close()
 
 
-def _plans(driver: Driver, source: str, committed_as: dict[int, int | None], ends: dict[int, int]) -> list[PartitionPlan]:
+def _plans(driver: Driver, source: str, committed_as: dict[int, int | None],
+           ends: dict[int, int]) -> list[PartitionPlan]:
     starts = {p: (c or 0) for p, c in committed_as.items()}
     return [PartitionPlan(source, p, starts[p], ends[p], committed_as[p],
                           transactional_id(driver.settings.app_id, source, p)) for p in sorted(ends)]
@@ -115,6 +116,7 @@ def test_aborted_transactions_and_control_records_in_the_input(bootstrap_servers
     assert [r.value for r in read_all(bootstrap_servers, sink)] == expected
     assert driver.totals["records_in"] == len(expected) == 120
     # Offsets include the aborted records and the control records: the group is at the very end.
-    high = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"}).get_watermark_offsets(TopicPartition(source, 0))[1]
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"})
+    high = consumer.get_watermark_offsets(TopicPartition(source, 0))[1]
     assert committed(bootstrap_servers, driver.settings.app_id, source, 1) == {0: high}
     assert high > 6 * 40 + 1

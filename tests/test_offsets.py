@@ -73,7 +73,7 @@ def open_transaction(bootstrap: str, topic: str, count: int, partition: int = 0)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-open-{uuid.uuid4().hex}"})
     producer.init_transactions(30)
     producer.begin_transaction()
-    for i in range(count):
+    for _ in range(count):
         producer.produce(topic, b"open", partition=partition)
     assert producer.flush(30) == 0
     try:

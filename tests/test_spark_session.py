@@ -36,7 +36,8 @@ def _worker_state(batches):  # a mapInArrow function
         pass
     yield pa.RecordBatch.from_pylist([{
         "jars": sum(1 for entry in sys.path if entry.endswith(".jar")),
-        "preloaded": all(name in sys.modules for name in ("pandas", "fastavro", "confluent_kafka", "txstream.task.publish")),
+        "preloaded": all(name in sys.modules
+                         for name in ("pandas", "fastavro", "confluent_kafka", "txstream.task.publish")),
     }])
 
 

@@ -79,8 +79,8 @@ def connector_jars(progress=lambda _m: None) -> tuple[list[str], dict]:
     versions.write_text(json.dumps(chosen))
     shipped = Path(pyspark.__file__).parent / "jars"
     have = {_artifact_name(p.name) for p in shipped.glob("*.jar")}
-    jars = sorted(str(p) for p in libs.glob("*.jar")
-                  if _artifact_name(p.name) not in have or p.name.startswith(("spark-sql-kafka", "spark-avro", "spark-token")))
+    ours = ("spark-sql-kafka", "spark-avro", "spark-token")
+    jars = sorted(str(p) for p in libs.glob("*.jar") if _artifact_name(p.name) not in have or p.name.startswith(ours))
     return jars, chosen
 
 
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--mode", default="throughput")
     args = ap.parse_args(argv)
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # before the session starts (Spark starts workers with the bare python3 otherwise)
+    # Before the session starts (Spark starts workers with the bare python3 otherwise).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
 
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F

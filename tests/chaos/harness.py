@@ -124,7 +124,7 @@ class Run:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.destroy()
-            raise AssertionError(f"txstream run did not stop within {timeout:.0f}s of SIGTERM\n{self.tail()}")
+            raise AssertionError(f"txstream run did not stop within {timeout:.0f}s of SIGTERM\n{self.tail()}") from None
         kill_session(self.pid)  # Spark's daemon must be gone too
         self._close_log()
         return code
@@ -134,7 +134,7 @@ class Run:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.destroy()
-            raise AssertionError(f"txstream run did not finish within {timeout:.0f}s\n{self.tail()}")
+            raise AssertionError(f"txstream run did not finish within {timeout:.0f}s\n{self.tail()}") from None
         kill_session(self.pid)
         self._close_log()
         return code
@@ -522,7 +522,8 @@ def verdict(name: str, bootstrap: str, app: App, expected: Counter, checker: Che
             problems.append(f"{checker.without_lineage} output records without lineage/publication headers")
         if checker.pairs != got:
             problems.append("the checker's view differs from a read_committed read after the run: "
-                            f"{sum((got - checker.pairs).values())} not seen, {sum((checker.pairs - got).values())} extra")
+                            f"{sum((got - checker.pairs).values())} not seen, "
+                            f"{sum((checker.pairs - got).values())} extra")
     if not problems:
         app.passed()
     assert not problems, f"[{name}] exactly-once violated:\n" + "\n".join(problems) + \

@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
@@ -140,7 +141,7 @@ class TxnWriter:
 
     def longest_pause(self, since: float) -> float:
         times = [since] + [t for t in self.commit_times if t > since] + [time.monotonic()]
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return max((b - a for a, b in pairwise(times)), default=0.0)
 
     def start(self) -> None:
         self.thread.start()
@@ -264,7 +265,7 @@ def test_hard_kills_of_leader_and_coordinator_keep_exactly_once(cluster: LocalKa
     assert seen_txns == expected_txns, (
         f"read_committed saw {len(records)} records for {len(set(seen_txns))} transactions; "
         f"expected {len(expected_txns)} for {len(committed)}; first difference at "
-        f"{next((k for k, (a, b) in enumerate(zip(seen_txns, expected_txns)) if a != b), None)}")
+        f"{next((k for k, (a, b) in enumerate(zip(seen_txns, expected_txns, strict=False)) if a != b), None)}")
     for k in range(0, len(records), RECORDS_PER_TXN):
         group = records[k:k + RECORDS_PER_TXN]
         assert [i for _t, _a, i in group] == list(range(RECORDS_PER_TXN)), group

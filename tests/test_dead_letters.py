@@ -13,7 +13,9 @@ from pathlib import Path
 
 import fastavro
 import pytest
-from pyspark.sql import DataFrame, functions as F, types as T
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
@@ -58,8 +60,8 @@ def _seed_with_poison(bootstrap: str, topic: str, partitions: int, count: int = 
     poison = list(_poison().items())
     delivered: dict[str, tuple[int, int]] = {}
 
-    def remember(name: str):  # noqa: ANN202
-        def cb(err, msg) -> None:  # noqa: ANN001
+    def remember(name: str):
+        def cb(err, msg) -> None:
             assert err is None, err
             delivered[name] = (msg.partition(), msg.offset())
         return cb
@@ -176,7 +178,7 @@ POISON_VALUE = b"poison-value-for-the-udf"
 
 
 @F.udf(returnType=T.BinaryType())
-def _checked(value):  # noqa: ANN001, ANN202
+def _checked(value):
     if bytes(value) == POISON_VALUE:
         raise ValueError(f"cannot handle {bytes(value)!r}")
     return bytes(value)
@@ -200,7 +202,7 @@ def test_a_raising_udf_dead_letters_one_record(bootstrap_servers, make_topic, ru
     try:
         driver = run_processor(RaisingUdf, inputs=[source], output=output, dead_letter=dead,
                                max_consecutive_failures=1)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pytest.fail("a UDF that raises for one record stopped the run instead of dead-lettering it "
                     f"(transform-stage errors are not isolated yet): {str(exc)[:600]}")
     assert driver.exit_code == 0, driver.lines

@@ -17,8 +17,8 @@ from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from txstream.tools import offsets as ofs
 from txstream.cli import main
+from txstream.tools import offsets as ofs
 from txstream.tools.offsets import Partition
 
 BASE_TS = int(time.time() * 1000) - 3_600_000  # record i of a topic has timestamp BASE_TS + i seconds
@@ -73,7 +73,7 @@ def open_transaction(bootstrap: str, topic: str, count: int, partition: int = 0)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-open-{uuid.uuid4().hex}"})
     producer.init_transactions(30)
     producer.begin_transaction()
-    for i in range(count):
+    for _ in range(count):
         producer.produce(topic, b"open", partition=partition)
     assert producer.flush(30) == 0
     try:

@@ -16,7 +16,7 @@ class _Calls:
     def __init__(self) -> None:
         self.records: list[tuple] = []
 
-    def produce(self, topic, value, key, partition=-1, headers=None) -> None:  # noqa: ANN001
+    def produce(self, topic, value, key, partition=-1, headers=None) -> None:
         self.records.append((topic, value, key, partition, list(headers or [])))
 
     def poll(self, _timeout: float) -> int:

@@ -13,10 +13,9 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from txstream.kafka import headers as hdr
 from txstream.cli import main as cli
+from txstream.kafka import headers as hdr
 from txstream.tools.verify import AuditError, audit
-
 
 # ---------------------------------------------------------------------------------------------
 # Crafting topics
@@ -263,7 +262,7 @@ def test_input_with_aborted_transactions_and_control_records(bootstrap_servers: 
     visible: list[int] = []
     for committed in (True, False, True, False):       # ends with an aborted transaction
         writer.begin_transaction()
-        for i in range(5):
+        for _ in range(5):
             writer.produce(inp, value=b"x")
         writer.flush(30)
         if committed:

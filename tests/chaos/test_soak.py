@@ -31,7 +31,7 @@ def _say(began: float, text: str) -> None:
 
 
 @pytest.mark.timeout(4 * 3600 if h.SOAK else 1500)
-def test_soak(cluster):  # noqa: ANN001
+def test_soak(cluster):
     bootstrap = cluster.bootstrap_servers
     seeded = h.scale(20_000, 1_000_000)
     cycles = h.scale(4, 56)                    # processor starts, each ending in a kill or a stop

@@ -10,16 +10,13 @@ from processors.passthrough import PassThrough
 from tests.kafka_helpers import committed, produce, read_all
 from txstream.driver.loop import Driver
 from txstream.driver.membership import GroupMembership
-from txstream.driver.planning import PartitionPlan, transactional_id
+from txstream.driver.commits import DriverCommits
+from txstream.driver.planning import transactional_id
+from txstream.errors import FencedError
 from txstream.settings import resolve
-from txstream.task.publish import (
-    ALREADY_DONE,
-    COMMITTED,
-    STALE_PLAN,
-    DriverCommits,
-    FencedError,
-    TransactionalPublisher,
-)
+from txstream.task.publisher import TransactionalPublisher
+from txstream.task.result import ALREADY_DONE, COMMITTED, STALE_PLAN
+from txstream.task.spec import PartitionPlan
 
 
 def test_a_zombie_publisher_cannot_commit_after_it_is_fenced(bootstrap_servers, make_topic) -> None:

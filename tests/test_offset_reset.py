@@ -19,7 +19,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from processors.passthrough import PassThrough
 from tests.kafka_helpers import committed, produce, read_all
 from txstream.driver.loop import Driver
-from txstream.driver.planning import NoCommittedOffsetError
+from txstream.errors import NoCommittedOffsetError
 from txstream.settings import resolve
 from txstream.tools.topic_io import end_offsets
 

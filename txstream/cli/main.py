@@ -129,6 +129,9 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--output-value-schema", help="Avro schema (.avsc) of output values.")
 @click.option("--output-key-schema", help="Avro schema (.avsc) of output keys.")
 @click.option("--lineage/--no-lineage", default=None, help="Stamp source topic/partition/offset headers.")
+@click.option("--lenient-trailing-bytes", is_flag=True,
+              help="Accept Avro values with bytes left after the record (read the record, ignore the rest); "
+                   "by default such a value is a decode error (written with another schema?).")
 @click.option("-X", "librdkafka", multiple=True, metavar="KEY=VALUE",
               help="librdkafka property for producers and consumers; prefix producer. or consumer. for one side.")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Spark setting.")
@@ -138,7 +141,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
-        librdkafka: tuple[str, ...], spark_conf: tuple[str, ...], quiet: bool) -> None:
+        librdkafka: tuple[str, ...], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
     import logging
 
@@ -159,7 +162,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             schemas={"value": value_schema, "key": key_schema, "output_value": output_value_schema,
                      "output_key": output_key_schema},
             until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
-            batch_timeout_s=batch_timeout)
+            batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:

@@ -8,7 +8,7 @@ and reported loudly, never skipped silently.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -19,26 +19,10 @@ except ImportError:  # pragma: no cover
     from confluent_kafka.admin import IsolationLevel  # type: ignore[no-redef]
 
 from txstream.kafka.retry import retriable
+from txstream.task.spec import PartitionPlan
 from txstream.errors import NoCommittedOffsetError
 
 log = logging.getLogger("txstream")
-
-
-@dataclass(frozen=True)
-class PartitionPlan:
-    topic: str
-    partition: int
-    start: int
-    end: int
-    committed: int | None         # what the group had committed when planned (None: nothing)
-    transactional_id: str
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

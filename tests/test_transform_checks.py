@@ -64,5 +64,5 @@ def test_struct_not_matching_the_avro_schema_names_the_field(topics, run_process
 
 def test_missing_output_topic_is_a_clear_error(topics, run_processor) -> None:
     source, _, _ = topics
-    with pytest.raises(TransformError, match=r"output topic 'no-such-topic' does not exist"):
+    with pytest.raises(TransformError, match=r"output topic 'no-such-topic' does not exist.*`txstream topics ensure"):
         run_processor(PassThrough, inputs=[source], output="no-such-topic")

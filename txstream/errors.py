@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -77,15 +78,24 @@ class AuditError(UserError):
     """`verify` cannot audit: bad arguments, an unknown topic, a cluster it cannot read."""
 
 
+class TopicSetupError(UserError):
+    """`txstream topics ensure` will not change an existing topic, or cannot create one."""
+
+
 class BrokerError(UserError):
     """A problem starting or reaching the local broker (`txstream kafka up`)."""
 
 
-def topic_missing(role: str, topic: str, where: str = "") -> str:
-    """The one wording of "this topic does not exist" (txstream never creates topics itself)."""
+def topic_missing(role: str, topic: str, where: str = "", others: Sequence[tuple[str, str]] = ()) -> str:
+    """The one wording of "this topic does not exist" (and of the others missing with it): `txstream
+    run` never creates topics; `txstream topics ensure` creates, on purpose, those a processor declares."""
     at = f" on {where}" if where else ""
-    return (f"{role} topic {topic!r} does not exist{at}; create it first (txstream never "
-            "auto-creates topics)")
+    missing = [(role, topic), *others]
+    names = ", ".join(f"{r} topic {t!r}" for r, t in missing)
+    one = len(missing) == 1
+    return (f"{names} {'does' if one else 'do'} not exist{at}; create {'it' if one else 'them'} first: "
+            "`txstream topics ensure PROCESSOR` creates the topics a processor declares (txstream run "
+            "never auto-creates topics)")
 
 
 # ---------------------------------------------------------------------------------------------

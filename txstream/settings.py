@@ -53,6 +53,10 @@ class RunSettings:
     max_consecutive_failures: int = 8
     quiet: bool = False
     lenient_trailing_bytes: bool = False   # decode values with bytes left after the record (serde/avro.py)
+    # Operations (driver/metrics.py): the /metrics port (None: not served) and the log lines.
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
+    log_format: str = "human"
 
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:

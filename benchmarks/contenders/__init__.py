@@ -80,4 +80,6 @@ def all_contenders() -> list[Contender]:
     return [TxStream("exactly-once"), TxStream("at-least-once"), TxStream("at-most-once"),
             TxStream("exactly-once", processor=PASSTHROUGH, name="txstream-passthrough",
                      label="txstream pass-through (exactly-once, no decode)"),
+            TxStream("exactly-once", name="txstream-exactly-once-metrics",
+                     label="txstream exactly-once, /metrics served", extra_args=("--metrics-port", "0")),
             HandWrittenLoop(), SparkStructuredStreaming(), QuixStreams(), KafkaCeiling()]

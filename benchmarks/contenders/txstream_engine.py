@@ -26,13 +26,15 @@ class TxStream(Contender):
     txstream = True
 
     def __init__(self, guarantee: str, processor: str = PROCESSOR, name: str | None = None,
-                 label: str | None = None, max_records_per_partition: int | None = None) -> None:
+                 label: str | None = None, max_records_per_partition: int | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.guarantee = guarantee
         self.processor = processor
         self.name = name or f"txstream-{guarantee}"
         self.label = label or f"txstream {guarantee}"
         self.exactly_once = guarantee != "at-least-once"
         self.max_records_per_partition = max_records_per_partition
+        self.extra_args = extra_args   # e.g. the metrics endpoint on (its cost: docs/operations.md)
         self.copies = processor == PASSTHROUGH
         self.output_kind = "copy" if self.copies else "enriched"
 
@@ -41,7 +43,8 @@ class TxStream(Contender):
 
     def settings(self) -> dict:
         return {"processor": self.processor, "guarantee": self.guarantee,
-                "max_records_per_partition": self.max_records_per_partition or "default (100000)"}
+                "max_records_per_partition": self.max_records_per_partition or "default (100000)",
+                **({"extra_args": " ".join(self.extra_args)} if self.extra_args else {})}
 
     def prepare(self, progress) -> None:
         if not (REPO / self.processor.split(":")[0]).exists():
@@ -66,6 +69,7 @@ class TxStream(Contender):
             argv += ["--max-records-per-partition", str(self.max_records_per_partition)]
         if job.mode == "throughput":
             argv.append("--until-caught-up")
+        argv += list(self.extra_args)
         return argv, self.base_env()
 
     def fatal_in_log(self, text: str) -> str | None:

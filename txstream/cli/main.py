@@ -136,12 +136,18 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
               help="librdkafka property for producers and consumers; prefix producer. or consumer. for one side.")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Spark setting.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final summary.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port) [default: off].")
+@click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@click.option("--log-format", type=click.Choice(["human", "json"]), default="human", show_default=True,
+              help="json: one JSON object per batch and per event (assignment, retry, dead letter, ...).")
 def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tuple[str, ...], output: str | None,
         dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str,
         max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
-        librdkafka: tuple[str, ...], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool) -> None:
+        librdkafka: tuple[str, ...], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
+        metrics_port: int | None, metrics_address: str, log_format: str) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
     import logging
 
@@ -162,7 +168,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             schemas={"value": value_schema, "key": key_schema, "output_value": output_value_schema,
                      "output_key": output_key_schema},
             until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
-            batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes)
+            batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
+            metrics_address=metrics_address, log_format=log_format)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:
@@ -224,10 +231,14 @@ def consume(topic: str, bootstrap_servers: str, value_schema: str | None, isolat
 
 # Command groups that live in modules of their own.
 from txstream.cli.offsets import offsets  # noqa: E402
+from txstream.cli.status import status  # noqa: E402
+from txstream.cli.topics import topics  # noqa: E402
 from txstream.cli.verify import verify  # noqa: E402
 
 main.add_command(offsets)
 main.add_command(verify)
+main.add_command(topics)
+main.add_command(status)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from txstream import faults
 from txstream.driver.membership import GroupMembership
+from txstream.driver.metrics import Telemetry
 from txstream.driver.planning import Planner, transactional_id
 from txstream.task.spec import PartitionPlan
 from txstream.driver.poison import PoisonIsolator
@@ -80,7 +81,8 @@ class Driver:
         self.settings = settings
         self.spark = spark
         self._own_spark = spark is None
-        self.echo = echo
+        self.telemetry = Telemetry(self, echo)   # metrics and log lines (driver/metrics.py)
+        self.echo = self.telemetry.echo
         self.admin = self._admin_client()
         self.stop_requested = threading.Event()
         self._batch_thread: threading.Thread | None = None
@@ -93,7 +95,7 @@ class Driver:
         self._rate: float | None = None    # records/s per partition, measured
         self._failures = 0                  # batches or plans failed in a row
         self.commits: DriverCommits | None = None
-        self.poison = PoisonIsolator(self, echo, settings.dead_letter_topic)
+        self.poison = PoisonIsolator(self, self.echo, settings.dead_letter_topic)
         self._cap_warned = False
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -123,7 +125,7 @@ class Driver:
         wanted += [("dead-letter", s.dead_letter_topic)] if s.dead_letter_topic else []
         missing = [(role, name) for role, name in wanted if name not in known]
         if missing:
-            raise TransformError("; ".join(topic_missing(role, name, s.bootstrap_servers) for role, name in missing))
+            raise TransformError(topic_missing(*missing[0], s.bootstrap_servers, missing[1:]))
 
     def validate(self) -> None:
         """Refuse a wide transform or an unpublishable output before anything is read."""
@@ -141,8 +143,8 @@ class Driver:
             thread.join()
 
     def _on_group_change(self, what: str, partitions: list[TopicPartition]) -> None:
-        names = ", ".join(f"{p.topic}[{p.partition}]" for p in partitions)
-        self.echo(f"partitions {what}: {names}")
+        names = [f"{p.topic}[{p.partition}]" for p in partitions]
+        self.telemetry.event(what, f"partitions {what}: {', '.join(names)}", partitions=names)
 
     def _install_signals(self) -> None:
         def handler(signum, _frame) -> None:  # noqa: ANN001
@@ -165,6 +167,7 @@ class Driver:
             threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
                              daemon=True).start()
         try:
+            self.telemetry.start()
             s.processor.setup(self.spark)
             self.check_topics()
             self.validate()
@@ -182,7 +185,7 @@ class Driver:
                     committed = self.membership.committed(owned)
                     self._remember_targets(owned)
                     if s.until_caught_up and self._caught_up(owned, committed):
-                        self.echo(self.summary("caught up"))
+                        self.telemetry.event("caught_up", self.summary("caught up"), **self.totals)
                         return 0
                     plans = planner.plan(owned, committed, self._cap()) if owned else []
                 except Exception as exc:
@@ -197,6 +200,7 @@ class Driver:
                     self.echo(warning)
                 planner.warnings.clear()
                 if not plans:
+                    self.telemetry.idle(planner.marks)
                     self._idle(idle)
                     idle = min(idle * 2, s.idle_backoff_max_s)
                     continue
@@ -207,15 +211,18 @@ class Driver:
                 except Exception as exc:
                     self._batch_failed(plans, exc)
                     continue
-                self.echo(report.line(self._lag(owned, report)))
+                self.telemetry.batch(report, planner.marks, report.line(self._lag(owned, report)))
                 faults.maybe_fail("driver.between_batches")
                 if s.max_batches is not None and self.totals["batches"] >= s.max_batches:
                     break
                 wait = s.trigger_interval - (time.monotonic() - started)
                 if wait > 0:
                     self._idle(wait)
-            self.echo(self.summary("stopped"))
+            self.telemetry.event("stopped", self.summary("stopped"), **self.totals)
             return 0
+        except Exception as exc:
+            self.telemetry.event("fatal", None, error_type=type(understand(exc)).__name__, error=one_line(exc))
+            raise
         finally:
             self.close()
 
@@ -244,7 +251,9 @@ class Driver:
             raise InfrastructureError(f"{what} failed {self._failures} times in a row{kind}; the last failure: "
                                       f"{one_line(error)}") from exc
         delay = min(0.5 * 2 ** self._failures, 10.0)
-        self.echo(f"{what} failed ({one_line(error)}); retrying in {delay:.1f}s")
+        self.telemetry.event("retry", f"{what} failed ({one_line(error)}); retrying in {delay:.1f}s", what=what,
+                             error_type=type(error).__name__, error=one_line(error), delay_s=delay,
+                             failures=self._failures)
         self._idle(delay)
 
     # -- what the poison isolator may do (driver/poison.py IsolationTarget) -----------------------
@@ -268,7 +277,8 @@ class Driver:
 
     def publish(self, plans: list[PartitionPlan]) -> None:
         """Publish `plans` as a normal batch (the good records before a poison record)."""
-        self.echo(self.run_batch(plans, self.commits).line())
+        report = self.run_batch(plans, self.commits)
+        self.telemetry.batch(report, None, report.line())
 
     def dead_letter(self, plan: PartitionPlan, offset: int, message: str) -> None:
         """The record at `offset` to the dead-letter topic, its offset committed past (one
@@ -286,6 +296,8 @@ class Driver:
                                      record, self.membership)
         if status == STALE_PLAN:
             raise InfrastructureError(f"{plan.topic}[{plan.partition}] moved on while isolating offset {offset}")
+        self.telemetry.event("dead_letter", None, topic=plan.topic, partition=plan.partition, offset=offset,
+                             stage="transform", count=1, error=message)
 
     def _raw_record(self, plan: PartitionPlan, offset: int, message: str, timeout: float = 30) -> tuple:
         from confluent_kafka import Consumer
@@ -336,13 +348,16 @@ class Driver:
         outcome: dict[str, Any] = {}
 
         job_group = f"txstream-{self.settings.app_id}-batch-{self.batch_id}"
+        # What the Spark UI lists for the job: the batch a user finds in the batch lines.
+        description = (f"txstream {self.settings.app_id} batch {self.batch_id} ({len(plans)} partitions, "
+                       f"{sum(p.size for p in plans)} records)")
         sc = self.spark.sparkContext
 
         def work() -> None:
             try:
                 # Per-thread job group (Spark pins Python threads to JVM threads), so the
                 # watchdog below can cancel exactly this batch's job.
-                sc.setJobGroup(job_group, f"txstream batch {self.batch_id}", interruptOnCancel=True)
+                sc.setJobGroup(job_group, description, interruptOnCancel=True)
                 outcome["rows"] = [row.asDict() for row in frame.collect()]
             except BaseException as exc:  # noqa: BLE001 - handed to the driver thread
                 outcome["error"] = exc
@@ -464,6 +479,7 @@ class Driver:
             self.spark.stop()
             self.spark = None
         shutil.rmtree(self.side_dir, ignore_errors=True)
+        self.telemetry.close()
 
 
 __all__ = ["Driver", "TransformError", "BatchReport", "build_spark", "ALREADY_DONE", "FENCED", "STALE_PLAN"]

@@ -60,6 +60,7 @@ class Planner:
         self.auto_offset_reset = auto_offset_reset
         self.cap = cap
         self.warnings: list[str] = []
+        self.marks: dict[tuple[str, int], Watermarks] = {}   # the last plan's (driver/metrics.py)
         # auto.offset.reset=latest picks a partition's start once, when first planned without a
         # committed offset, and keeps it until something is committed (as a consumer's position
         # does): records produced after that moment are processed, not skipped by a later reset.
@@ -68,7 +69,7 @@ class Planner:
     def plan(self, owned: list[TopicPartition], committed: dict[tuple[str, int], int | None],
              cap: int | None = None) -> list[PartitionPlan]:
         """Plans for partitions with something to do, in a stable order."""
-        marks = watermarks(self.admin, owned)
+        marks = self.marks = watermarks(self.admin, owned)
         cap = cap or self.cap
         missing = [f"{t}[{p}]" for (t, p), c in sorted(committed.items()) if c is None]
         if missing and self.auto_offset_reset == "none":

@@ -1,0 +1,65 @@
+"""`txstream topics ensure`: set up the topics a processor declares (logic in tools/topics.py)."""
+from __future__ import annotations
+
+import click
+
+_BOOTSTRAP = click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
+                          show_default=True, show_envvar=True, help="Kafka to talk to.")
+
+
+@click.group("topics")
+def topics() -> None:
+    """Create the topics a processor reads and writes (txstream run never creates topics)."""
+
+
+@topics.command("ensure")
+@click.argument("processor")
+@_BOOTSTRAP
+@click.option("--input", "inputs", multiple=True, help="Input topic (repeatable) [default: the processor's].")
+@click.option("--output", help="Output topic [default: the processor's].")
+@click.option("--dead-letter-topic", help="Dead-letter topic [default: the processor's].")
+@click.option("--partitions", type=click.IntRange(1), default=None,
+              help="Partitions of the topics to create [default: the input topic's, else the broker's default].")
+@click.option("--replication-factor", type=click.IntRange(1), default=None,
+              help="Replication of the topics to create [default: the broker's default].")
+@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE",
+              help="Topic config for the topics to create (repeatable); existing ones must already have it.")
+@click.option("--dry-run", is_flag=True, help="Print what would be created; create nothing.")
+@click.option("--timeout", type=click.FloatRange(1), default=30.0, show_default=True,
+              help="Seconds to wait for Kafka.")
+def ensure(processor: str, bootstrap_servers: str, inputs: tuple[str, ...], output: str | None,
+           dead_letter_topic: str | None, partitions: int | None, replication_factor: int | None,
+           configs: tuple[str, ...], dry_run: bool, timeout: float) -> None:
+    """Create PROCESSOR's input (when missing), output and dead-letter topics.
+
+    Prints the plan first; an existing topic is never changed: if it differs from what is asked
+    (partitions, replication, the configs given) the command says how and creates nothing."""
+    from txstream import settings as run_settings
+    from txstream.cli.main import _pairs
+    from txstream.errors import one_line
+    from txstream.tools import topics as tt
+
+    try:
+        cls = run_settings.load_processor(processor)
+        resolved = run_settings.resolve(cls, bootstrap_servers=bootstrap_servers, inputs=list(inputs),
+                                        output=output, dead_letter=dead_letter_topic)
+        admin = tt.AdminClient(resolved.clients.admin())
+        states = tt.plan(admin, tt.declared(resolved.input_topics, resolved.output_topic, resolved.dead_letter_topic),
+                         partitions, replication_factor, _pairs(configs, "--config"), timeout)
+        width = max(len(s.name) for s in states)
+        for s in states:
+            click.echo(f"{s.role:<12} {s.name:<{width}}  {s.action:<7}  {s.describe()}")
+        if dry_run:
+            differing = [s for s in states if s.differences]
+            click.echo("dry run: nothing created" + (f"; {len(differing)} existing topic(s) differ" if differing else ""),
+                       err=True)
+            if differing:
+                raise SystemExit(1)
+            return
+        created = tt.create(admin, states, timeout)
+    except (click.ClickException, SystemExit):
+        raise
+    except Exception as exc:  # every failure ends as one clear line
+        raise click.ClickException(one_line(exc)) from None
+    click.echo(f"created {', '.join(created)}" if created else "nothing to create: every topic exists as asked",
+               err=True)

@@ -1,0 +1,382 @@
+"""What a running txstream tells its operators: Prometheus metrics and JSON log lines.
+
+Everything comes from what the driver already has: the result row every task reports with the
+batch (task/publish.py RESULT_SCHEMA), the planner's watermarks, the group membership. Nothing
+runs in executors and nothing runs per record: the loop calls `batch()` once per batch and
+`event()` per notable event (assignment, revocation, retry, dead letter, fatal error), a handful
+of label lookups per partition. One CollectorRegistry per Driver (tests run several drivers in one
+process). docs/operations.md lists the metrics and what to alert on.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from txstream.errors import SettingsError
+from txstream.task.publish import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED
+
+if TYPE_CHECKING:  # pragma: no cover
+    from txstream.driver.loop import BatchReport, Driver
+    from txstream.driver.planning import Watermarks
+
+log = logging.getLogger("txstream")
+
+HUMAN, JSON = "human", "json"
+LOG_FORMATS = (HUMAN, JSON)
+
+# Time per stage, from each task's result row: reading+decoding; the publisher's wait for the
+# transform's output ("upstream": the transform, the JVM hops, and the reading it is pipelined
+# with in the same task, so the transform alone is not measured apart); encoding and producing;
+# send_offsets+commit (or the acknowledgements); init_transactions (fresh producers only).
+STAGES = ("read", "upstream", "produce", "commit", "init_transactions")
+STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# While idle the log end is asked this seldom (every batch asks): an input transaction left open
+# shows as log-end lag with a last-stable lag of 0.
+LOG_END_EVERY_S = 5.0
+BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+def _stage_seconds(row: dict) -> dict[str, float]:
+    return {"read": float(row["read_s"]), "upstream": float(row["upstream_s"]),
+            "produce": float(row["produce_s"]), "commit": float(row["commit_s"]),
+            "init_transactions": float(row["init_s"])}
+
+
+def failed_task_attempts(spark, job_group: str) -> int:  # noqa: ANN001 - SparkSession
+    """Task attempts Spark re-ran in the job group's stages (its own task retries)."""
+    tracker = spark.sparkContext.statusTracker()
+    failed = 0
+    for job_id in tracker.getJobIdsForGroup(job_group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in (job.stageIds if job is not None else ()):
+            stage = tracker.getStageInfo(stage_id)
+            failed += stage.numFailedTasks if stage is not None else 0
+    return failed
+
+
+class _Series(NamedTuple):
+    records_in: Any
+    records_out: Any
+    lag: Any
+    committed: Any
+    last_stable: Any
+
+
+class _Live:
+    """Figures read at scrape time, not pushed: membership changes happen between batches."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.t = telemetry
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):  # noqa: ANN201 - metric families
+        membership = self.t.driver.membership
+        rebalances = CounterMetricFamily(
+            "txstream_rebalances", "Assignments and revocations this instance's group membership went through",
+            labels=["app"])
+        assigned = GaugeMetricFamily("txstream_assigned_partitions",
+                                     "Input partitions this instance owns now (0: it processes nothing)",
+                                     labels=["app"])
+        rebalances.add_metric([self.t.app], membership.generation_changes if membership else 0)
+        assigned.add_metric([self.t.app], len(membership.owned()) if membership else 0)
+        yield rebalances
+        yield assigned
+
+
+class Telemetry:
+    """Metrics (served when the settings name a port) and the log lines, human or JSON."""
+
+    def __init__(self, driver: Driver, echo: Callable[[str], None]) -> None:
+        s = driver.settings
+        self.driver = driver
+        self.app = s.app_id
+        self.guarantee = s.guarantee
+        self.json = s.log_format == JSON
+        self.metrics_port, self.metrics_address = s.metrics_port, s.metrics_address
+        self._out = echo
+        self._server = None
+        self.port: int | None = None    # the port bound (metrics_port 0 picks a free one)
+        self._log_end: dict[tuple[str, int], int] = {}
+        self._log_end_asked = 0.0
+        self._position: dict[tuple[str, int], int] = {}
+        self.registry = r = CollectorRegistry()
+        part = ["app", "guarantee", "topic", "partition"]
+        self.records_in = Counter("txstream_records_in", "Input records decoded and given to the transform "
+                                  "(undecodable ones count as dead letters)", part, registry=r)
+        self.records_out = Counter("txstream_records_out", "Output records published", part, registry=r)
+        self.dead_letters = Counter("txstream_dead_letters", "Input records set aside in the dead-letter topic",
+                                    ["app", "topic", "partition", "stage"], registry=r)
+        self.batches = Counter("txstream_batches", "Batches published", ["app", "guarantee"], registry=r)
+        self.batch_seconds = Histogram("txstream_batch_duration_seconds", "Wall time of a batch, plan to results",
+                                       ["app"], buckets=BATCH_BUCKETS, registry=r)
+        self.stage_seconds = Histogram("txstream_stage_duration_seconds", "Time per stage per task "
+                                       "(upstream: the publisher's wait for the transform's output, reading included)", ["app", "stage"],
+                                       buckets=STAGE_BUCKETS, registry=r)
+        self.task_results = Counter("txstream_task_results", "Task outcomes (committed, acked, already-done, "
+                                    "stale-plan, fenced, empty)", ["app", "status"], registry=r)
+        self.transactions = Counter("txstream_transactions", "Kafka transactions of the tasks by outcome",
+                                    ["app", "outcome"], registry=r)
+        self.fenced = Counter("txstream_fenced_producers", "Task producers fenced by a newer one of their "
+                              "transactional.id (a zombie or a speculative attempt)", ["app"], registry=r)
+        self.task_retries = Counter("txstream_task_retries", "Task attempts that failed and Spark ran again",
+                                    ["app"], registry=r)
+        self.batch_retries = Counter("txstream_batch_retries", "Batches or plans that failed and were retried",
+                                     ["app", "error"], registry=r)
+        self.lag = Gauge("txstream_partition_lag_records", "Records up to the last stable offset not yet "
+                         "processed, as of the last plan", ["app", "topic", "partition"], registry=r)
+        self.log_end_lag = Gauge("txstream_partition_log_end_lag_records", "Offsets up to the log end "
+                                 "(including open transactions) not yet processed", ["app", "topic", "partition"],
+                                 registry=r)
+        self.committed = Gauge("txstream_partition_committed_offset", "The group's offset after the last batch",
+                               ["app", "topic", "partition"], registry=r)
+        self.last_stable = Gauge("txstream_partition_last_stable_offset", "Last stable offset at the last plan",
+                                 ["app", "topic", "partition"], registry=r)
+        self.cap = Gauge("txstream_batch_cap_records", "Records per partition per batch in force (capped to "
+                         "stay inside transaction.timeout.ms)", ["app"], registry=r)
+        self.timeout = Gauge("txstream_transaction_timeout_seconds", "transaction.timeout.ms of the task "
+                             "producers, in seconds", ["app"], registry=r)
+        self.last_plan = Gauge("txstream_last_plan_timestamp_seconds", "When the loop last planned (Unix time; "
+                               "every batch and every idle turn plans)", ["app"], registry=r)
+        self.last_batch = Gauge("txstream_last_batch_timestamp_seconds", "When the last batch finished (Unix "
+                                "time)", ["app"], registry=r)
+        self.info = Gauge("txstream_info", "One per running instance", ["app", "guarantee"], registry=r)
+        r.register(_Live(self))
+        self.info.labels(self.app, self.guarantee).set(1)
+        self.timeout.labels(self.app).set(s.transaction_timeout_s)
+        self.cap.labels(self.app).set(s.max_records_per_partition)
+        # Every stage listed from the start, even before its first observation.
+        self._stages = {stage: self.stage_seconds.labels(self.app, stage) for stage in STAGES}
+        self._by_partition: dict[tuple[str, int], _Series] = {}
+        for outcome in ("committed", "aborted"):
+            self.transactions.labels(self.app, outcome)
+        self.fenced.labels(self.app)
+        self.task_retries.labels(self.app)
+        self.batches.labels(self.app, self.guarantee)
+
+    # -- output -----------------------------------------------------------------------------------
+
+    def echo(self, line: str) -> None:
+        """The driver's other lines (warnings, notes): as they are, or as a JSON 'message'."""
+        if self.json:
+            self._emit("message", line)
+        else:
+            self._out(line)
+
+    def _emit(self, event: str, message: str | None, **fields: Any) -> None:
+        record = {"time": round(time.time(), 3), "event": event, "app": self.app, **fields}
+        if message:
+            record["message"] = message
+        self._out(json.dumps(record, sort_keys=False, default=str))
+
+    def start(self) -> None:
+        if self.metrics_port is None or self._server is not None:
+            return
+        from prometheus_client import start_http_server
+
+        try:
+            self._server, _thread = start_http_server(self.metrics_port, self.metrics_address, registry=self.registry)
+        except OSError as exc:
+            raise SettingsError(f"cannot serve metrics on {self.metrics_address}:{self.metrics_port} "
+                                f"({exc.strerror or exc}); choose another --metrics-port") from None
+        self.port = self._server.server_address[1]
+        host = "localhost" if self.metrics_address in ("0.0.0.0", "::", "") else self.metrics_address
+        self.event("metrics", f"metrics at http://{host}:{self.port}/metrics", url=f"http://{host}:{self.port}/metrics")
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # -- once per batch ---------------------------------------------------------------------------
+
+    def batch(self, report: BatchReport, marks: dict[tuple[str, int], Watermarks] | None, line: str) -> None:
+        """Count a finished batch and print its line (human) or object (JSON).
+
+        `marks` are the watermarks its plan was made from (the planner's, not asked again); None
+        for a batch that is not the loop's own (the records before a poison record)."""
+        app, g = self.app, self.guarantee
+        committed = aborted = fenced = 0
+        positions: dict[tuple[str, int], int] = {}
+        dead: list[tuple[str, int, int]] = []
+        slowest = dict.fromkeys(STAGES, 0.0)
+        for row in report.rows:
+            plan = report.plans[int(row["index"])]
+            topic, partition = plan.topic, str(plan.partition)
+            series = self._series((plan.topic, plan.partition))
+            n_in, n_out, n_dead = int(row["records_in"]), int(row["records_out"]), int(row["dead_letters"])
+            series.records_in.inc(n_in)
+            series.records_out.inc(n_out)
+            if n_dead:
+                # Only the reader's undecodable records come with the rows; the transform's are
+                # counted by `event('dead_letter')` when the poison isolator sets one aside.
+                self.dead_letters.labels(app, topic, partition, "decode").inc(n_dead)
+                dead.append((plan.topic, plan.partition, n_dead))
+            status = row["status"]
+            self.task_results.labels(app, status).inc()
+            if status in (COMMITTED, ACKED):
+                for stage, seconds in _stage_seconds(row).items():
+                    slowest[stage] = max(slowest[stage], seconds)
+                    if stage != "init_transactions" or seconds > 0:  # a reused producer did not init
+                        self._stages[stage].observe(seconds)
+            positions[(plan.topic, plan.partition)] = (plan.end if status in (COMMITTED, ACKED, ALREADY_DONE)
+                                                       else plan.start)
+            if g == EXACTLY_ONCE:
+                # A task's publish loop begins a new transaction only after aborting the last
+                # (abortable error) or losing it to a fence (task/publish.py); a fenced task
+                # ends with its transaction aborted.
+                committed += status == COMMITTED
+                aborted += max(0, int(row["attempts"]) - 1) + (status == FENCED)
+            fenced += status == FENCED
+        self.batches.labels(app, g).inc()
+        self.batch_seconds.labels(app).observe(report.seconds)
+        self.last_batch.labels(app).set(time.time())
+        if committed:
+            self.transactions.labels(app, "committed").inc(committed)
+        if aborted:
+            self.transactions.labels(app, "aborted").inc(aborted)
+        if fenced:
+            self.fenced.labels(app).inc(fenced)
+        retried = self._spark_retries(report.batch_id)
+        lags = self._lags(marks, positions)
+        self.cap.labels(app).set(self.driver._cap())
+        if self.json:
+            self._emit("batch", None, batch=report.batch_id, guarantee=g, partitions=len(report.plans),
+                       records_in=report.total("records_in"), records_out=report.total("records_out"),
+                       dead_letters=report.total("dead_letters"), seconds=round(report.seconds, 4),
+                       stage_seconds={k: round(v, 4) for k, v in slowest.items()}, statuses=dict(report.statuses),
+                       transactions_committed=committed, transactions_aborted=aborted, fenced_producers=fenced,
+                       task_retries=retried, lag=sum(lags.values()) if lags else None,
+                       lag_by_partition=lags or None, log_end_lag_by_partition=self._log_end_lags() or None,
+                       batch_cap=self.driver._cap(), totals=dict(self.driver.totals))
+            for topic, partition, count in dead:
+                self._emit("dead_letter", None, topic=topic, partition=partition, stage="decode", count=count,
+                           batch=report.batch_id)
+        else:
+            self._out(line)
+
+    def _series(self, key: tuple[str, int]) -> _Series:
+        """One partition's labelled series, looked up once (label lookups cost more than updates)."""
+        series = self._by_partition.get(key)
+        if series is None:
+            labels = (self.app, key[0], str(key[1]))
+            with_guarantee = (self.app, self.guarantee, key[0], str(key[1]))
+            series = self._by_partition[key] = _Series(
+                self.records_in.labels(*with_guarantee), self.records_out.labels(*with_guarantee),
+                self.lag.labels(*labels), self.committed.labels(*labels), self.last_stable.labels(*labels))
+        return series
+
+    def _spark_retries(self, batch_id: int) -> int:
+        """Spark's re-run task attempts of this batch's job (a few status calls; only when served)."""
+        spark = self.driver.spark
+        if self._server is None or spark is None:
+            return 0
+        try:
+            # The job group run_batch sets (driver/loop.py).
+            failed = failed_task_attempts(spark, f"txstream-{self.app}-batch-{batch_id}")
+        except Exception as exc:  # noqa: BLE001 - a figure missing must never fail a batch
+            log.debug("task retries of batch %s: %s", batch_id, exc)
+            return 0
+        if failed:
+            self.task_retries.labels(self.app).inc(failed)
+        return failed
+
+    def _lags(self, marks: dict[tuple[str, int], Watermarks] | None,
+              positions: dict[tuple[str, int], int], ask_log_end: bool = True) -> dict[str, int]:
+        """Per owned partition: last stable offset (at planning) minus where the group now is."""
+        if not marks:
+            return {}
+        out = {}
+        for key, mark in marks.items():
+            # A partition the plan left out had nothing to do: the group is at its LSO.
+            position = positions.get(key, mark.last_stable)
+            self._position[key] = position
+            lag = max(0, mark.last_stable - position)
+            series = self._series(key)
+            series.lag.set(lag)
+            series.committed.set(position)
+            series.last_stable.set(mark.last_stable)
+            out[f"{key[0]}[{key[1]}]"] = lag
+        self.last_plan.labels(self.app).set(time.time())
+        if self._server is not None and (ask_log_end or time.monotonic() - self._log_end_asked > LOG_END_EVERY_S):
+            self._log_end_asked = time.monotonic()
+            self._ask_log_end(list(marks))
+        return out
+
+    def idle(self, marks: dict[tuple[str, int], Watermarks]) -> None:
+        """A turn of the loop with nothing to do: every owned partition is at its last stable
+        offset (lag 0), and the loop is alive. No line is printed."""
+        membership = self.driver.membership
+        owned = {(tp.topic, tp.partition) for tp in membership.owned()} if membership else set()
+        # With nothing owned the planner did not run: its last watermarks are of partitions gone.
+        self._lags({k: m for k, m in marks.items() if k in owned}, {}, ask_log_end=False)
+        self.last_plan.labels(self.app).set(time.time())   # alive, even owning nothing (a standby)
+
+    def _ask_log_end(self, keys: list[tuple[str, int]]) -> None:
+        """The log end offsets (read_uncommitted), asked without waiting: the gauges are set when
+        the answer comes, on the admin client's thread, so the loop never waits for it."""
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        try:
+            futures = self.driver.admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in keys},
+                                                     isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                                     request_timeout=10)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("log end offsets: %s", exc)
+            return
+
+        def answered(key: tuple[str, int]) -> Callable:
+            def done(future) -> None:  # noqa: ANN001
+                try:
+                    end = future.result().offset
+                except Exception:  # noqa: BLE001 - the next batch asks again
+                    return
+                self._log_end[key] = end
+                if key in self._position:
+                    self.log_end_lag.labels(self.app, key[0], str(key[1])).set(max(0, end - self._position[key]))
+            return done
+
+        for tp, future in futures.items():
+            future.add_done_callback(answered((tp.topic, tp.partition)))
+
+    def _log_end_lags(self) -> dict[str, int]:
+        """As last answered (the answer to this batch's question may still be on its way)."""
+        return {f"{t}[{p}]": max(0, end - self._position[(t, p)])
+                for (t, p), end in list(self._log_end.items()) if (t, p) in self._position}
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def event(self, kind: str, line: str | None, **fields: Any) -> None:
+        """A notable event: counted, and printed as the human line or as one JSON object."""
+        if kind == "retry":
+            self.batch_retries.labels(self.app, fields.get("error_type", "")).inc()
+        elif kind == "dead_letter":
+            self.dead_letters.labels(self.app, fields["topic"], str(fields["partition"]),
+                                     fields.get("stage", "transform")).inc(fields.get("count", 1))
+        elif kind == "revoked":
+            for name in fields.get("partitions", ()):
+                topic, _, partition = name.rpartition("[")
+                key = (topic, int(partition.rstrip("]")))
+                self._position.pop(key, None)
+                self._by_partition.pop(key, None)
+                self._log_end.pop(key, None)
+                for gauge in (self.lag, self.log_end_lag, self.committed, self.last_stable):
+                    try:
+                        gauge.remove(self.app, key[0], str(key[1]))
+                    except KeyError:
+                        pass
+        if self.json:
+            self._emit(kind, line, **fields)
+        elif line:
+            self._out(line)
+
+
+__all__ = ["Telemetry", "LOG_FORMATS", "HUMAN", "JSON", "STAGES", "failed_task_attempts"]

@@ -1,0 +1,220 @@
+"""`txstream status`: one screen on an app, whether or not an instance runs.
+
+From Kafka alone: the group's state and members, per input partition the committed offset, last
+stable offset, log end and lag (tools/offsets.py), and the last publication of each input
+partition, read from the lineage headers at the tail of the output topics (docs/architecture.md,
+§6). From a running instance, when its metrics URL is given: its live figures.
+"""
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from txstream.kafka import headers as hdr
+from txstream.tools import offsets as ofs
+from txstream.tools.topic_io import end_offsets
+
+DEFAULT_TAIL = 1000
+
+
+@dataclass(frozen=True)
+class Publication:
+    """The newest output record of one input partition found at the output's tail."""
+    source_offset: int           # the input offset it came from (the batch published up to here)
+    publication: str | None      # the publication id: one per published range, i.e. per batch
+    output: str                  # topic[partition]@offset
+    timestamp_ms: int
+
+
+@dataclass
+class PartitionStatus:
+    topic: str
+    partition: int
+    committed: int | None
+    last_stable: int
+    log_end: int
+    lag: int | None              # last stable offset - committed
+    owner: str | None            # member id, when an instance owns it
+    last_publication: Publication | None = None
+    live_lag: float | None = None
+
+
+@dataclass
+class Status:
+    app_id: str
+    state: str
+    members: list[dict[str, Any]]
+    partitions: list[PartitionStatus]
+    lineage_read: list[str] = field(default_factory=list)   # what was read for the publications
+    live: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self) -> str:
+        lines = [f"App {self.app_id}: group {self.state}, {len(self.members)} member(s)"]
+        for m in self.members:
+            lines.append(f"  {m['member_id']} ({m['client_id']} on {m['host']}): {', '.join(m['partitions']) or '-'}")
+        lines.append("")
+        rows = [["TOPIC", "PARTITION", "COMMITTED", "LAST-STABLE", "LOG-END", "LAG", "OWNER", "LAST PUBLISHED"]]
+        for p in self.partitions:
+            pub = p.last_publication
+            last = (f"offset {pub.source_offset} by {pub.publication or '?'} at {_when(pub.timestamp_ms)} "
+                    f"-> {pub.output}") if pub else ("-" if not self.lineage_read else "not in the tail read")
+            rows.append([p.topic, str(p.partition), _s(p.committed), str(p.last_stable), str(p.log_end), _s(p.lag),
+                         (p.owner or "-")[:24], last])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+        if self.lineage_read:
+            lines += ["", "Lineage: read " + "; ".join(self.lineage_read)]
+        if self.live is not None:
+            lines += ["", _live_text(self.live)]
+        lines += [f"Note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _s(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000)) if ms > 0 else "?"
+
+
+def _live_text(live: dict[str, Any]) -> str:
+    if "error" in live:
+        return f"Live ({live['url']}): not reachable ({live['error']})"
+    age = live.get("seconds_since_last_batch")
+    return (f"Live ({live['url']}): {live['batches']:.0f} batches, {live['records_in']:.0f} records in, "
+            f"{live['records_out']:.0f} out, {live['dead_letters']:.0f} dead-lettered, "
+            f"{live['transactions_aborted']:.0f} transactions aborted, {live['fenced_producers']:.0f} fenced; "
+            f"owns {live['assigned_partitions']:.0f} partition(s), lag {live['lag']:.0f}"
+            + (f", last batch {age:.1f}s ago" if age is not None else ""))
+
+
+def last_publications(bootstrap: str, outputs: list[str], tail: int = DEFAULT_TAIL, timeout: float = 30
+                      ) -> tuple[dict[tuple[str, int], Publication], list[str]]:
+    """Per input partition, its newest output record among the last `tail` offsets of each output
+    partition (read_committed); and what was read, in words."""
+    found: dict[tuple[str, int], Publication] = {}
+    read: list[str] = []
+    for topic in outputs:
+        ends = end_offsets(bootstrap, topic, "read_committed", timeout)
+        starts = {p: max(low, end - tail) for p, (low, end) in ends.items()}
+        pending = {p: end for p, (_low, end) in ends.items() if end > starts[p]}
+        count = 0
+        if pending:
+            consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txstream-status-{uuid.uuid4().hex}",
+                                 "isolation.level": "read_committed", "enable.auto.commit": False})
+            consumer.assign([TopicPartition(topic, p, starts[p]) for p in pending])
+            deadline = time.monotonic() + timeout
+            try:
+                while pending:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"reading the tail of {topic} did not reach its end within {timeout:.0f}s")
+                    for msg in consumer.consume(1000, 0.5):
+                        if msg.error():
+                            if msg.error().code() == KafkaError._PARTITION_EOF:
+                                continue
+                            raise KafkaException(msg.error())
+                        if msg.offset() >= pending.get(msg.partition(), -1):
+                            continue
+                        count += 1
+                        source = hdr.source_of(msg.headers())
+                        if source is None:
+                            continue
+                        key = (source[0], source[1])
+                        if key not in found or source[2] >= found[key].source_offset:
+                            publication = dict(msg.headers() or []).get(hdr.PUBLICATION)
+                            found[key] = Publication(source[2], publication.decode() if publication else None,
+                                                     f"{topic}[{msg.partition()}]@{msg.offset()}", msg.timestamp()[1])
+                    for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
+                        if tp.offset >= pending.get(tp.partition, 0):
+                            pending.pop(tp.partition, None)
+            finally:
+                consumer.close()
+        read.append(f"the last {tail} offsets of each of the {len(ends)} partitions of {topic} "
+                    f"({count} committed records, read_committed)")
+    return found, read
+
+
+def live_figures(url: str, app_id: str, timeout: float = 5) -> dict[str, Any]:
+    """A running instance's figures, from its /metrics (txstream run --metrics-port)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text = response.read().decode()
+    except OSError as exc:
+        return {"url": url, "error": str(exc)}
+    sums: dict[str, float] = defaultdict(float)
+    lag: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("app") != app_id:
+                continue
+            sums[s.name] += s.value
+            if s.name == "txstream_partition_lag_records":
+                lag[f"{s.labels['topic']}[{s.labels['partition']}]"] = s.value
+            elif s.name == "txstream_transactions_total":
+                sums[f"transactions_{s.labels['outcome']}"] += s.value
+    last = sums.get("txstream_last_batch_timestamp_seconds")
+    return {
+        "url": url, "batches": sums["txstream_batches_total"], "records_in": sums["txstream_records_in_total"],
+        "records_out": sums["txstream_records_out_total"], "dead_letters": sums["txstream_dead_letters_total"],
+        "transactions_committed": sums["transactions_committed"], "transactions_aborted": sums["transactions_aborted"],
+        "fenced_producers": sums["txstream_fenced_producers_total"],
+        "assigned_partitions": sums["txstream_assigned_partitions"], "rebalances": sums["txstream_rebalances_total"],
+        "batch_cap": sums.get("txstream_batch_cap_records"), "lag": sum(lag.values()), "lag_by_partition": lag,
+        "seconds_since_last_batch": round(time.time() - last, 3) if last else None,
+    }
+
+
+def status(bootstrap: str, app_id: str, outputs: list[str] | None = None, topics: list[str] | None = None,
+           metrics_url: str | None = None, tail: int = DEFAULT_TAIL, timeout: float = ofs.DEFAULT_TIMEOUT) -> Status:
+    admin = ofs.admin_client(bootstrap)
+    known = ofs.cluster_topics(admin, timeout)
+    group = ofs.describe_group(admin, app_id, timeout)
+    committed = ofs.committed_offsets(admin, app_id, None, stable=False, timeout=timeout)
+    notes = []
+    # The group's committed partitions, those of its members, and of the topics named.
+    parts = {p for p in committed if p.topic in known}
+    parts |= {p for m in group.members for p in m.partitions}
+    for topic in topics or []:
+        if topic not in known:
+            notes.append(f"topic {topic} does not exist")
+            continue
+        parts |= {ofs.Partition(topic, i) for i in range(known[topic])}
+    gone = sorted({p.topic for p in committed if p.topic not in known})
+    notes += [f"topic {t} no longer exists; the group still has offsets committed for it" for t in gone]
+    if not parts:
+        notes.append(f"group {app_id} has no committed offsets and no members; name its input with --topic")
+    marks = ofs.watermarks(admin, sorted(parts), timeout)
+    owner = {p: m.member_id for m in group.members for p in m.partitions}
+    rows = []
+    for p in sorted(parts):
+        current, mark = committed.get(p), marks[p]
+        rows.append(PartitionStatus(p.topic, p.partition, current, mark.last_stable, mark.log_end,
+                                    None if current is None else mark.last_stable - current, owner.get(p)))
+    result = Status(app_id, group.state,
+                    [{"member_id": m.member_id, "client_id": m.client_id, "host": m.host,
+                      "partitions": [f"{p.topic}[{p.partition}]" for p in m.partitions]} for m in group.members],
+                    rows, notes=notes)
+    present = [o for o in outputs or [] if o in known]
+    result.notes += [f"output topic {o} does not exist" for o in outputs or [] if o not in known]
+    if present:
+        found, result.lineage_read = last_publications(bootstrap, present, tail, max(timeout, 30))
+        for row in rows:
+            row.last_publication = found.get((row.topic, row.partition))
+    if metrics_url:
+        result.live = live_figures(metrics_url, app_id)
+        for row in rows:
+            row.live_lag = (result.live.get("lag_by_partition") or {}).get(f"{row.topic}[{row.partition}]")
+    return result

@@ -12,6 +12,7 @@ user must fix (an unknown topic, a commit pending in an open transaction).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -83,11 +84,24 @@ _STATE_NAMES = {
 # ---------------------------------------------------------------------------------------------
 
 def admin_client(clients: KafkaClients | str) -> AdminClient:
-    """An AdminClient configured by `clients`, remembering where it points (for error messages)."""
+    """An AdminClient configured by `clients`, remembering where it points and the last errors
+    librdkafka reported (a refused connection, a failed SASL handshake): what the client said."""
     clients = as_clients(clients)
-    admin = AdminClient(clients.admin())
+    said: deque[KafkaError] = deque(maxlen=8)
+    admin = AdminClient(clients.admin(error_cb=said.append))
     admin.txstream_bootstrap = clients.bootstrap_servers  # type: ignore[attr-defined]
+    admin.txstream_errors = said  # type: ignore[attr-defined]
     return admin
+
+
+def _client_said(admin: AdminClient, fallback: str) -> str:
+    """The most telling error librdkafka reported on its own (not the summary 'all brokers down')."""
+    said = getattr(admin, "txstream_errors", None)
+    if said is None:
+        return fallback
+    admin.poll(0)  # serves the queued error callbacks
+    detail = [e for e in said if e.code() != KafkaError._ALL_BROKERS_DOWN]
+    return detail[-1].str() if detail else fallback
 
 
 def unreachable(where: str, said: str, timeout: float | None = None) -> KafkaUnreachable:
@@ -117,13 +131,13 @@ def kafka_call(admin: AdminClient, what: str, call: Callable[[], T], timeout: fl
             failure = classify_kafka(err, what)
             said = (err.str() or err.name()) if err is not None else str(exc)
             if isinstance(failure, KafkaUnreachable) or (err is not None and err.code() == KafkaError._TIMED_OUT):
-                raise unreachable(_where(admin), said, timeout) from None
+                raise unreachable(_where(admin), _client_said(admin, said), timeout) from None
             if isinstance(failure, TransientKafkaError) and time.monotonic() < deadline:
                 time.sleep(0.2)
                 continue
             raise failure from None
         except TimeoutError:
-            raise unreachable(_where(admin), "no answer", timeout) from None
+            raise unreachable(_where(admin), _client_said(admin, "no answer"), timeout) from None
 
 
 # ---------------------------------------------------------------------------------------------

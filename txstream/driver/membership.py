@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 

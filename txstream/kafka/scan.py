@@ -19,7 +19,8 @@ from txstream.kafka.config import KafkaClients, as_clients
 
 _BATCH = 10_000
 # Errors of one partition that reading it again will not cure.
-_UNREADABLE = ("UNKNOWN_TOPIC_OR_PART", "TOPIC_AUTHORIZATION_FAILED", "_UNKNOWN_PARTITION")
+_UNREADABLE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+               KafkaError._UNKNOWN_PARTITION}
 
 
 def _reader(clients: KafkaClients, purpose: str, isolation: str, overrides: Mapping[str, Any]) -> Consumer:
@@ -43,7 +44,6 @@ def scan(clients: KafkaClients | str, ranges: Mapping[tuple[str, int], tuple[int
     todo = {(t, p): end for (t, p), (start, end) in ranges.items() if end > start}
     if not todo:
         return
-    unreadable = {getattr(KafkaError, name) for name in _UNREADABLE}
     eof = KafkaError._PARTITION_EOF
     consumer = _reader(clients, purpose, isolation, overrides)
     try:
@@ -64,7 +64,7 @@ def scan(clients: KafkaClients | str, ranges: Mapping[tuple[str, int], tuple[int
                         del todo[key]
                         progressed = True
                     continue
-                if err.fatal() or err.code() in unreadable:
+                if err.fatal() or err.code() in _UNREADABLE:
                     raise classify_kafka(err, f"reading {msg.topic()}[{msg.partition()}]")
                 # Anything else is transient (a broker down, a leader moving): librdkafka retries.
             if batch:

@@ -141,3 +141,21 @@ def test_run_against_an_unreachable_cluster_is_one_clear_line() -> None:
                     "--bootstrap-servers", UNREACHABLE, "--until-caught-up", timeout=300)
     assert_one_clear_line(proc, UNREACHABLE)
     assert proc.stderr.strip().splitlines()[-1].startswith("Error: Cannot reach Kafka at 127.0.0.1:1")
+
+
+def test_run_through_the_sasl_listener_with_dash_x(sasl_cluster: LocalKafkaCluster, tmp_path: Path) -> None:
+    sasl = sasl_cluster.sasl_bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": sasl_cluster.bootstrap_servers})
+    source, sink = f"sasl-run-in-{uuid.uuid4().hex[:6]}", f"sasl-run-out-{uuid.uuid4().hex[:6]}"
+    for future in admin.create_topics([NewTopic(source, 2), NewTopic(sink, 2)]).values():
+        future.result(30)
+    lines = "".join(json.dumps({"n": i}) + "\n" for i in range(20))
+    assert txstream("produce", source, "--bootstrap-servers", sasl, *X_SASL, stdin=lines).returncode == 0
+    proc = txstream("run", "processors.passthrough:PassThrough", "--input", source, "--output", sink,
+                    "--app-id", f"sasl-run-{uuid.uuid4().hex[:6]}", "--master", "local[1]",
+                    "--bootstrap-servers", sasl, *X_SASL, "--until-caught-up", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = txstream("verify", "--input", source, "--output", sink, "--one-to-one", "--bootstrap-servers", sasl,
+                    *X_SASL, "--timeout", "20")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "CLEAN" in proc.stdout

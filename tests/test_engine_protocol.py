@@ -54,7 +54,7 @@ def driver_with_membership(bootstrap_servers, spark, make_topic):
     settings = resolve(PassThrough, bootstrap_servers=bootstrap_servers, app_id=f"plans-{uuid.uuid4().hex[:6]}",
                        inputs=[source], output=sink, master="local[2]")
     driver = Driver(settings, echo=lambda _m: None, spark=spark)
-    driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [source], {}, lambda: None)
+    driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [source], lambda: None)
     try:
         driver._wait_for_assignment(timeout=30)  # noqa: SLF001 - the protocol step by step
         yield driver, source, sink

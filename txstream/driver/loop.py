@@ -101,9 +101,9 @@ class Driver:
     # -- set-up -----------------------------------------------------------------------------------
 
     def _admin_client(self) -> AdminClient:
-        s = self.settings
-        return AdminClient({"bootstrap.servers": s.bootstrap_servers,
-                            **{k: v for k, v in s.consumer_config.items() if k.startswith(("security.", "sasl.", "ssl."))}})
+        from txstream.kafka.offsets import admin_client
+
+        return admin_client(self.settings.clients)
 
     def _frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
         assert self.spark is not None
@@ -119,7 +119,9 @@ class Driver:
     def check_topics(self) -> None:
         """Inputs, the output and the dead-letter topic must exist: txstream never creates them."""
         s = self.settings
-        known = self.admin.list_topics(timeout=30).topics
+        from txstream.kafka.offsets import cluster_topics
+
+        known = cluster_topics(self.admin, timeout=30)  # also the reachability check: one clear line
         wanted = [("input", t) for t in s.input_topics]
         wanted += [("output", s.output_topic)] if s.output_topic else []
         wanted += [("dead-letter", s.dead_letter_topic)] if s.dead_letter_topic else []
@@ -171,8 +173,8 @@ class Driver:
             s.processor.setup(self.spark)
             self.check_topics()
             self.validate()
-            self.membership = GroupMembership(s.bootstrap_servers, s.app_id, s.input_topics,
-                                              s.consumer_config, self._wait_for_batch, self._on_group_change)
+            self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
+                                              self._wait_for_batch, self._on_group_change)
             self.commits = DriverCommits(s.guarantee, self.membership)
             planner = Planner(self.admin, s.app_id, s.auto_offset_reset, s.max_records_per_partition)
             self._wait_for_assignment()
@@ -300,22 +302,13 @@ class Driver:
                              stage="transform", count=1, error=message)
 
     def _raw_record(self, plan: PartitionPlan, offset: int, message: str, timeout: float = 30) -> tuple:
-        from confluent_kafka import Consumer
+        from txstream.kafka.scan import read_one
 
-        consumer = Consumer(self.settings.clients.consumer(
-            f"{self.settings.app_id}-poison", **{"isolation.level": "read_committed", "enable.auto.commit": False}))
-        consumer.assign([TopicPartition(plan.topic, plan.partition, offset)])
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                msg = consumer.poll(0.5)
-                if msg is None or msg.error():
-                    continue
-                if msg.offset() == offset:
-                    return (msg.key(), msg.value(), msg.headers(), msg.timestamp()[1], offset, "transform", message)
-        finally:
-            consumer.close()
-        raise InfrastructureError(f"could not read {plan.topic}[{plan.partition}]@{offset} to dead-letter it")
+        msg = read_one(self.settings.clients, plan.topic, plan.partition, offset, timeout,
+                       group_id=f"{self.settings.app_id}-poison")
+        if msg is None:
+            raise InfrastructureError(f"could not read {plan.topic}[{plan.partition}]@{offset} to dead-letter it")
+        return (msg.key(), msg.value(), msg.headers(), msg.timestamp()[1], offset, "transform", message)
 
     def _wait_for_assignment(self, timeout: float = 60.0) -> None:
         assert self.membership is not None

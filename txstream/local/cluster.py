@@ -93,9 +93,9 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def free_port_block(count: int) -> int:
-    """A base port such that base .. base+count-1 and base+100 .. are all free, outside the
-    kernel's ephemeral range.
+def free_port_block(count: int, blocks: int = 2) -> int:
+    """A base port such that base .. base+count-1 and base+100 .. (and base+200 .. with
+    blocks=3, for a SASL listener) are all free, outside the kernel's ephemeral range.
 
     Inside it, a stopped node's port is a free source port for any outgoing connection on the
     machine (clients reconnecting to that very node included), and the node then cannot bind it
@@ -103,13 +103,13 @@ def free_port_block(count: int) -> int:
     import random
 
     low, high = _ephemeral_ports()
-    span = 100 + count
+    span = 100 * (blocks - 1) + count
     ranges = [(r_low, r_high - span) for r_low, r_high in ((10_000, low), (high + 1, 65_000)) if r_high - span > r_low]
     pick = random.Random()
     for _ in range(500):
         r_low, r_high = pick.choice(ranges)
         base = pick.randrange(r_low, r_high)
-        if all(port_is_free(base + i) and port_is_free(base + 100 + i) for i in range(count)):
+        if all(port_is_free(base + 100 * b + i) for i in range(count) for b in range(blocks)):
             return base
     raise BrokerError("Could not find free ports for a local Kafka cluster.")
 
@@ -148,6 +148,10 @@ class LocalKafkaCluster:
 
     Broker i listens on `port + i`, its controller on `port + 100 + i`. With three nodes the
     internal topics use replication 3 and min ISR 2, as Kafka's transactions system test does.
+
+    `sasl_users` ({user: password}) adds a SASL_PLAINTEXT listener with those PLAIN users on
+    `port + 200 + i` (`sasl_bootstrap_servers`), for testing clients against a secured
+    listener; inter-broker and controller traffic stay PLAINTEXT, and there is no authorizer.
     """
 
     port: int = 9092
@@ -157,6 +161,7 @@ class LocalKafkaCluster:
     nodes: list[Node] = field(default_factory=list)
     cluster_id: str = ""
     die_with_parent: bool = False  # tests: the JVMs die when the test process dies
+    sasl_users: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -168,6 +173,32 @@ class LocalKafkaCluster:
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(f"localhost:{n.port}" for n in self.nodes)
+
+    @property
+    def sasl_bootstrap_servers(self) -> str | None:
+        """The SASL_PLAINTEXT (PLAIN) listeners, when `sasl_users` is set."""
+        if not self.sasl_users:
+            return None
+        return ",".join(f"localhost:{self._sasl_port(n)}" for n in self.nodes)
+
+    @staticmethod
+    def _sasl_port(node: Node) -> int:
+        return node.port + 200
+
+    def _listeners(self, node: Node) -> list[str]:
+        if not self.sasl_users:
+            return [f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://localhost:{node.port}",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
+        sasl = self._sasl_port(node)
+        users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
+        return [f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port},"
+                f"SASL_PLAINTEXT://localhost:{sasl}",
+                f"advertised.listeners=PLAINTEXT://localhost:{node.port},SASL_PLAINTEXT://localhost:{sasl}",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"]
 
     @property
     def state_file(self) -> Path:
@@ -183,11 +214,9 @@ class LocalKafkaCluster:
             "process.roles=broker,controller",
             f"node.id={node.node_id}",
             f"controller.quorum.voters={voters}",
-            f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port}",
-            f"advertised.listeners=PLAINTEXT://localhost:{node.port}",
+            *self._listeners(node),
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             f"log.dirs={os.path.join(node.directory, 'data')}",
             # Transactions on a small cluster: the internal topics must fit the node count.
             f"offsets.topic.replication.factor={replication}",
@@ -228,7 +257,7 @@ class LocalKafkaCluster:
                               f"(pids {', '.join(map(str, existing.alive_pids()))}); "
                               "`txstream kafka down` stops it.")
         for node in self.nodes:
-            for port in (node.port, node.controller_port):
+            for port in (node.port, node.controller_port, *([self._sasl_port(node)] if self.sasl_users else [])):
                 if not port_is_free(port):
                     raise BrokerError(f"Port {port} is already in use; pick another with --port "
                                       "(or stop what listens there).")

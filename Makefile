@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test install kafka-jars spark-archive bench clean
+.PHONY: demo test test-fast lint soak install kafka-jars spark-archive bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,9 @@ install: $(VENV)/.installed
 kafka-jars: install
 	$(PY) -c "from txstream.local.cluster import kafka_libs; kafka_libs(print)"
 
-# Spark's class-data-sharing archive in ~/.cache/txstream: about 5 s off every Spark start (see
-# txstream/spark_session.py). Written once (~1 min); afterwards this only checks it is there.
+# Spark's class-data-sharing archive in ~/.cache/txstream (TXSTREAM_CACHE_DIR moves it): about 5 s
+# off every Spark start (see txstream/spark/session.py). Written once (~1 min); afterwards this only
+# checks it is there.
 spark-archive: install
 	$(PY) -m txstream.spark.session
 
@@ -29,6 +30,20 @@ demo: kafka-jars spark-archive
 # pytest exits 5 when no test ran; make then fails like on any other non-zero exit.
 test: kafka-jars spark-archive
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tests only (no broker, no Spark, no subprocess; tests/conftest.py marks the others
+# `integration` and `chaos`): seconds, no jars needed. Fails, like `test`, when nothing is selected.
+test-fast: install
+	$(PY) -m pytest -m "not integration and not chaos" $(PYTEST_ARGS)
+
+# ruff's configuration is in pyproject.toml ([tool.ruff]).
+lint: install
+	$(PY) -m ruff check .
+
+# The chaos soak at full size (issue 12): 1,000,000+ records, 56 processor bounces, 7 broker bounces
+# on 3 nodes, a read_committed checker throughout; a progress line per step. About an hour here.
+soak: kafka-jars spark-archive
+	TXSTREAM_SOAK=1 $(PY) -m pytest tests/chaos/test_soak.py -s $(PYTEST_ARGS)
 
 bench: kafka-jars spark-archive
 	$(PY) -m benchmarks $(BENCH_ARGS)

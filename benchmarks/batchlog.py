@@ -19,7 +19,7 @@ figures (from the same rows the driver summarises):
 
 With those lines, the count of tasks that paid init_transactions and its median are per task;
 without them (an older or plain `txstream run` log) they fall back to per-batch maxima.
-"""
+"""  # noqa: E501 - a batch line quoted whole
 from __future__ import annotations
 
 import re

@@ -188,7 +188,7 @@ def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=-1)
                                    for n in names], operation_timeout=30)
-    for name, fut in futures.items():
+    for fut in futures.values():
         fut.result(60)
     # Wait until metadata shows every partition with a leader.
     deadline = time.monotonic() + 30
@@ -210,9 +210,9 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
         for fut in admin.delete_topics(names, operation_timeout=30).values():
             try:
                 fut.result(60)
-            except Exception:  # noqa: BLE001 - best effort clean-up
+            except Exception:  # best effort clean-up
                 pass
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
 
 
@@ -222,7 +222,7 @@ def broker_version(bootstrap: str) -> str:
         from txstream.local import cluster as local_broker
 
         return local_broker.KAFKA_VERSION
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "unknown"
 
 

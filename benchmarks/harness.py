@@ -5,14 +5,12 @@ See benchmarks/README.md for what each contender is and how the figures are comp
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
-import signal
 import shutil
+import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -24,8 +22,7 @@ from pathlib import Path
 from benchmarks import batchlog
 from benchmarks.common import BENCH_DIR, REPO, create_topics, delete_topics, digest, seed_input, warm_up_broker
 from benchmarks.contenders import Contender, Job, Unavailable, all_contenders
-from benchmarks.measure import (ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process,
-                                verify_output)
+from benchmarks.measure import ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process, verify_output
 
 RESULTS = BENCH_DIR / "results"
 T0 = time.monotonic()
@@ -254,7 +251,7 @@ def run_contenders(contenders: list[Contender], ctx: dict, runs: int) -> dict[st
             entry["status"] = f"unavailable: {exc}"
             log(f"   {entry['status']}")
             continue
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             entry["status"] = f"unavailable: {type(exc).__name__}: {exc}"
             log(f"   {entry['status']}")
             continue
@@ -265,7 +262,7 @@ def run_contenders(contenders: list[Contender], ctx: dict, runs: int) -> dict[st
             log(f"== {contender.label}: run {run_no}/{runs} ...")
             try:
                 res = run_once(contender, ctx, run_no)
-            except Exception as exc:  # noqa: BLE001 - one contender's failure is its row
+            except Exception as exc:  # one contender's failure is its row
                 res = {"run": run_no, "ok": False, "problem": f"{type(exc).__name__}: {exc}",
                        "traceback": traceback.format_exc()}
             entry["runs"].append(res)
@@ -380,7 +377,7 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
         producer_thread.join(30)
         if proc.poll() is not None:
             raise RuntimeError(f"exited with code {proc.returncode} during the measurement: {_tail(log_path)}")
-    except Exception as exc:  # noqa: BLE001 - reported as a row
+    except Exception as exc:  # reported as a row
         return {"ok": False, "problem": str(exc)}
     finally:
         stop.set()
@@ -431,7 +428,7 @@ def versions(contenders: list[Contender], broker: str) -> dict:
     for c in contenders:
         try:
             v.update(c.versions())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     v["git"] = git_state()
     return v
@@ -447,7 +444,7 @@ def git_state() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "txstream", "processors"], cwd=REPO,
                                capture_output=True, text=True, timeout=10).stdout.split("\n")
         dirty = [line[3:] for line in dirty if line.strip()]
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "unknown"
     return head + (f" + uncommitted changes in {', '.join(dirty)}" if dirty else "")
 
@@ -561,7 +558,8 @@ def main(argv=None) -> int:
                  "topics": [], "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup": args.warmup}
     results: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      "mode": "sweep" if args.sweep else ("latency" if args.latency else "throughput"),
-                     "settings": {k: v for k, v in vars(args).items() if k not in ("contender_names", "sweep_contenders")}
+                     "settings": {k: v for k, v in vars(args).items()
+                                  if k not in ("contender_names", "sweep_contenders")}
                      | {"contenders": args.contender_names},
                      "hardware": hardware(), "logs": str(logdir), "git_at_start": git_state()}
     try:
@@ -598,7 +596,7 @@ def main(argv=None) -> int:
                     log(f"== {contender.label} ==")
                     try:
                         contender.prepare(lambda m: log(m))
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         reason = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
                         entry["status"] = f"unavailable: {reason}"
                         log(f"   {entry['status']}")
@@ -628,7 +626,7 @@ def main(argv=None) -> int:
                 from benchmarks import readme
 
                 log(readme.update())
-            except Exception as exc:  # noqa: BLE001 - the results stand without the README
+            except Exception as exc:  # the results stand without the README
                 log(f"README not updated: {type(exc).__name__}: {exc}")
         return 0
     finally:

@@ -4,20 +4,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import psutil
 
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the harness dies, whatever happens."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+from txstream.local.processes import die_with_parent
 
 
 def start_process(argv: list[str], env: dict | None, log_path: str, cwd: str) -> subprocess.Popen:
@@ -25,7 +17,7 @@ def start_process(argv: list[str], env: dict | None, log_path: str, cwd: str) ->
     try:
         return subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
     finally:
         log.close()
 
@@ -183,7 +175,7 @@ class OutputWatcher:
                 self.timeline.append((now, self.count))
                 if self.done_at is None and self.expected and self.count >= self.expected:
                     self.done_at = now
-        except Exception as exc:  # noqa: BLE001 - reported to the harness
+        except Exception as exc:  # reported to the harness
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.ready.set()
@@ -252,7 +244,7 @@ def verify_output(records: list[tuple[bytes, bytes]], expected: dict[bytes, byte
         elif first_wrong is not None:
             try:
                 got = decode(ENRICHED_SCHEMA, first_wrong[1])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 got = f"undecodable: {exc}"
             stats["first_wrong"] = {"key": first_wrong[0].decode(errors="replace"), "got": str(got),
                                     "want": str(decode(ENRICHED_SCHEMA, first_wrong[2]))}

@@ -79,7 +79,8 @@ def throughput_section(path: Path, results: dict) -> list[str]:
     lines = [f"**Throughput**{quick}: {inp.get('records', 0):,} orders ({inp.get('avg_value_bytes')} B values) in "
              f"{s['partitions']} partitions, {s['runs']} run(s) per contender, median; {_machine(results)}. "
              f"Files: {_link(path)}.", "",
-             "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MiB | other work (cores) |",
+             "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MiB "
+             "| other work (cores) |",
              "|---|---|---|---|---|---|---|"]
     for _name, e in results["contenders"].items():
         if e.get("status") != "ok":
@@ -87,9 +88,10 @@ def throughput_section(path: Path, results: dict) -> list[str]:
             continue
         sm = e.get("summary", {})
 
-        def med(key, spec=",.0f"):
+        def med(key, spec=",.0f", sm=sm):
             return _n((sm.get(key) or {}).get("median"), spec)
-        lines.append(f"| {e['label']} | {med('records_per_s')} | {report._steady(e, ranged=False)} | {med('first_output_s', '.1f')} | "
+        lines.append(f"| {e['label']} | {med('records_per_s')} | {report.steady(e, ranged=False)} | "
+                     f"{med('first_output_s', '.1f')} | "
                      f"{med('cpu_s_per_m')} | {med('peak_rss_mb')} | {report.other_work(e)} |")
     ratios = results.get("ratios", {})
     parts = []
@@ -103,7 +105,8 @@ def throughput_section(path: Path, results: dict) -> list[str]:
                   "on average (2 cores in all).", "",
                   "txstream exactly-once's records/s divided by each other's: " + ", ".join(parts)
                   + " (> 1: txstream is faster). CPU per record against the hand-written loop: "
-                  + _x((ratios.get("txstream exactly-once vs hand-written loop") or {}).get("cpu_s_per_m"), ".1f") + "."]
+                  + _x((ratios.get("txstream exactly-once vs hand-written loop") or {}).get("cpu_s_per_m"), ".1f")
+                  + "."]
     rows = [report.batch_row(e["label"], e["batches"]) for e in results["contenders"].values() if e.get("batches")]
     inside = {n: (e.get("batches") or {}).get("in_batch_records_per_s") for n, e in results["contenders"].items()
               if e.get("status") == "ok"}
@@ -192,7 +195,7 @@ def section(directory: Path = RESULTS) -> str:
                 out += latency_section(path, results)
             else:
                 out += sweep_section(path, results)
-        except Exception as exc:  # noqa: BLE001 - one odd file must not break the rest
+        except Exception as exc:  # one odd file must not break the rest
             out.append(f"({path.name}: could not be summarised: {type(exc).__name__}: {exc})")
         out.append("")
     out.append(END)

@@ -52,7 +52,7 @@ def _range(stats: dict | None, spec: str) -> str:
     return f"{format(stats['median'], spec)} ({format(stats['min'], spec)}–{format(stats['max'], spec)})"
 
 
-def _steady(entry: dict, ranged: bool = True) -> str:
+def steady(entry: dict, ranged: bool = True) -> str:
     sm = (entry.get("summary") or {}).get("steady_records_per_s")
     if sm:
         one_batch = (entry.get("batches") or {}).get("batches") == 1
@@ -92,7 +92,8 @@ def init_text(b: dict) -> str:
 
 
 BATCH_HEADER = ["| contender | batches | records per batch | batch s median (max) | in-batch records/s | "
-                "read / upstream / produce / commit / init s (median per batch) | init_transactions paid | first batch s |",
+                "read / upstream / produce / commit / init s (median per batch) | init_transactions paid "
+                "| first batch s |",
                 "|---|---|---|---|---|---|---|---|"]
 
 
@@ -113,7 +114,8 @@ def batch_table(contenders: dict) -> list[str]:
             "Per batch, read / upstream / produce / commit / init are the maxima over the batch's tasks "
             "(txstream's batch line): reading and decoding; the publisher's wait for its input (reading, JVM "
             "hops and the transform together); encoding and producing; send_offsets + commit (or the "
-            "acknowledgements); init_transactions. In-batch records/s = records / time inside batches (no Spark session start-up). "
+            "acknowledgements); init_transactions. In-batch records/s = records / time inside batches "
+            "(no Spark session start-up). "
             "init_transactions paid: tasks that created a transactional producer (0 s when a cached one was "
             "reused), from the per-task lines benchmarks/contenders/txstream_run.py adds."]
 
@@ -131,7 +133,8 @@ def markdown(results: dict) -> str:
                  + " (shared machine: figures are noisy).")
     lines.append(f"Versions: Python {v.get('python')}, pyspark {v.get('pyspark')}, confluent-kafka "
                  f"{v.get('confluent_kafka')} (librdkafka {v.get('librdkafka')}), {v.get('kafka_broker')}, "
-                 f"quixstreams {v.get('quixstreams', 'n/a')} (with confluent-kafka {v.get('quix_confluent_kafka', 'n/a')}), "
+                 f"quixstreams {v.get('quixstreams', 'n/a')} "
+                 f"(with confluent-kafka {v.get('quix_confluent_kafka', 'n/a')}), "
                  f"Spark connectors {v.get('spark_connectors', 'n/a')}; txstream at {results.get('git_at_start', '?')} "
                  f"(start), {v.get('git', '?')} (end).")
     if results["mode"] == "throughput":
@@ -140,7 +143,8 @@ def markdown(results: dict) -> str:
                      f"{inp.get('avg_value_bytes')} B per value) in {s['partitions']} partitions; "
                      f"{inp.get('expected_output', 0):,} have amount > 0 and must come out. "
                      f"Runs per contender: {s['runs']}; median (min–max).")
-        lines += ["", "| contender | status | records/s | steady records/s | MB/s (input) | wall s | first output s | CPU s per M records | peak RSS MiB | vs hand-written (rec/s) | other work (cores) |",
+        lines += ["", "| contender | status | records/s | steady records/s | MB/s (input) | wall s | first output s "
+                      "| CPU s per M records | peak RSS MiB | vs hand-written (rec/s) | other work (cores) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         rel = results.get("ratios", {}).get("each vs hand-written loop", {})
         for name, e in results["contenders"].items():
@@ -150,7 +154,7 @@ def markdown(results: dict) -> str:
                 status = status.replace("|", "/")[:300]
             r = (rel.get(name) or {}).get("records_per_s")
             lines.append(f"| {e['label']} | {status} | {_range(sm.get('records_per_s'), ',.0f')} | "
-                         f"{_steady(e)} | "
+                         f"{steady(e)} | "
                          f"{_range(sm.get('mb_per_s'), '.2f')} | {_range(sm.get('wall_s'), '.1f')} | "
                          f"{_range(sm.get('first_output_s'), '.1f')} | {_range(sm.get('cpu_s_per_m'), ',.0f')} | "
                          f"{_range(sm.get('peak_rss_mb'), ',.0f')} | {_fmt(r, '.2f')}{'×' if r is not None else ''} | "
@@ -165,11 +169,12 @@ def markdown(results: dict) -> str:
                      f"after {s['warmup']:.0f}s of warm-up past the first output.")
         lines += ["", "| contender | status | p50 ms | p99 ms | max ms | records measured / produced in window |",
                   "|---|---|---|---|---|---|"]
-        for name, e in results["contenders"].items():
+        for e in results["contenders"].values():
             lat = e.get("latency") or {}
             status = e.get("status", "?").replace("|", "/")[:300]
             lines.append(f"| {e['label']} | {status} | {_fmt(lat.get('p50_ms'))} | {_fmt(lat.get('p99_ms'))} | "
-                         f"{_fmt(lat.get('max_ms'))} | {lat.get('measured', 'n/a')} / {lat.get('produced_in_window', 'n/a')} |")
+                         f"{_fmt(lat.get('max_ms'))} | {lat.get('measured', 'n/a')} / "
+                         f"{lat.get('produced_in_window', 'n/a')} |")
     lines += ["", "## txstream exactly-once vs the others", ""]
     for label, row in results.get("ratios", {}).items():
         if label.startswith("each"):
@@ -256,7 +261,8 @@ def sweep_markdown(results: dict) -> str:
     lines += _header(results)
     inputs = "; ".join(f"{p['label']}: {p['input']['records']:,} records, {p['input']['partitions']} partitions, "
                        f"{p['input']['avg_value_bytes']} B per value, {p['input']['bytes'] / 1e6:.1f} MB" for p in pts)
-    lines.append(f"Parameter: {results['parameter']}. Runs per point: {s['runs']} (median when more). Inputs: {inputs}.")
+    lines.append(f"Parameter: {results['parameter']}. Runs per point: {s['runs']} (median when more). "
+                 f"Inputs: {inputs}.")
     settings = []
     for name, label in sweep_names(results):
         per = [p["contenders"][name].get("settings") or {} for p in pts if name in p["contenders"]]
@@ -309,7 +315,7 @@ def sweep_chart(results: dict, path: Path) -> None:
     if results["sweep"] == "batch":
         metrics.append(("batch_s_median", "txstream batch s (median)"))
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.8 * len(metrics), 4.4))
-    for ax, (key, title) in zip(axes, metrics):
+    for ax, (key, title) in zip(axes, metrics, strict=True):
         for name, label in sweep_names(results):
             ys = []
             for p in pts:
@@ -321,7 +327,7 @@ def sweep_chart(results: dict, path: Path) -> None:
                 ys.append(v)
             if all(v is None for v in ys):
                 continue
-            ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
+            ax.plot([x for x, y in zip(xs, ys, strict=True) if y is not None], [y for y in ys if y is not None],
                     marker="o", label=label)
         ax.set_title(title, fontsize=10)
         if key in ("records_per_s", "rate_no_startup", "cpu_s_per_m"):
@@ -356,11 +362,12 @@ def chart(results: dict, path: Path) -> None:
         metrics = [("p50_ms", "latency p50, ms"), ("p99_ms", "latency p99, ms")]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4.8))
     names = [e["label"].replace(" (", "\n(").replace(": ", ":\n") for _, e in ok]
-    for ax, (key, title) in zip(axes, metrics):
+    for ax, (key, title) in zip(axes, metrics, strict=True):
         if results["mode"] == "throughput":
             stats = [(e["summary"].get(key) or {"median": 0, "min": 0, "max": 0}) for _, e in ok]
             med = [s["median"] for s in stats]
-            err = [[m - s["min"] for m, s in zip(med, stats)], [s["max"] - m for m, s in zip(med, stats)]]
+            err = [[m - s["min"] for m, s in zip(med, stats, strict=True)],
+                   [s["max"] - m for m, s in zip(med, stats, strict=True)]]
             ax.barh(names, med, xerr=err, color="#4c72b0", capsize=3)
         else:
             ax.barh(names, [e["latency"].get(key) or 0 for _, e in ok], color="#dd8452")
@@ -386,6 +393,6 @@ def write_all(results: dict, directory: Path, prefix: str) -> list[Path]:
     try:
         (sweep_chart if results.get("mode") == "sweep" else chart)(results, png)
         paths.append(png)
-    except Exception as exc:  # noqa: BLE001 - the table and JSON still stand
+    except Exception as exc:  # the table and JSON still stand
         print(f"(no chart: {exc})")
     return paths

@@ -1,5 +1,6 @@
 """The order enricher (the README's example): Avro in, filter, computed columns, Avro out."""
-from pyspark.sql import DataFrame, functions as F
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from txstream import Processor
 

@@ -1,5 +1,6 @@
 """1:n fan-out: one output record per item of an order (explode), keyed by order id."""
-from pyspark.sql import DataFrame, functions as F
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from txstream import Processor
 

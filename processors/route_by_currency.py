@@ -1,5 +1,6 @@
 """A router: each order goes to the topic of its currency through the `topic` column."""
-from pyspark.sql import DataFrame, functions as F
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from txstream import Processor
 

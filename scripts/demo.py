@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from processors.sample_orders import enriched, orders  # noqa: E402
-from txstream.tools.broker_check import transaction_round_trip  # noqa: E402
 from txstream.local.cluster import BrokerError, LocalKafkaCluster, free_port_block  # noqa: E402
 from txstream.serde.avro import AvroCodec, load_schema  # noqa: E402
+from txstream.tools.broker_check import transaction_round_trip  # noqa: E402
 from txstream.tools.topic_io import produce_waiting, read_records  # noqa: E402
 from txstream.tools.verify import audit  # noqa: E402
 

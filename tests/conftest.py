@@ -6,56 +6,94 @@ Kafka from its Maven Central jars, started once per run and stopped at the end. 
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from txstream.local.cluster import LocalKafkaCluster, free_port_block
+from tests.support.cluster import KafkaClusterFixture, create_cluster
 
-_BROKER_KIND = {"kind": "not started"}
+_BROKER_KIND = {"kind": "no broker (none of the selected tests needed one)"}
+
+# Fixtures that need a Kafka broker or a Spark session: a test using any of them (directly or
+# through another fixture) is an integration test.
+INTEGRATION_FIXTURES = {"kafka_cluster_factory", "bootstrap_servers", "admin", "make_topic", "spark",
+                        "run_processor", "cluster"}
+_CHAOS_DIR = Path(__file__).parent / "chaos"
 
 
-def _docker_reachable() -> bool:
-    try:
-        import docker  # comes with testcontainers
+def _starts_processes(item: pytest.Item) -> bool:
+    """Test modules that start processes import subprocess (or the chaos harness, which does)."""
+    module = getattr(item, "module", None)
+    imported = vars(module).values() if module is not None else ()
+    return any(value is subprocess or value is subprocess.Popen
+               or getattr(value, "__name__", "") == "tests.chaos.harness" for value in imported)
 
-        docker.from_env(timeout=3).ping()
-        return True
-    except Exception:  # noqa: BLE001 - no engine, no socket, no package: not reachable
-        return False
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`chaos`: everything under tests/chaos. `integration`: a broker, Spark or processes.
+    `make test-fast` runs the rest (`-m "not integration and not chaos"`)."""
+    for item in items:
+        if _CHAOS_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.chaos)
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_processes(item):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keeps the split honest: a test not marked integration that starts a process fails, naming
+    the reason, instead of slowing `make test-fast` down."""
+    if request.node.get_closest_marker("integration") is not None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it pytest.mark.integration "
+                             "(or use an integration fixture)")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
 @pytest.fixture(scope="session")
-def bootstrap_servers() -> Iterator[str]:
-    existing = os.environ.get("TXSTREAM_BOOTSTRAP_SERVERS")
-    if existing:
-        _BROKER_KIND["kind"] = f"existing cluster at {existing}"
-        yield existing
-        return
-    if os.environ.get("TXSTREAM_TEST_DOCKER", "1") != "0" and _docker_reachable():
-        from testcontainers.kafka import KafkaContainer
+def kafka_cluster_factory() -> Iterator[Callable[..., KafkaClusterFixture]]:
+    """Clusters on demand: `kafka_cluster_factory(brokers=1|3, controlled=False)` (see
+    tests/support/cluster.py). Each is stopped by the fixture that asked for it, or at the end of
+    the session at the latest, whether the tests passed or not."""
+    clusters: list[KafkaClusterFixture] = []
 
-        with KafkaContainer("apache/kafka:4.1.0").with_kraft() as container:
-            _BROKER_KIND["kind"] = "Apache Kafka in Docker (testcontainers)"
-            yield container.get_bootstrap_server()
-        return
-    data_dir = tempfile.mkdtemp(prefix="txstream-test-kafka-")
-    cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=data_dir, die_with_parent=True)
+    def create(brokers: int = 1, controlled: bool = False, timeout: float = 240.0) -> KafkaClusterFixture:
+        cluster = create_cluster(brokers, controlled=controlled, timeout=timeout)
+        clusters.append(cluster)
+        return cluster
+
     try:
-        bootstrap = cluster.start(progress=print)
-        _BROKER_KIND["kind"] = f"Apache Kafka from Maven jars at {bootstrap}"
-        yield bootstrap
+        yield create
     finally:
-        cluster.destroy()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        errors = []
+        for cluster in reversed(clusters):
+            try:
+                cluster.stop()
+            except Exception as exc:  # stop every cluster, then report
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
-def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest hook
+@pytest.fixture(scope="session")
+def bootstrap_servers(kafka_cluster_factory: Callable[..., KafkaClusterFixture]) -> Iterator[str]:
+    """The session's broker: TXSTREAM_BOOTSTRAP_SERVERS, else Docker, else local Maven jars."""
+    cluster = kafka_cluster_factory(brokers=1, timeout=120.0)
+    _BROKER_KIND["kind"] = repr(cluster)
+    try:
+        yield cluster.bootstrap_servers
+    finally:
+        cluster.stop()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"txstream tests ran against: {_BROKER_KIND['kind']}")
 
 
@@ -92,12 +130,12 @@ def spark():
 
 
 @pytest.fixture
-def run_processor(bootstrap_servers: str, spark):  # noqa: ANN001
+def run_processor(bootstrap_servers: str, spark):
     """Run a processor class in-process until caught up; returns the Driver (totals, reports)."""
     from txstream.driver.loop import Driver
     from txstream.settings import resolve
 
-    def run(cls, **overrides):  # noqa: ANN001, ANN202
+    def run(cls, **overrides):
         overrides.setdefault("until_caught_up", True)
         overrides.setdefault("app_id", f"test-{cls.__name__.lower()}-{uuid.uuid4().hex[:8]}")
         settings = resolve(cls, bootstrap_servers=bootstrap_servers, master="local[2]", **overrides)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import fastavro
 import pytest
-from pyspark.sql import DataFrame, functions as F, types as T
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
@@ -40,6 +42,7 @@ def _poison() -> dict[str, bytes | None]:
     return {
         "bad-avro": b"\xff" * 12,
         "truncated": good[: len(good) // 2],
+        "trailing-bytes": good + b"\x00\x00",          # a whole order, then 2 bytes of something else
         "wrong-schema": avro_bytes(WRONG, {"name": "Alice", "age": 41, "tags": ["a", "b", "c"]}),
         "empty": b"",
         "null": None,
@@ -57,8 +60,8 @@ def _seed_with_poison(bootstrap: str, topic: str, partitions: int, count: int = 
     poison = list(_poison().items())
     delivered: dict[str, tuple[int, int]] = {}
 
-    def remember(name: str):  # noqa: ANN202
-        def cb(err, msg) -> None:  # noqa: ANN001
+    def remember(name: str):
+        def cb(err, msg) -> None:
             assert err is None, err
             delivered[name] = (msg.partition(), msg.offset())
         return cb
@@ -126,6 +129,7 @@ def test_poison_records_go_to_the_dead_letter_topic(bootstrap_servers, make_topi
         assert int(r.headers[hdr.SOURCE_OFFSET]) == offset, (kind, r.headers)
         assert r.headers[hdr.DLQ_STAGE] == b"decode", (kind, r.headers)
         assert r.headers.get(hdr.DLQ_ERROR), (kind, r.headers)
+    assert b"2 bytes left after the record ends" in by_kind["trailing-bytes"].headers[hdr.DLQ_ERROR]
 
     _check_outputs(bootstrap_servers, output, good)
     # Committed offsets advanced past the poison records: to the end of every partition.
@@ -174,7 +178,7 @@ POISON_VALUE = b"poison-value-for-the-udf"
 
 
 @F.udf(returnType=T.BinaryType())
-def _checked(value):  # noqa: ANN001, ANN202
+def _checked(value):
     if bytes(value) == POISON_VALUE:
         raise ValueError(f"cannot handle {bytes(value)!r}")
     return bytes(value)
@@ -198,7 +202,7 @@ def test_a_raising_udf_dead_letters_one_record(bootstrap_servers, make_topic, ru
     try:
         driver = run_processor(RaisingUdf, inputs=[source], output=output, dead_letter=dead,
                                max_consecutive_failures=1)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pytest.fail("a UDF that raises for one record stopped the run instead of dead-lettering it "
                     f"(transform-stage errors are not isolated yet): {str(exc)[:600]}")
     assert driver.exit_code == 0, driver.lines

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -11,9 +10,13 @@ from processors.passthrough import PassThrough
 from tests.kafka_helpers import committed, produce, read_all
 from txstream.driver.loop import Driver
 from txstream.driver.membership import GroupMembership
-from txstream.driver.planning import PartitionPlan, transactional_id
-from txstream.task.publish import ALREADY_DONE, COMMITTED, STALE_PLAN, DriverCommits, FencedError, TransactionalPublisher
+from txstream.driver.commits import DriverCommits
+from txstream.driver.planning import transactional_id
+from txstream.errors import FencedError
 from txstream.settings import resolve
+from txstream.task.publisher import TransactionalPublisher
+from txstream.task.result import ALREADY_DONE, COMMITTED, STALE_PLAN
+from txstream.task.spec import PartitionPlan
 
 
 def test_a_zombie_publisher_cannot_commit_after_it_is_fenced(bootstrap_servers, make_topic) -> None:
@@ -44,22 +47,23 @@ def test_a_zombie_publisher_cannot_commit_after_it_is_fenced(bootstrap_servers, 
 
 
 @pytest.fixture
-def driver_with_membership(bootstrap_servers, spark, make_topic):  # noqa: ANN001, ANN201
+def driver_with_membership(bootstrap_servers, spark, make_topic):
     """A Driver whose group membership is live, for running single batches by hand."""
     source, sink = make_topic("in", partitions=2), make_topic("out")
     produce(bootstrap_servers, source, [(f"k{i}".encode(), f"v{i}".encode()) for i in range(200)])
     settings = resolve(PassThrough, bootstrap_servers=bootstrap_servers, app_id=f"plans-{uuid.uuid4().hex[:6]}",
                        inputs=[source], output=sink, master="local[2]")
     driver = Driver(settings, echo=lambda _m: None, spark=spark)
-    driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [source], {}, lambda: None)
+    driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [source], lambda: None)
     try:
-        driver._wait_for_assignment(timeout=30)
+        driver._wait_for_assignment(timeout=30)  # noqa: SLF001 - the protocol step by step
         yield driver, source, sink
     finally:
         driver.membership.close()
 
 
-def _plans(driver: Driver, source: str, committed_as: dict[int, int | None], ends: dict[int, int]) -> list[PartitionPlan]:
+def _plans(driver: Driver, source: str, committed_as: dict[int, int | None],
+           ends: dict[int, int]) -> list[PartitionPlan]:
     starts = {p: (c or 0) for p, c in committed_as.items()}
     return [PartitionPlan(source, p, starts[p], ends[p], committed_as[p],
                           transactional_id(driver.settings.app_id, source, p)) for p in sorted(ends)]
@@ -109,6 +113,7 @@ def test_aborted_transactions_and_control_records_in_the_input(bootstrap_servers
     assert [r.value for r in read_all(bootstrap_servers, sink)] == expected
     assert driver.totals["records_in"] == len(expected) == 120
     # Offsets include the aborted records and the control records: the group is at the very end.
-    high = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"}).get_watermark_offsets(TopicPartition(source, 0))[1]
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"})
+    high = consumer.get_watermark_offsets(TopicPartition(source, 0))[1]
     assert committed(bootstrap_servers, driver.settings.app_id, source, 1) == {0: high}
     assert high > 6 * 40 + 1

@@ -4,9 +4,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import fastavro
-import pytest
-
 from processors.enrich_orders import EnrichOrders
 from processors.fanout_items import FanOutItems
 from processors.passthrough import PassThrough
@@ -84,7 +81,8 @@ def test_fanout_publishes_one_record_per_item_in_one_transaction(bootstrap_serve
     assert len(by_offset) == 500 and all(len(p) == 1 for p in by_offset.values())
 
 
-def test_router_writes_to_several_topics_through_the_topic_column(bootstrap_servers, make_topic, run_processor, admin) -> None:
+def test_router_writes_to_several_topics_through_the_topic_column(bootstrap_servers, make_topic, run_processor,
+                                                                  admin) -> None:
     from confluent_kafka.admin import NewTopic
 
     source = make_topic("orders")

@@ -56,7 +56,7 @@ class TxstreamRun:
         self.log_path = log_path
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("TXSTREAM_FAULTS")}
         full_env.update(env or {})
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self._log = open(log_path, "w")  # closed in stop()
         # Spark's Python daemon puts its workers in a process group of their own, so a `kill`
         # fault fired in a worker must be told the driver's group: the new session's id, which
         # is the shell's pid ($$) kept by exec.
@@ -74,7 +74,7 @@ class TxstreamRun:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def wait_for(self, predicate, timeout: float, what: str) -> list[str]:  # noqa: ANN001
+    def wait_for(self, predicate, timeout: float, what: str) -> list[str]:
         deadline = time.monotonic() + timeout
         while True:
             lines = self.lines()

@@ -24,7 +24,8 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     registry.mkdir()
     # Reuse the jars already resolved, but keep cluster registrations private.
     env["TXSTREAM_CACHE_DIR"] = str(registry)
-    from txstream.local.cluster import KAFKA_VERSION, cache_dir
+    from txstream.local.cluster import KAFKA_VERSION
+    from txstream.local.paths import cache_dir
 
     shared = cache_dir() / f"kafka-{KAFKA_VERSION}"
     if shared.exists():

@@ -19,7 +19,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from processors.passthrough import PassThrough
 from tests.kafka_helpers import committed, produce, read_all
 from txstream.driver.loop import Driver
-from txstream.driver.planning import NoCommittedOffsetError
+from txstream.errors import NoCommittedOffsetError
 from txstream.settings import resolve
 from txstream.tools.topic_io import end_offsets
 
@@ -39,7 +39,7 @@ def values(bootstrap: str, topic: str) -> Counter:
     return Counter(r.value for r in read_all(bootstrap, topic))
 
 
-def wait_until(condition, timeout: float, what: str) -> None:  # noqa: ANN001
+def wait_until(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
@@ -54,7 +54,7 @@ def offsets_cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:
 class BackgroundDriver:
     """A Driver running in a thread (no --until-caught-up), its lines observable while it runs."""
 
-    def __init__(self, spark, bootstrap: str, **overrides) -> None:  # noqa: ANN001
+    def __init__(self, spark, bootstrap: str, **overrides) -> None:
         overrides.setdefault("app_id", f"test-reset-{uuid.uuid4().hex[:8]}")
         self.settings = resolve(PassThrough, bootstrap_servers=bootstrap, master="local[2]", **overrides)
         self.lines: list[str] = []
@@ -65,7 +65,7 @@ class BackgroundDriver:
     def _run(self) -> None:
         try:
             self.result["code"] = self.driver.run()
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+        except BaseException as exc:  # reported by stop()
             self.result["error"] = exc
 
     def __enter__(self) -> "BackgroundDriver":
@@ -85,7 +85,7 @@ class BackgroundDriver:
             raise self.result["error"]
         return self.result["code"]
 
-    def __exit__(self, *exc_info) -> None:  # noqa: ANN002
+    def __exit__(self, *exc_info) -> None:
         if self.thread.is_alive():
             self.driver.stop_requested.set()
             self.thread.join(120)
@@ -124,7 +124,8 @@ def test_none_names_the_partitions_without_offsets_and_publishes_nothing(bootstr
     seed(bootstrap_servers, source, 3, 100)
     app_id = f"test-none-{uuid.uuid4().hex[:8]}"
     # The group has an offset for partition 0 only.
-    admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(app_id, [TopicPartition(source, 0, 40)])])[app_id].result(30)
+    offsets = ConsumerGroupTopicPartitions(app_id, [TopicPartition(source, 0, 40)])
+    admin.alter_consumer_group_offsets([offsets])[app_id].result(30)
     with pytest.raises(NoCommittedOffsetError) as error:
         run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id, auto_offset_reset="none")
     message = str(error.value)
@@ -147,7 +148,8 @@ def test_committed_offset_deleted_by_retention_is_reset_loudly(bootstrap_servers
     assert end_offsets(bootstrap_servers, source, "read_committed")[0] == (800, 1000)
 
     # none: a clear error, nothing published, nothing committed.
-    with pytest.raises(NoCommittedOffsetError, match=rf"{source}\[0\]: committed offset 500 is out of range \[800, 1000\]"):
+    out_of_range = rf"{source}\[0\]: committed offset 500 is out of range \[800, 1000\]"
+    with pytest.raises(NoCommittedOffsetError, match=out_of_range):
         run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id, auto_offset_reset="none")
     assert values(bootstrap_servers, sink) == Counter(first)
     assert committed(bootstrap_servers, app_id, source, 2) == {0: 500, 1: 500}

@@ -1,4 +1,4 @@
-"""`txstream offsets show|reset` and txstream.tools.offsets, against the real broker (never a mock).
+"""`txstream offsets show|reset`, txstream.kafka.offsets and txstream.tools.offsets, against the real broker (never a mock).
 
 Each test builds its own topic and group: records from a plain Producer, committed offsets from a
 Consumer that commits and closes (so the group is Empty), open transactions from a transactional
@@ -17,9 +17,9 @@ from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from txstream.tools import offsets as ofs
 from txstream.cli import main
-from txstream.tools.offsets import Partition
+from txstream.kafka import offsets as ofs
+from txstream.kafka.offsets import Partition
 
 BASE_TS = int(time.time() * 1000) - 3_600_000  # record i of a topic has timestamp BASE_TS + i seconds
 
@@ -73,7 +73,7 @@ def open_transaction(bootstrap: str, topic: str, count: int, partition: int = 0)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-open-{uuid.uuid4().hex}"})
     producer.init_transactions(30)
     producer.begin_transaction()
-    for i in range(count):
+    for _ in range(count):
         producer.produce(topic, b"open", partition=partition)
     assert producer.flush(30) == 0
     try:
@@ -317,8 +317,8 @@ def test_unreachable_broker_times_out_with_a_clear_error() -> None:
                                            "--timeout", "2"])
         assert result.exit_code == 1, result.output
         assert "Traceback" not in result.output
-        assert "cannot reach Kafka within 2s" in result.output
-        assert "127.0.0.1:1" in result.output
+        assert "Cannot reach Kafka at 127.0.0.1:1 within 2s" in result.output
+        assert "txstream kafka up" in result.output
     assert time.monotonic() - started < 20
 
 

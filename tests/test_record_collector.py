@@ -9,14 +9,14 @@ from __future__ import annotations
 import pyarrow as pa
 
 from txstream.kafka import headers
-from txstream.task.publish import RecordCollector
+from txstream.task.collector import RecordCollector
 
 
 class _Calls:
     def __init__(self) -> None:
         self.records: list[tuple] = []
 
-    def produce(self, topic, value, key, partition=-1, headers=None) -> None:  # noqa: ANN001
+    def produce(self, topic, value, key, partition=-1, headers=None) -> None:
         self.records.append((topic, value, key, partition, list(headers or [])))
 
     def poll(self, _timeout: float) -> int:
@@ -46,10 +46,24 @@ def test_the_one_pass_path_builds_the_records_the_per_row_path_builds() -> None:
     records = _collect(_batch([5, 6, 7], False))
     assert [r[:4] for r in records] == [("out", b"a", b"k1", -1), ("out", b"b", None, -1), ("out", b"c", b"k3", -1)]
     assert records[1][4] == [(headers.SOURCE_TOPIC, b"in"), (headers.SOURCE_PARTITION, b"3"),
-                             (headers.PUBLICATION, b"pub-1"), (headers.SOURCE_OFFSET, b"6")]
+                             (headers.PUBLICATION, b"pub-1"), (headers.SOURCE_OFFSET, b"6"),
+                             (headers.PUBLICATION_SEQ, b"1")]
     # With one null offset the other rows keep theirs.
     assert (headers.SOURCE_OFFSET, b"7") in _collect(_batch([5, None, 7], False))[2][4]
 
 
 def test_without_lineage_no_headers_are_added() -> None:
     assert all(not r[4] for r in _collect(_batch([5, 6, 7], False), lineage=False))
+
+
+def test_positions_count_every_record_of_a_publication_across_batches_and_dead_letters() -> None:
+    calls = _Calls()
+    collector = RecordCollector(producer=calls, default_topic="out", value_codec=None, key_codec=None,
+                                source=("in", 3), publication="pub-1")
+    collector.add_batch(_batch([5, 6, 7], False))
+    collector.add_dead_letter("dlq", (b"k", b"v", None, 0, 8, "decode", "bad"), "app")
+    collector.add_batch(_batch([9, 10, 11], True))
+    seqs = [dict(r[4])[headers.PUBLICATION_SEQ] for r in calls.records]
+    assert seqs == [str(i).encode() for i in range(7)]
+    collector.replay()   # after an abort: the same records, the same positions
+    assert [dict(r[4])[headers.PUBLICATION_SEQ] for r in calls.records[7:]] == seqs

@@ -51,7 +51,7 @@ class SteadyProducer(threading.Thread):
                     n += 1
                 self.producer.poll(0.05)
             assert self.producer.flush(60) == 0
-        except BaseException as exc:  # noqa: BLE001 - checked by the test
+        except BaseException as exc:  # checked by the test
             self.error = exc
 
     def finish(self) -> list[bytes]:

@@ -13,7 +13,7 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from txstream.serde.avro import AvroCodec, load_schema
+from txstream.serde.avro import AvroCodec, load_schema, trailing_bytes_message
 
 NESTED = {
     "type": "record", "name": "Shipment", "fields": [
@@ -51,7 +51,7 @@ def test_columnar_arrow_matches_the_row_wise_conversion(schema_source: str) -> N
     decoded = [decode(p) for p in payloads]
 
     columnar = codec.to_arrow(decoded)
-    assert columnar.equals(codec._to_arrow_rowwise(decoded))
+    assert columnar.equals(codec._to_arrow_rowwise(decoded))  # noqa: SLF001 - checks the codec against its own row path
     # And back: what the publisher hands the encoder re-encodes to the same bytes.
     assert [encode(v) for v in codec.from_arrow(columnar)] == payloads
     # The logical values are fastavro's own.
@@ -62,7 +62,7 @@ def test_columnar_arrow_matches_the_row_wise_conversion(schema_source: str) -> N
 def _as_wire(codec: AvroCodec, record: dict) -> dict:
     """A record with its top-level timestamps as epoch integers, as the encoder takes them."""
     out = dict(record)
-    for name, factor in codec._timestamps.items():
+    for name, factor in codec._timestamps.items():  # noqa: SLF001 - the codec's timestamp fields
         value = out[name]
         if value is not None:
             out[name] = int(value.timestamp() * 1_000_000) // factor
@@ -72,8 +72,8 @@ def _as_wire(codec: AvroCodec, record: dict) -> dict:
 def test_the_wire_schema_is_parsed_once() -> None:
     """fastavro re-parses a schema without its 'parsed' mark on every call (2-3x a record's cost)."""
     codec = AvroCodec(load_schema("schemas/order.avsc"))
-    assert codec._wire is not codec.schema
-    assert "__fastavro_parsed" in codec._wire
+    assert codec._wire is not codec.schema  # noqa: SLF001 - the parsed wire schema is under test
+    assert "__fastavro_parsed" in codec._wire  # noqa: SLF001
 
 
 def test_a_bad_payload_still_fails_with_a_clear_error() -> None:
@@ -83,7 +83,7 @@ def test_a_bad_payload_still_fails_with_a_clear_error() -> None:
         decode(None)
     good = codec.encoder()(
         {"id": "a", "customer_id": "b", "amount": 1.0, "currency": "EUR", "created_at": 1, "items": 1, "note": None})
-    with pytest.raises(ValueError, match="trailing bytes"):
+    with pytest.raises(ValueError, match="^1 byte left after the record ends"):
         decode(good + b"\x00")
     with pytest.raises(Exception):  # noqa: B017 - fastavro raises EOFError / StopIteration variants
         decode(good[:5])
@@ -138,9 +138,9 @@ def _flat_records(n: int, seed: int = 7) -> list[dict]:
             for _ in range(n)]
 
 
-def _flat_codec(**kwargs) -> AvroCodec:  # noqa: ANN003
+def _flat_codec(**kwargs) -> AvroCodec:
     codec = AvroCodec(load_schema(json.dumps(FLAT)), **kwargs)
-    assert codec._columnar_decoder is not None and codec._columnar_encoder is not None
+    assert codec._columnar_decoder is not None and codec._columnar_encoder is not None  # noqa: SLF001 - the columnar path is under test
     return codec
 
 
@@ -168,7 +168,7 @@ def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses
     codec = _flat_codec()
     encode = codec.encoder()
     rnd = random.Random(3)
-    payloads = []
+    payloads, appended = [], set()
     for record in _flat_records(1500):
         raw = bytearray(encode(record))
         roll = rnd.random()
@@ -178,6 +178,7 @@ def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses
             raw[rnd.randrange(len(raw))] = rnd.randrange(256)  # one byte flipped
         elif roll < 0.8:
             raw += b"\x01"                                  # trailing bytes
+            appended.add(len(payloads))
         payloads.append(bytes(raw))
 
     column, errors = codec.decode_column(payloads)
@@ -185,7 +186,7 @@ def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses
     for row, payload in enumerate(payloads):
         try:
             codec.decoder_for_arrow()(payload)
-        except Exception as exc:  # noqa: BLE001 - collected
+        except Exception as exc:  # collected
             refused[row] = type(exc).__name__
     assert 100 < len(refused) < len(payloads) - 100  # the corruption hit some, not all
     # Every row fastavro refuses, in fastavro's words (without its buffer's address)...
@@ -193,13 +194,17 @@ def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses
     # ...and rows fastavro reads although Avro forbids them: a boolean byte other than 0 and 1,
     # an int beyond 32 bits (which fastavro hands on and Arrow then cannot hold).
     assert all("holds a value its Avro type does not allow" in errors[row] for row in set(errors) - set(refused))
+    # A whole record with a byte after it is refused for that byte (a flipped byte may leave some too).
+    assert all(errors[row] == "ValueError: 1 byte left after the record ends (written with another schema?)"
+               for row in appended)
     kept = [row for row in range(len(payloads)) if row not in errors]
     ours, theirs = column.take(pa.array(kept)), _rowwise(codec, [payloads[r] for r in kept])
     for i, field in enumerate(theirs.type):
         a, b = ours.field(i), theirs.field(i)
         # A flipped byte inside a double can make a NaN, and NaN != NaN.
         assert a.equals(b) or field.name == "d" and all(
-            x == y or math.isnan(x) and math.isnan(y) for x, y in zip(a.to_pylist(), b.to_pylist())), field.name
+            x == y or math.isnan(x) and math.isnan(y)
+            for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)), field.name
 
 
 def test_values_avro_forbids_are_refused_even_where_fastavro_reads_them() -> None:
@@ -258,8 +263,172 @@ def test_columns_the_batch_encoder_cannot_vouch_for_get_fastavro_and_its_errors(
     nulled = pa.StructArray.from_arrays(
         [pa.array([None], pa.string()) if f.name == "id" else column.field(i) for i, f in enumerate(column.type)],
         fields=list(column.type))
-    assert codec._columnar_encoder.encode(nulled) is None
+    assert codec._columnar_encoder.encode(nulled) is None  # noqa: SLF001 - the columnar encoder alone
     with pytest.raises(Exception):  # noqa: B017 - fastavro's own error type
         codec.encode_column(nulled)
     # A schema with an array field is never batch-decoded.
     assert AvroCodec(load_schema(json.dumps(NESTED)))._columnar_decoder is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Strict decoding: a payload must end where its record ends (issue 12, item 2)
+# ---------------------------------------------------------------------------------------------
+
+SENSOR = {"type": "record", "name": "Reading", "fields": [
+    {"name": "sensor", "type": "string"}, {"name": "celsius", "type": "double"}]}
+
+EVENT = {"type": "record", "name": "Event", "fields": [  # enum, map, fixed: fastavro's, never columnar
+    {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B", "C"]}},
+    {"name": "counts", "type": {"type": "map", "values": "long"}},
+    {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 4}},
+    {"name": "note", "type": ["null", "string"], "default": None}]}
+
+
+def _fastavro_twin(codec: AvroCodec) -> AvroCodec:
+    """The same codec with the columnar decoder switched off: every batch goes row by row."""
+    twin = AvroCodec(codec.schema, codec.registry_schema_id, codec.lenient_trailing_bytes)
+    twin._columnar_decoder = None
+    return twin
+
+
+def test_bytes_after_the_record_are_a_decode_error_naming_how_many() -> None:
+    codec = AvroCodec(load_schema(json.dumps(SENSOR)))
+    assert codec._columnar_decoder is not None
+    reading = codec.encoder()({"sensor": "boiler-3", "celsius": 71.5})
+    for decoder in (codec, _fastavro_twin(codec)):
+        column, errors = decoder.decode_column([reading, reading + b"abc", reading])
+        assert errors == {1: "ValueError: 3 bytes left after the record ends (written with another schema?)"}
+        assert column.take(pa.array([0, 2])).to_pylist() == [{"sensor": "boiler-3", "celsius": 71.5}] * 2
+    with pytest.raises(ValueError, match=r"^3 bytes left after the record ends \(written with another schema\?\)$"):
+        codec.decode(reading + b"abc")
+
+    # The issue's example, b"\x00\x01garbage", is 9 bytes: a string of length 0 and 8 bytes of a
+    # double, exactly one {sensor, celsius: double} record, so nothing is left over to refuse it
+    # by. With a float (4 bytes) in place of the double, 4 bytes are left and it is refused.
+    example = b"\x00\x01garbage"
+    assert fastavro.schemaless_reader(io.BytesIO(example), codec.schema, None)["sensor"] == ""
+    assert codec.decode_column([example])[1] == {}
+    as_float = AvroCodec(load_schema(json.dumps(
+        dict(SENSOR, fields=[SENSOR["fields"][0], {"name": "celsius", "type": "float"}]))))
+    for decoder in (as_float, _fastavro_twin(as_float)):
+        assert decoder.decode_column([example])[1] == {
+            0: "ValueError: 4 bytes left after the record ends (written with another schema?)"}
+
+
+def test_lenient_trailing_bytes_reads_the_leading_record_as_before() -> None:
+    strict = AvroCodec(load_schema(json.dumps(SENSOR)))
+    lenient = AvroCodec(load_schema(json.dumps(SENSOR)), lenient_trailing_bytes=True)
+    reading = strict.encoder()({"sensor": "boiler-3", "celsius": 71.5})
+    expected = strict.decode_column([reading, reading])[0]
+    for decoder in (lenient, _fastavro_twin(lenient)):
+        column, errors = decoder.decode_column([reading, reading + b"abc"])
+        assert errors == {} and column.equals(expected)
+    assert lenient.decode(reading + b"abc") == {"sensor": "boiler-3", "celsius": 71.5}
+    # Lenient about what follows the record only: a record cut short is still an error.
+    assert list(lenient.decode_column([reading[:-1], reading])[1]) == [0]
+
+
+def _sensor_records(n: int, rnd) -> list[dict]:  # noqa: ANN001
+    return [{"sensor": "".join(rnd.choice("ab€😀") for _ in range(rnd.randint(0, 9))),
+             "celsius": rnd.uniform(-40, 120)} for _ in range(n)]
+
+
+def _order_records(n: int, rnd) -> list[dict]:  # noqa: ANN001
+    return [{"id": f"o-{i}", "customer_id": f"c-{rnd.randint(0, 99)}", "amount": rnd.uniform(-5, 500),
+             "currency": rnd.choice(["EUR", "USD"]), "created_at": rnd.randint(0, 10 ** 13),
+             "items": rnd.randint(-2 ** 31, 2 ** 31 - 1), "note": rnd.choice([None, "", "gift"])}
+            for i in range(n)]
+
+
+def _nested_records(n: int, rnd) -> list[dict]:  # noqa: ANN001
+    codec = AvroCodec(load_schema(json.dumps(NESTED)))
+    return [_as_wire(codec, r) for r in _records(n)]
+
+
+def _event_records(n: int, rnd) -> list[dict]:  # noqa: ANN001
+    return [{"kind": rnd.choice("ABC"), "counts": {f"k{j}": rnd.randint(-10 ** 9, 10 ** 9) for j in range(rnd.randint(0, 3))},
+             "digest": bytes(rnd.randrange(256) for _ in range(4)), "note": rnd.choice([None, "x"])}
+            for _ in range(n)]
+
+
+# (schema, records, registry schema id): the first four go columnar, the last three to fastavro.
+_TRAILING_CASES = [
+    (SENSOR, _sensor_records, None),
+    (FLAT, lambda n, rnd: _flat_records(n, seed=rnd.randrange(10 ** 6)), None),
+    ("schemas/order.avsc", _order_records, None),
+    ("schemas/order.avsc", _order_records, 42),
+    (NESTED, _nested_records, None),
+    (EVENT, _event_records, None),
+    (EVENT, _event_records, 7),
+]
+
+
+def _appended(payloads: list[bytes], rnd, most: int = 20) -> tuple[list[bytes], list[int]]:  # noqa: ANN001
+    """The payloads, most with 1..`most` random bytes after them, and how many each got."""
+    left = [0 if rnd.random() < 0.35 else rnd.randint(1, most) for _ in payloads]
+    return [p + bytes(rnd.randrange(256) for _ in range(k)) for p, k in zip(payloads, left)], left
+
+
+@pytest.mark.parametrize("case", range(len(_TRAILING_CASES)))
+def test_columnar_and_fastavro_refuse_the_same_records_with_trailing_bytes(case: int) -> None:
+    import random
+
+    schema, make, schema_id = _TRAILING_CASES[case]
+    rnd = random.Random(1000 + case)
+    codec = AvroCodec(load_schema(schema if isinstance(schema, str) else json.dumps(schema)), schema_id)
+    assert (codec._columnar_decoder is not None) == (case < 4)
+    twin = _fastavro_twin(codec)
+    encode = codec.encoder()
+    clean = [encode(r) for r in make(400, rnd)]
+    expected, clean_errors = twin.decode_column(clean)
+    assert clean_errors == {}
+    payloads, left = _appended(clean, rnd)
+    assert sum(k == 0 for k in left) > 50 and sum(k > 0 for k in left) > 150
+
+    ours, ours_errors = codec.decode_column(payloads)
+    theirs, their_errors = twin.decode_column(payloads)
+    # Exactly the payloads that go on after their record, in the same words on both paths.
+    want = {row: "ValueError: " + trailing_bytes_message(k) for row, k in enumerate(left) if k}
+    assert ours_errors == want
+    assert their_errors == want
+    kept = pa.array([row for row, k in enumerate(left) if not k])
+    assert ours.take(kept).equals(expected.take(kept)) and theirs.take(kept).equals(expected.take(kept))
+
+    # Lenient: nothing refused, every value the value of the record in front of the extra bytes.
+    lenient = AvroCodec(codec.schema, schema_id, lenient_trailing_bytes=True)
+    for decoder in (lenient, _fastavro_twin(lenient)):
+        column, errors = decoder.decode_column(payloads)
+        assert errors == {} and column.equals(expected)
+
+
+KEY = {"type": "record", "name": "Key", "fields": [
+    {"name": "id", "type": "string"}, {"name": "region", "type": ["null", "int"]}]}
+
+
+@pytest.mark.parametrize("schema", [KEY, "string"], ids=["record", "string"])
+def test_keys_with_trailing_bytes_are_refused_on_both_paths(schema) -> None:  # noqa: ANN001
+    """A batch of keys with a null in it goes to fastavro, one without to the columnar decoder."""
+    import random
+
+    rnd = random.Random(11)
+    codec = AvroCodec(fastavro.parse_schema(schema))
+    encode = codec.encoder()
+    if isinstance(schema, dict):
+        keys = [{"id": f"k{i}", "region": rnd.choice([None, rnd.randint(-500, 500)])} for i in range(600)]
+    else:
+        keys = [f"k{i}-{'é' * rnd.randint(0, 4)}" for i in range(600)]
+    payloads, left = _appended([encode(k) for k in keys], rnd)
+    with_nulls = list(payloads)
+    for row in range(0, len(with_nulls), 7):
+        with_nulls[row] = None
+
+    want = {row: "ValueError: " + trailing_bytes_message(k) for row, k in enumerate(left) if k}
+    column, errors = codec.decode_column(with_nulls, nullable=True)  # fastavro, row by row
+    assert errors == {row: e for row, e in want.items() if row % 7}
+    assert column.null_count >= len(range(0, len(payloads), 7))
+    present = [row for row in range(len(payloads)) if row % 7]
+    batch, batch_errors = codec.decode_column([payloads[row] for row in present], nullable=True)
+    assert {present[i]: e for i, e in batch_errors.items()} == {row: e for row, e in want.items() if row % 7}
+    kept = [i for i, row in enumerate(present) if not left[row]]
+    assert batch.take(pa.array(kept)).equals(column.take(pa.array([present[i] for i in kept])))
+    assert batch.take(pa.array(kept)).to_pylist() == [keys[present[i]] for i in kept]

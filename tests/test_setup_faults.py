@@ -16,7 +16,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pyspark.sql import DataFrame, functions as F, types as T
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from tests.kafka_helpers import committed, produce, read_all
 from txstream import Processor
@@ -27,14 +29,14 @@ from txstream.settings import resolve
 POISON = b"poison-for-the-udf"
 
 
-def _driver(cls, bootstrap: str, spark, **overrides) -> tuple[Driver, list[str]]:  # noqa: ANN001
+def _driver(cls, bootstrap: str, spark, **overrides) -> tuple[Driver, list[str]]:
     settings = resolve(cls, bootstrap_servers=bootstrap, master="local[2]", until_caught_up=True,
                        app_id=f"test-setup-{uuid.uuid4().hex[:8]}", max_consecutive_failures=1, **overrides)
     lines: list[str] = []
     return Driver(settings, echo=lines.append, spark=spark), lines
 
 
-def _topics(make_topic, bootstrap: str, records: int = 40) -> tuple[str, str, str]:  # noqa: ANN001
+def _topics(make_topic, bootstrap: str, records: int = 40) -> tuple[str, str, str]:
     source, output, dead = make_topic("in", 2), make_topic("out", 2), make_topic("dlq")
     produce(bootstrap, source, [(f"k{i}".encode(), f"v{i}".encode()) for i in range(records)])
     return source, output, dead
@@ -46,7 +48,7 @@ def _nothing_happened(bootstrap: str, source: str, output: str, dead: str, app_i
     assert set(committed(bootstrap, app_id, source, 2).values()) == {None}, "an offset was committed"
 
 
-def test_a_processor_module_the_workers_cannot_import(tmp_path: Path, bootstrap_servers, make_topic, spark):  # noqa: ANN001
+def test_a_processor_module_the_workers_cannot_import(tmp_path: Path, bootstrap_servers, make_topic, spark):
     # The module is importable on the driver (its directory is put on sys.path after Spark's
     # Python workers started) but not in the workers: the UDF travels by value, the module-level
     # function it calls by reference, so unpickling the UDF imports the module in the worker.
@@ -84,7 +86,7 @@ class PassThrough(Processor):
         return batch.select("key", "value", "offset")
 
 
-def test_a_side_directory_that_cannot_be_written(bootstrap_servers, make_topic, spark):  # noqa: ANN001
+def test_a_side_directory_that_cannot_be_written(bootstrap_servers, make_topic, spark):
     source, output, dead = _topics(make_topic, bootstrap_servers)
     driver, lines = _driver(PassThrough, bootstrap_servers, spark, inputs=[source], output=output, dead_letter=dead)
     # Where the readers write their side files is a regular file: every reader fails to write
@@ -103,7 +105,7 @@ def test_a_side_directory_that_cannot_be_written(bootstrap_servers, make_topic, 
 
 
 @F.udf(returnType=T.BinaryType())
-def _raises_on_poison_dies_in_dry_runs(value):  # noqa: ANN001, ANN202
+def _raises_on_poison_dies_in_dry_runs(value):
     from pyspark import TaskContext
 
     if "dry-run" in (TaskContext.get().getLocalProperty("spark.jobGroup.id") or ""):
@@ -118,7 +120,7 @@ class RaisesOnPoison(Processor):
         return batch.select("key", _raises_on_poison_dies_in_dry_runs(F.col("value")).alias("value"), "offset")
 
 
-def test_a_worker_killed_during_every_dry_run(bootstrap_servers, make_topic, spark):  # noqa: ANN001
+def test_a_worker_killed_during_every_dry_run(bootstrap_servers, make_topic, spark):
     # The batch fails because of a real poison record, so the driver starts isolating it; but
     # every dry run loses its Python worker. Bisecting on those failures would blame the first
     # record of the range (a good one): the driver must see a crashed worker, not bad data.

@@ -12,28 +12,28 @@ from txstream.serde.avro import SchemaError
 
 
 class CountPerKey(PassThrough):
-    def transform(self, batch):  # noqa: ANN001, ANN201
+    def transform(self, batch):
         return batch.groupBy("key").count().select("key", F.col("count").cast("string").alias("value"))
 
 
 class NoValue(PassThrough):
-    def transform(self, batch):  # noqa: ANN001, ANN201
+    def transform(self, batch):
         return batch.select("key", F.col("value").alias("payload"))
 
 
 class WrongType(EnrichOrders):
-    def transform(self, batch):  # noqa: ANN001, ANN201
+    def transform(self, batch):
         out = super().transform(batch)
         return out.withColumn("value", F.col("value").withField("amount_cents", F.lit("lots")))
 
 
 class MissingField(EnrichOrders):
-    def transform(self, batch):  # noqa: ANN001, ANN201
+    def transform(self, batch):
         return batch.select("key", F.struct(F.col("value.id").alias("id")).alias("value"))
 
 
 @pytest.fixture
-def topics(bootstrap_servers, make_topic):  # noqa: ANN001, ANN201
+def topics(bootstrap_servers, make_topic):
     source, sink = make_topic("in"), make_topic("out")
     produce(bootstrap_servers, source, [(b"k", b"v")] * 5)
     return source, sink, make_topic("dlq")

@@ -13,10 +13,9 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from txstream.kafka import headers as hdr
 from txstream.cli import main as cli
+from txstream.kafka import headers as hdr
 from txstream.tools.verify import AuditError, audit
-
 
 # ---------------------------------------------------------------------------------------------
 # Crafting topics
@@ -44,8 +43,13 @@ class Publisher:
 
     def publish(self, topic: str, sources: list[tuple[str, int, int]], *, fan_out: int = 1,
                 abort: bool = False, publication: bool = True, dead_letter: bool = False,
-                commit_offsets: tuple[str, dict[tuple[str, int], int]] | None = None) -> str:
+                commit_offsets: tuple[str, dict[tuple[str, int], int]] | None = None,
+                seq: bool = False, repeat: tuple[int, int] | None = None) -> str:
+        """`seq`: stamp each record's position in the publication, as txstream does now (older
+        output has none). `repeat=(i, j)`: produce source i's j-th record a second time,
+        verbatim (same headers), in the same transaction."""
         pub_id = uuid.uuid4().hex
+        position = 0
         self.producer.begin_transaction()
         for i, (src_topic, src_partition, src_offset) in enumerate(sources):
             headers = hdr.lineage(src_topic, src_partition, src_offset)
@@ -54,7 +58,11 @@ class Publisher:
             if dead_letter:
                 headers += [(hdr.DLQ_STAGE, b"transform"), (hdr.DLQ_ERROR, b"ValueError: bad")]
             for j in range(fan_out):
-                self.producer.produce(topic, value=b"out-%d-%d" % (i, j), headers=headers)
+                stamped = headers + ([(hdr.PUBLICATION_SEQ, str(position).encode())] if seq else [])
+                position += 1
+                self.producer.produce(topic, value=b"out-%d-%d" % (i, j), headers=stamped)
+                if repeat == (i, j):
+                    self.producer.produce(topic, value=b"out-%d-%d" % (i, j), headers=stamped)
             if i % 50_000 == 0:
                 self.producer.poll(0)
         if commit_offsets:
@@ -254,7 +262,7 @@ def test_input_with_aborted_transactions_and_control_records(bootstrap_servers: 
     visible: list[int] = []
     for committed in (True, False, True, False):       # ends with an aborted transaction
         writer.begin_transaction()
-        for i in range(5):
+        for _ in range(5):
             writer.produce(inp, value=b"x")
         writer.flush(30)
         if committed:
@@ -358,3 +366,39 @@ def test_an_open_transaction_ends_the_audit_at_the_last_stable_offset(bootstrap_
         assert "transactions still open" in report.table()
     finally:
         stuck.producer.abort_transaction(30)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verbatim duplicates (issue 12): a record repeated with the same publication id
+# ---------------------------------------------------------------------------------------------
+
+def test_a_verbatim_copy_of_a_published_record_is_a_duplicate(bootstrap_servers, make_topic):
+    inp, out = make_topic("in"), make_topic("out")
+    write_inputs(bootstrap_servers, inp, 10)
+    Publisher(bootstrap_servers).publish(out, src(inp, range(10)), seq=True, repeat=(4, 0))
+    for one_to_one in (False, True):
+        report = audit(bootstrap_servers, inp, out, one_to_one=one_to_one)
+        assert not report.clean and report.partitions[0].duplicate_offsets == [4], report.table()
+
+
+def test_a_fan_out_is_clean_and_a_copy_of_one_of_its_records_is_not(bootstrap_servers, make_topic):
+    inp, clean_out, copied_out = make_topic("in"), make_topic("out"), make_topic("out2")
+    write_inputs(bootstrap_servers, inp, 10)
+    publisher = Publisher(bootstrap_servers)
+    publisher.publish(clean_out, src(inp, range(10)), fan_out=3, seq=True)
+    report = audit(bootstrap_servers, inp, clean_out)
+    assert report.clean and report.totals["outputs"] == 30, report.table()
+    publisher.publish(copied_out, src(inp, range(10)), fan_out=3, seq=True, repeat=(7, 2))
+    report = audit(bootstrap_servers, inp, copied_out)
+    assert not report.clean and report.partitions[0].duplicate_offsets == [7], report.table()
+
+
+def test_under_one_to_one_a_second_record_of_one_publication_is_a_duplicate(bootstrap_servers, make_topic):
+    # Output written before positions existed: same publication, no seq. A 1:1 processor's
+    # second record for an offset is a duplicate even so.
+    inp, out = make_topic("in"), make_topic("out")
+    write_inputs(bootstrap_servers, inp, 5)
+    Publisher(bootstrap_servers).publish(out, src(inp, range(5)), repeat=(2, 0))
+    assert audit(bootstrap_servers, inp, out).clean  # without seq and without --one-to-one: cannot tell
+    report = audit(bootstrap_servers, inp, out, one_to_one=True)
+    assert report.partitions[0].duplicate_offsets == [2], report.table()

@@ -187,17 +187,18 @@ def classify_kafka(err: Any, operation: str = "") -> KafkaFailure:
         return FatalKafkaError(text, err)
     if err.txn_requires_abort():
         return AbortableError(text, err)
-    if code in (_all_brokers_down(),):
+    if code in _unreachable_codes():
         return KafkaUnreachable(text, err)
     if err.retriable() or code in _TRANSIENT_CODES:
         return TransientKafkaError(text, err)
     return KafkaFailure(text, err)
 
 
-def _all_brokers_down() -> int:
+def _unreachable_codes() -> tuple[int, ...]:
+    """No connection to any broker at all: refused, unresolvable, or every broker down."""
     from confluent_kafka import KafkaError
 
-    return KafkaError._ALL_BROKERS_DOWN
+    return (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE)
 
 
 def is_transient(exc: BaseException) -> bool:

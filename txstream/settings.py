@@ -13,11 +13,10 @@ from typing import Any
 
 from txstream.kafka.config import KafkaClients
 from txstream.processor import Processor
-from txstream.task.publish import AT_LEAST_ONCE, AT_MOST_ONCE, EXACTLY_ONCE
+from txstream.task.spec import EXACTLY_ONCE, GUARANTEES
 from txstream.serde.avro import load_schema
 from txstream.errors import SettingsError
 
-GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE)
 OFFSET_RESETS = ("earliest", "latest", "none")
 
 
@@ -53,6 +52,7 @@ class RunSettings:
     idle_backoff_max_s: float = 2.0
     max_consecutive_failures: int = 8
     quiet: bool = False
+    lenient_trailing_bytes: bool = False   # decode values with bytes left after the record (serde/avro.py)
     # Operations (driver/metrics.py): the /metrics port (None: not served) and the log lines.
     metrics_port: int | None = None
     metrics_address: str = "0.0.0.0"
@@ -61,6 +61,33 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:
             self.batch_timeout_s = 5 * self.transaction_timeout_s
+
+
+def check_against_guarantee(guarantee: str, producer: dict[str, Any], consumer: dict[str, Any]) -> None:
+    """Refuse client properties that would quietly break the guarantee, naming the property.
+
+    Checked on the driver when the run starts: inside a Spark task the same mistake surfaces as
+    a producer error, or not at all (a read_uncommitted reader publishes aborted input)."""
+    def refuse(name: str, value: Any, why: str) -> None:
+        raise SettingsError(f"-X {name}={value} contradicts --guarantee {guarantee}: {why}. Remove it.")
+
+    acks = producer.get("acks", producer.get("request.required.acks"))
+    if acks is not None and str(acks).lower() not in ("all", "-1"):
+        refuse("acks", acks, "txstream's producers are idempotent, which needs acks=all")
+    idempotence = producer.get("enable.idempotence")
+    if idempotence is not None and str(idempotence).lower() in ("false", "0", "no"):
+        refuse("enable.idempotence", idempotence, "without idempotence a retried send can write a record twice")
+    for name in ("max.in.flight.requests.per.connection", "max.in.flight"):
+        value = producer.get(name)
+        if value is not None and int(value) > 5:
+            refuse(name, value, "an idempotent producer keeps order only with at most 5 requests in flight")
+    isolation = consumer.get("isolation.level")
+    if isolation is not None and str(isolation) != "read_committed":
+        refuse("isolation.level", isolation, "reading uncommitted input would publish records of aborted "
+               "transactions")
+    if guarantee == EXACTLY_ONCE and "transactional.id" in producer:
+        refuse("transactional.id", producer["transactional.id"], "txstream gives each input partition its own "
+               "transactional.id (<app id>-<topic>-<partition>), which fences zombie attempts")
 
 
 def load_processor(reference: str) -> type[Processor]:
@@ -151,6 +178,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
         {k: v for k, v in (librdkafka or {}).items() if k != "auto.offset.reset"})
     producer_config = clients.user_properties("producer")
     consumer_config = clients.user_properties("consumer")
+    check_against_guarantee(guarantee, producer_config, consumer_config)
     timeout_ms = int(producer_config.get("transaction.timeout.ms", 60_000))
     return RunSettings(
         processor=cls(),

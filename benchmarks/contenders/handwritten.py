@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         try:
             producer.abort_transaction()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         raise
     finally:

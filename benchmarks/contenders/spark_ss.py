@@ -20,12 +20,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 from benchmarks.contenders import Contender, Job, Unavailable
+from txstream.local.maven import Artifact, MavenError, resolve
+from txstream.local.paths import cache_dir
 
 CENTRAL = "https://repo1.maven.org/maven2"
 # Newest first: tried after the installed pyspark version.
@@ -38,34 +39,20 @@ def _jar_exists(artifact: str, version: str) -> bool:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=20) as resp:
             return resp.status == 200
-    except Exception:  # noqa: BLE001 - 404 or unreachable: try the next version
+    except Exception:  # 404 or unreachable: try the next version
         return False
-
-
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>txstream.bench</groupId><artifactId>spark-connectors</artifactId><version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.apache.spark</groupId><artifactId>spark-sql-kafka-0-10_2.13</artifactId><version>{kafka}</version>
-      <exclusions><exclusion><groupId>org.apache.spark</groupId><artifactId>spark-token-provider-kafka-0-10_2.13</artifactId></exclusion></exclusions></dependency>
-    <dependency><groupId>org.apache.spark</groupId><artifactId>spark-token-provider-kafka-0-10_2.13</artifactId><version>{token}</version>
-      <exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions></dependency>
-    <dependency><groupId>org.apache.spark</groupId><artifactId>spark-avro_2.13</artifactId><version>{avro}</version></dependency>
-  </dependencies>
-</project>
-"""
 
 
 def connector_jars(progress=lambda _m: None) -> tuple[list[str], dict]:
     """Jars to add to Spark (those pyspark does not already ship), and the versions chosen."""
     import pyspark
-    from txstream.local.cluster import cache_dir
 
     version = pyspark.__version__
-    work = cache_dir() / f"bench-spark-connectors-{version}"
-    done = work / "versions.json"
-    if not done.exists():
+    name = f"bench-spark-connectors-{version}"
+    versions = cache_dir() / name / "versions.json"
+    if versions.exists():
+        chosen = json.loads(versions.read_text())
+    else:
         if not shutil.which("mvn"):
             raise Unavailable("Maven (`mvn`) is needed to fetch Spark's Kafka and Avro connectors")
         chosen = {}
@@ -76,22 +63,24 @@ def connector_jars(progress=lambda _m: None) -> tuple[list[str], dict]:
                     break
             else:
                 raise Unavailable(f"no release of org.apache.spark:{artifact} for Spark 4 found on Maven Central")
-        progress(f"  resolving Spark connectors from Maven Central: {chosen}")
-        work.mkdir(parents=True, exist_ok=True)
-        (work / "pom.xml").write_text(_POM.format(kafka=chosen[ARTIFACTS[0]], avro=chosen[ARTIFACTS[1]],
-                                                  token=chosen[ARTIFACTS[2]]))
-        shutil.rmtree(work / "jars", ignore_errors=True)
-        res = subprocess.run(["mvn", "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-                              f"-DoutputDirectory={work / 'jars'}", "-DincludeScope=runtime"],
-                             capture_output=True, text=True, timeout=900)
-        if res.returncode != 0:
-            raise Unavailable("Maven could not fetch the Spark connectors: " + (res.stdout + res.stderr)[-300:])
-        done.write_text(json.dumps(chosen))
-    chosen = json.loads(done.read_text())
+        progress(f"  Spark connectors chosen on Maven Central: {chosen}")
+    kafka, avro, token = ARTIFACTS
+    artifacts = [
+        # The token provider comes in alone: its release may differ from spark-sql-kafka's.
+        Artifact("org.apache.spark", kafka, chosen[kafka],
+                 exclusions=(("org.apache.spark", "spark-token-provider-kafka-0-10_2.13"),)),
+        Artifact("org.apache.spark", token, chosen[token], exclusions=(("*", "*"),)),
+        Artifact("org.apache.spark", avro, chosen[avro]),
+    ]
+    try:
+        libs = resolve(name, artifacts, progress, what="Spark's Kafka and Avro connectors")
+    except MavenError as exc:
+        raise Unavailable(str(exc)) from exc
+    versions.write_text(json.dumps(chosen))
     shipped = Path(pyspark.__file__).parent / "jars"
     have = {_artifact_name(p.name) for p in shipped.glob("*.jar")}
-    jars = sorted(str(p) for p in (work / "jars").glob("*.jar")
-                  if _artifact_name(p.name) not in have or p.name.startswith(("spark-sql-kafka", "spark-avro", "spark-token")))
+    ours = ("spark-sql-kafka", "spark-avro", "spark-token")
+    jars = sorted(str(p) for p in libs.glob("*.jar") if _artifact_name(p.name) not in have or p.name.startswith(ours))
     return jars, chosen
 
 
@@ -139,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--mode", default="throughput")
     args = ap.parse_args(argv)
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # before the session starts (Spark starts workers with the bare python3 otherwise)
+    # Before the session starts (Spark starts workers with the bare python3 otherwise).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
 
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F

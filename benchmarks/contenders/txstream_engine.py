@@ -90,5 +90,5 @@ class TxStream(Contender):
             import txstream
 
             return {"txstream": txstream.__version__}
-        except Exception:  # noqa: BLE001
+        except Exception:
             return {}

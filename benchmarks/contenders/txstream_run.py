@@ -25,7 +25,7 @@ def _wrap_batch_report() -> None:
         from txstream.driver import loop as driver
 
         original = driver.BatchReport.line
-    except Exception as exc:  # noqa: BLE001 - the run itself must not depend on this
+    except Exception as exc:  # the run itself must not depend on this
         print(f"bench-tasks unavailable: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return
 
@@ -40,7 +40,7 @@ def _wrap_batch_report() -> None:
                 parts.append(f"{name} " + ",".join(format(float(r[column]), ".3f" if column.endswith("_s") else ".0f")
                                                    for r in rows))
             print("  ".join(parts), file=sys.stderr, flush=True)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         return text
 

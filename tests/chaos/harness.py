@@ -24,6 +24,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from txstream.kafka import headers as hdr
+from txstream.local.processes import die_with_parent
 from txstream.tools.topic_io import produce_waiting
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ class Run:
         self.log.flush()
         self.proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=REPO, env=self.env,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         self.started = time.monotonic()
         return self
 
@@ -123,7 +124,7 @@ class Run:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.destroy()
-            raise AssertionError(f"txstream run did not stop within {timeout:.0f}s of SIGTERM\n{self.tail()}")
+            raise AssertionError(f"txstream run did not stop within {timeout:.0f}s of SIGTERM\n{self.tail()}") from None
         kill_session(self.pid)  # Spark's daemon must be gone too
         self._close_log()
         return code
@@ -133,7 +134,7 @@ class Run:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.destroy()
-            raise AssertionError(f"txstream run did not finish within {timeout:.0f}s\n{self.tail()}")
+            raise AssertionError(f"txstream run did not finish within {timeout:.0f}s\n{self.tail()}") from None
         kill_session(self.pid)
         self._close_log()
         return code
@@ -174,14 +175,6 @@ class Run:
         except OSError:
             return ""
         return "\n".join(text[-lines:])
-
-
-def _die_with_parent() -> None:
-    """The driver gets SIGKILL if the test process dies without its finally blocks (killed by
-    `timeout`, say); Spark's JVM and workers then exit when their pipes to the driver close."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _quote(arg: str) -> str:
@@ -261,7 +254,7 @@ class App:
     def baseline(self, timeout: float = 120) -> int:
         return wait_for(lambda: _plus_one(self.committed_total()), timeout, "readable committed offsets") - 1
 
-    def progressed_since(self, baseline: int):  # noqa: ANN201 - a condition for wait_for
+    def progressed_since(self, baseline: int):  # a condition for wait_for
         def check() -> bool:
             total = self.committed_total()
             return total is not None and total > baseline
@@ -309,7 +302,7 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         probe.close()
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2, run: Run | None = None):  # noqa: ANN001, ANN201
+def wait_for(condition, timeout: float, what: str, interval: float = 0.2, run: Run | None = None):
     """Poll `condition()` until truthy; fail with `what` (and the run's log) at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
@@ -385,7 +378,7 @@ class Feeder(threading.Thread):
         if remaining:
             self.errors.append(f"{remaining} records not delivered")
 
-    def _delivered(self, err, _msg) -> None:  # noqa: ANN001
+    def _delivered(self, err, _msg) -> None:
         if err is not None:
             self.errors.append(str(err))
 
@@ -435,10 +428,10 @@ class Checker(threading.Thread):
                                  consumer.position([TopicPartition(self.topic, p) for p in range(self.partitions)])}
             finally:
                 consumer.close()
-        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+        except BaseException as exc:  # reported by finish()
             self.error = exc
 
-    def _check(self, msg) -> None:  # noqa: ANN001
+    def _check(self, msg) -> None:
         headers = msg.headers() or []
         source = hdr.source_of(headers)
         publication = dict(headers).get(hdr.PUBLICATION)
@@ -529,11 +522,12 @@ def verdict(name: str, bootstrap: str, app: App, expected: Counter, checker: Che
             problems.append(f"{checker.without_lineage} output records without lineage/publication headers")
         if checker.pairs != got:
             problems.append("the checker's view differs from a read_committed read after the run: "
-                            f"{sum((got - checker.pairs).values())} not seen, {sum((checker.pairs - got).values())} extra")
+                            f"{sum((got - checker.pairs).values())} not seen, "
+                            f"{sum((checker.pairs - got).values())} extra")
     if not problems:
         app.passed()
     assert not problems, f"[{name}] exactly-once violated:\n" + "\n".join(problems) + \
-        f"\n--- txstream run log (tail) ---\n" + "\n".join(app.log_text().splitlines()[-60:])
+        "\n--- txstream run log (tail) ---\n" + "\n".join(app.log_text().splitlines()[-60:])
     return figures
 
 

@@ -25,7 +25,7 @@ PARTITIONS = 4
 TOPIC_CONFIG = {"min.insync.replicas": "2"}
 
 
-def _topics(cluster, *names: str) -> None:  # noqa: ANN001
+def _topics(cluster, *names: str) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     futures = admin.create_topics([NewTopic(n, PARTITIONS, 3, config=TOPIC_CONFIG) for n in names])
     for future in futures.values():
@@ -33,7 +33,7 @@ def _topics(cluster, *names: str) -> None:  # noqa: ANN001
     cluster.wait_fully_replicated(120)
 
 
-def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:  # noqa: ANN001
+def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:
     """cluster.bounce, with one more start if the restarted JVM dies during start-up (noted,
     with the node's stdout, which server.log does not have)."""
     from pathlib import Path
@@ -56,7 +56,7 @@ def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:  #
 
 
 @pytest.mark.timeout(3600 if h.SOAK else 1800)
-def test_broker_bounces(cluster):  # noqa: ANN001
+def test_broker_bounces(cluster):
     bootstrap = cluster.bootstrap_servers
     rounds = h.scale(1, 4)
     seeded = h.scale(10_000, 100_000)

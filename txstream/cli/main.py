@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from txstream.cli.options import kafka_options
+from txstream.kafka.config import KafkaClients
 from txstream.local import cluster as local_broker
 
 
@@ -74,13 +76,18 @@ def kafka_status() -> None:
 
 
 @kafka.command("check")
-@click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
-              show_default=True)
-def kafka_check(bootstrap_servers: str) -> None:
+@kafka_options
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=20.0, show_default=True,
+              help="Seconds to wait for Kafka at each step.")
+def kafka_check(clients: KafkaClients, timeout: float) -> None:
     """Prove the cluster honours transactions: aborted vs committed vs open, read two ways."""
+    from txstream.errors import TxstreamError
     from txstream.tools.broker_check import transaction_round_trip
 
-    result = transaction_round_trip(bootstrap_servers)
+    try:
+        result = transaction_round_trip(clients, timeout=timeout)
+    except TxstreamError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(result.report())
     if not result.ok:
         sys.exit(1)
@@ -90,23 +97,20 @@ def kafka_check(bootstrap_servers: str) -> None:
 # txstream run / produce / consume
 # ---------------------------------------------------------------------------------------------
 
-BOOTSTRAP = click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
-                         show_default=True, help="Kafka bootstrap servers [env: TXSTREAM_BOOTSTRAP_SERVERS].")
-
-
 def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {item!r}", param_hint=option)
-        out[key.strip()] = value.strip()
-    return out
+    from txstream.kafka.config import parse_pairs
+
+    try:
+        return parse_pairs(values, option)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
 @main.command("run")
 @click.argument("processor")
-@BOOTSTRAP
+@kafka_options(as_properties=True,
+               x_help="librdkafka property for every client (repeatable); prefix producer. or consumer. "
+                      "for one side. Wins over --command-config.")
 @click.option("--app-id", help="Consumer group and transactional.id prefix [default: from the class name].")
 @click.option("--input", "inputs", multiple=True, help="Input topic (repeatable) [default: the processor's].")
 @click.option("--output", help="Output topic [default: the processor's].")
@@ -129,8 +133,9 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--output-value-schema", help="Avro schema (.avsc) of output values.")
 @click.option("--output-key-schema", help="Avro schema (.avsc) of output keys.")
 @click.option("--lineage/--no-lineage", default=None, help="Stamp source topic/partition/offset headers.")
-@click.option("-X", "librdkafka", multiple=True, metavar="KEY=VALUE",
-              help="librdkafka property for producers and consumers; prefix producer. or consumer. for one side.")
+@click.option("--lenient-trailing-bytes", is_flag=True,
+              help="Accept Avro values with bytes left after the record (read the record, ignore the rest); "
+                   "by default such a value is a decode error (written with another schema?).")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Spark setting.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final summary.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
@@ -143,8 +148,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
-        librdkafka: tuple[str, ...], spark_conf: tuple[str, ...], quiet: bool, metrics_port: int | None,
-        metrics_address: str, log_format: str) -> None:
+        client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
+        metrics_port: int | None, metrics_address: str, log_format: str) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
     import logging
 
@@ -160,13 +165,13 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             cls, bootstrap_servers=bootstrap_servers, app_id=app_id, inputs=list(inputs), output=output,
             dead_letter=dead_letter_topic, guarantee=guarantee, auto_offset_reset=auto_offset_reset,
             max_records_per_partition=max_records_per_partition, trigger_interval=trigger_interval,
-            master=master, lineage=lineage, librdkafka=_pairs(librdkafka, "-X"),
+            master=master, lineage=lineage, librdkafka=client_properties,
             spark_conf=_pairs(spark_conf, "--conf"),
             schemas={"value": value_schema, "key": key_schema, "output_value": output_value_schema,
                      "output_key": output_key_schema},
             until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
-            batch_timeout_s=batch_timeout, metrics_port=metrics_port, metrics_address=metrics_address,
-            log_format=log_format)
+            batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
+            metrics_address=metrics_address, log_format=log_format)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:
@@ -180,20 +185,22 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
 
 @main.command("produce")
 @click.argument("topic")
-@BOOTSTRAP
+@kafka_options
 @click.option("--value-schema", help="Encode each JSON line with this Avro schema (.avsc); else send the line as is.")
 @click.option("--key-field", help="Use this field of each JSON value as the record key.")
 @click.option("--file", "path", type=click.File("r"), default="-", help="JSON lines [default: stdin].")
 @click.option("--transactional", is_flag=True, help="Write everything in one transaction.")
-def produce(topic: str, bootstrap_servers: str, value_schema: str | None, key_field: str | None,
-            path, transactional: bool) -> None:  # noqa: ANN001 - click.File
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=60.0, show_default=True,
+              help="Seconds to wait for Kafka (first contact, acknowledgements).")
+def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_field: str | None,
+            path, transactional: bool, timeout: float) -> None:  # noqa: ANN001 - click.File
     """Write JSON lines to TOPIC (one record per line)."""
     from txstream.serde.avro import load_schema
     from txstream.tools.topic_io import produce_lines
 
     try:
         schema = load_schema(value_schema) if value_schema else None
-        count = produce_lines(bootstrap_servers, topic, path, schema, key_field, transactional)
+        count = produce_lines(clients, topic, path, schema, key_field, transactional, timeout=timeout)
     except Exception as exc:  # noqa: BLE001
         raise click.ClickException(str(exc)) from None
     click.echo(f"produced {count} records to {topic}", err=True)
@@ -201,13 +208,13 @@ def produce(topic: str, bootstrap_servers: str, value_schema: str | None, key_fi
 
 @main.command("consume")
 @click.argument("topic")
-@BOOTSTRAP
+@kafka_options
 @click.option("--value-schema", help="Decode values with this Avro schema (.avsc).")
 @click.option("--isolation", type=click.Choice(["read_committed", "read_uncommitted"]), default="read_committed",
               show_default=True)
 @click.option("--max", "limit", type=int, help="Stop after this many records.")
 @click.option("--timeout", type=float, default=60.0, show_default=True)
-def consume(topic: str, bootstrap_servers: str, value_schema: str | None, isolation: str,
+def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolation: str,
             limit: int | None, timeout: float) -> None:
     """Print TOPIC from the beginning to its current end as JSON lines."""
     import json
@@ -218,7 +225,7 @@ def consume(topic: str, bootstrap_servers: str, value_schema: str | None, isolat
     try:
         schema = load_schema(value_schema) if value_schema else None
         count = 0
-        for record in read_records(bootstrap_servers, topic, schema, isolation, limit, timeout):
+        for record in read_records(clients, topic, schema, isolation, limit, timeout):
             click.echo(json.dumps(record, sort_keys=True))
             count += 1
     except Exception as exc:  # noqa: BLE001

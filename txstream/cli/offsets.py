@@ -1,6 +1,7 @@
 """`txstream offsets show|reset`: consumer-group offsets in kafka-consumer-groups.sh vocabulary.
 
-The logic lives in txstream/offsets.py; this module parses options and prints tables.
+Reading lives in txstream/kafka/offsets.py, resetting in txstream/tools/offsets.py; this module
+parses options and prints tables.
 """
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from collections.abc import Sequence
 
 import click
 
+from txstream.cli.options import kafka_options
+from txstream.errors import TxstreamError
+from txstream.kafka import offsets as kofs
+from txstream.kafka.config import KafkaClients
 from txstream.tools import offsets as ofs
 
-_BOOTSTRAP = click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
-                          show_default=True, show_envvar=True, help="Kafka to talk to.")
 _APP_ID = click.option("--app-id", required=True, help="The app id, which is its consumer group id.")
-_TIMEOUT = click.option("--timeout", default=ofs.DEFAULT_TIMEOUT, show_default=True, type=click.FloatRange(0.5),
+_TIMEOUT = click.option("--timeout", default=kofs.DEFAULT_TIMEOUT, show_default=True, type=click.FloatRange(0.5),
                         help="Seconds to wait for Kafka before giving up.")
 _TOPIC_HELP = "TOPIC or TOPIC:P,P,... (repeatable)."
 
@@ -54,16 +57,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
-def _run(action, bootstrap_servers: str):  # noqa: ANN001, ANN202 - small adapter
-    """Turn OffsetsError (and any stray Kafka error) into a click error: never a traceback."""
+def _run(action):  # noqa: ANN001, ANN202 - small adapter
+    """Turn our errors (OffsetsError, KafkaUnreachable, ...) into a click error: never a traceback."""
     try:
         return action()
-    except ofs.KafkaUnreachable as exc:
-        raise click.ClickException(f"{exc} [bootstrap servers: {bootstrap_servers}]") from None
-    except ofs.OffsetsError as exc:
+    except TxstreamError as exc:
         raise click.ClickException(str(exc)) from None
-    except ofs.KafkaException as exc:
-        raise click.ClickException(f"Kafka error: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,30 +71,30 @@ def _run(action, bootstrap_servers: str):  # noqa: ANN001, ANN202 - small adapte
 
 @offsets.command("show")
 @_APP_ID
-@_BOOTSTRAP
+@kafka_options
 @click.option("--topic", "topics", multiple=True, help=f"Also show this topic. {_TOPIC_HELP}")
 @_TIMEOUT
-def show(app_id: str, bootstrap_servers: str, topics: tuple[str, ...], timeout: float) -> None:
+def show(app_id: str, clients: KafkaClients, topics: tuple[str, ...], timeout: float) -> None:
     """Committed offset, log end, last stable offset and lag per partition; the group's members.
 
     LAG is LAST-STABLE-OFFSET - CURRENT-OFFSET: what a read_committed app still has to read.
     """
     selection = parse_topics(topics)
-    admin = ofs.admin_client(bootstrap_servers)
-    _run(lambda: _show(admin, app_id, selection, timeout), bootstrap_servers)
+    admin = kofs.admin_client(clients)
+    _run(lambda: _show(admin, app_id, selection, timeout))
 
 
-def _show(admin: ofs.AdminClient, group_id: str, selection: dict[str, list[int] | None], timeout: float) -> None:
-    known = ofs.cluster_topics(admin, timeout)  # also the reachability check, before slower group calls
-    named = ofs.select_partitions(admin, selection, timeout) if selection else []
-    group = ofs.describe_group(admin, group_id, timeout)
-    committed = ofs.committed_offsets(admin, group_id, None, stable=False, timeout=timeout)
+def _show(admin: kofs.AdminClient, group_id: str, selection: dict[str, list[int] | None], timeout: float) -> None:
+    known = kofs.cluster_topics(admin, timeout)  # also the reachability check, before slower group calls
+    named = kofs.select_partitions(admin, selection, timeout) if selection else []
+    group = kofs.describe_group(admin, group_id, timeout)
+    committed = kofs.committed_offsets(admin, group_id, None, stable=False, timeout=timeout)
     # Partitions of topics whose commits outlived them cannot be measured; say so instead of failing.
     gone = sorted({p.topic for p in committed if p.topic not in known})
     parts = sorted({p for p in committed if p.topic in known} | set(named))
     if selection:  # --topic T:P narrows T to those partitions; other committed topics stay
         parts = [p for p in parts if p.topic not in selection or p in set(named)]
-    marks = ofs.watermarks(admin, parts, timeout)
+    marks = kofs.watermarks(admin, parts, timeout)
     owner = {p: m.member_id for m in group.members for p in m.partitions}
 
     click.echo(f"Group {group_id}: {group.state}, {len(group.members)} member(s)")
@@ -125,7 +124,7 @@ def _show(admin: ofs.AdminClient, group_id: str, selection: dict[str, list[int] 
 
 @offsets.command("reset")
 @_APP_ID
-@_BOOTSTRAP
+@kafka_options
 @click.option("--to-earliest", is_flag=True, help="To the earliest offset still in the log.")
 @click.option("--to-latest", is_flag=True, help="To the last stable offset (skip everything committed so far).")
 @click.option("--to-offset", type=int, default=None, metavar="N", help="To offset N.")
@@ -137,7 +136,7 @@ def _show(admin: ofs.AdminClient, group_id: str, selection: dict[str, list[int] 
 @click.option("--dry-run/--execute", "dry_run", default=True, show_default=True,
               help="Only show what would change (default), or change it.")
 @_TIMEOUT
-def reset(app_id: str, bootstrap_servers: str, to_earliest: bool, to_latest: bool, to_offset: int | None,
+def reset(app_id: str, clients: KafkaClients, to_earliest: bool, to_latest: bool, to_offset: int | None,
           to_datetime: str | None, shift_by: int | None, topics: tuple[str, ...], dry_run: bool,
           timeout: float) -> None:
     """Move the app's committed offsets; the app must be stopped (its group Empty).
@@ -166,9 +165,9 @@ def reset(app_id: str, bootstrap_servers: str, to_earliest: bool, to_latest: boo
         except ofs.OffsetsError as exc:
             raise click.BadParameter(str(exc), param_hint="--to-datetime") from None
     selection = parse_topics(topics)
-    admin = ofs.admin_client(bootstrap_servers)
+    admin = kofs.admin_client(clients)
     result = _run(lambda: ofs.reset_offsets(admin, app_id, target, selection or None,
-                                            execute=not dry_run, timeout=timeout), bootstrap_servers)
+                                            execute=not dry_run, timeout=timeout))
     _print_reset(result)
 
 

@@ -6,6 +6,9 @@ import sys
 
 import click
 
+from txstream.cli.options import kafka_options
+from txstream.kafka.config import KafkaClients
+
 
 class _ExitTwo(click.ClickException):
     """Usage or connection problem: a clear message, exit status 2, no traceback."""
@@ -27,13 +30,12 @@ class _ExitTwo(click.ClickException):
               help="The processor emits exactly one record per input record: report gaps "
                    "(no output, no dead letter), and second outputs without a publication id "
                    "as duplicates.")
-@click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
-              show_default=True)
+@kafka_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds to wait for the broker, and the longest stall allowed while reading.")
 def verify(inputs: tuple[str, ...], outputs: tuple[str, ...], dead_letter: str | None,
-           app_id: str | None, one_to_one: bool, bootstrap_servers: str, as_json: bool,
+           app_id: str | None, one_to_one: bool, clients: KafkaClients, as_json: bool,
            timeout: float) -> None:
     """Audit an app's output against its input: duplicates and gaps per source partition.
 
@@ -41,12 +43,13 @@ def verify(inputs: tuple[str, ...], outputs: tuple[str, ...], dead_letter: str |
     follows each output's lineage headers back to its source record. Exit status: 0 clean,
     1 duplicates or gaps found, 2 usage or connection error.
     """
-    from txstream.tools.verify import AuditError, audit
+    from txstream.errors import TxstreamError
+    from txstream.tools.verify import audit
 
     try:
-        report = audit(bootstrap_servers, list(inputs), list(outputs), dead_letter=dead_letter,
+        report = audit(clients, list(inputs), list(outputs), dead_letter=dead_letter,
                        app_id=app_id, one_to_one=one_to_one, timeout=timeout)
-    except AuditError as exc:
+    except TxstreamError as exc:   # AuditError, KafkaUnreachable, OffsetsError: one line
         raise _ExitTwo(str(exc)) from None
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -24,12 +23,15 @@ from confluent_kafka.admin import AdminClient
 from txstream import faults
 from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
-from txstream.driver.planning import PartitionPlan, Planner, transactional_id
+from txstream.driver.planning import Planner, transactional_id
+from txstream.task.spec import PartitionPlan
 from txstream.driver.poison import PoisonIsolator
-from txstream.task.publish import (ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema,
-                                 DriverCommits, publish_dead_letter, publish_partition)
+from txstream.driver.commits import DriverCommits
+from txstream.driver.specs import TaskSpecs
+from txstream.task.publish import publish_dead_letter, publish_partition
+from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema
 from txstream.task.reading import range_frame
-from txstream.serde.avro import check_struct_fits
+from txstream.driver.checks import check_narrow, check_output
 from txstream.settings import RunSettings
 from txstream.spark.session import build_spark, warm_python_workers
 from txstream.errors import (BatchTimeout, DataError, Decision, InfrastructureError, PoisonRecordError, TransformError,
@@ -84,8 +86,8 @@ class Driver:
         self.admin = self._admin_client()
         self.stop_requested = threading.Event()
         self._batch_thread: threading.Thread | None = None
-        self.side_dir = tempfile.mkdtemp(prefix=f"txstream-{settings.app_id}-")
-        self._owner_dir = os.path.join(tempfile.gettempdir(), "txstream-owners", settings.app_id)
+        self.specs = TaskSpecs(settings)
+        self.side_dir = self.specs.side_dir
         self.batch_id = 0
         self.membership: GroupMembership | None = None
         self.targets: dict[tuple[str, int], int] = {}
@@ -99,107 +101,27 @@ class Driver:
     # -- set-up -----------------------------------------------------------------------------------
 
     def _admin_client(self) -> AdminClient:
-        s = self.settings
-        return AdminClient({"bootstrap.servers": s.bootstrap_servers,
-                            **{k: v for k, v in s.consumer_config.items() if k.startswith(("security.", "sasl.", "ssl."))}})
+        from txstream.kafka.offsets import admin_client
 
-    def _read_spec(self, plans: list[PartitionPlan]) -> dict[str, Any]:
-        s = self.settings
-        return {"bootstrap_servers": s.bootstrap_servers, "app_id": s.app_id,
-                "consumer_config": s.consumer_config, "key_schema": s.key_schema,
-                "value_schema": s.value_schema, "plans": [p.to_dict() for p in plans],
-                "side_dir": self.side_dir, "batch_id": self.batch_id}
-
-    def _publish_spec(self, plans: list[PartitionPlan], group_metadata: bytes) -> dict[str, Any]:
-        s = self.settings
-        producer_config = {
-            "bootstrap.servers": s.bootstrap_servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "batch.num.messages": 10_000,
-            "queue.buffering.max.messages": 1_000_000,
-            # Java clients' default partitioner for keyed records: output lands where Kafka
-            # Streams or Spark would put it.
-            "partitioner": "murmur2_random",
-            "transaction.timeout.ms": int(s.transaction_timeout_s * 1000),
-            "delivery.report.only.error": True,
-            **s.producer_config,
-        }
-        return {**self._read_spec(plans), "guarantee": s.guarantee, "producer_config": producer_config,
-                "output_topic": s.output_topic, "output_value_schema": s.output_value_schema,
-                "output_key_schema": s.output_key_schema, "dead_letter_topic": s.dead_letter_topic,
-                "group_metadata": group_metadata, "lineage": s.lineage, "owner_dir": self._owner_dir,
-                "timeout_s": max(10.0, s.transaction_timeout_s)}
+        return admin_client(self.settings.clients)
 
     def _frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
         assert self.spark is not None
-        return range_frame(self.spark, self._read_spec(plans))
+        return range_frame(self.spark, self.specs.for_reading(self.batch_id, plans))
 
     def output_frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (the plan's narrowness is checked by `check_narrow` on what is collected)."""
         out = self.settings.processor.transform(self._frame(plans))
-        self.check_output(out)
+        check_output(out, self.settings)
         return out.select(*[c for c in SINK_COLUMNS if c in out.columns])
-
-    def check_output(self, out) -> None:  # noqa: ANN001 - DataFrame
-        from pyspark.sql import types as T
-
-        s = self.settings
-        fields = {f.name: f.dataType for f in out.schema.fields}
-        if "value" not in fields:
-            raise TransformError(
-                f"{type(s.processor).__name__}.transform returned no `value` column (it has: "
-                f"{', '.join(fields) or 'nothing'}). Like Spark's Kafka sink, txstream needs `value` "
-                "(binary, string, or a struct encoded with output_value_schema); `key`, `topic`, "
-                "`partition` and `headers` are optional.")
-        for side, schema in (("value", s.output_value_schema), ("key", s.output_key_schema)):
-            if side not in fields:
-                continue
-            typ = fields[side]
-            if isinstance(typ, T.StructType):
-                if schema is None:
-                    raise TransformError(f"The output `{side}` is a struct but the processor declares no "
-                                         f"output_{side}_schema to encode it with Avro.")
-                check_struct_fits(typ, schema, f"output {side}")
-            elif not isinstance(typ, (T.BinaryType, T.StringType, T.NullType)):
-                raise TransformError(f"The output `{side}` column is {typ.simpleString()}; it must be "
-                                     "binary, string or a struct (encoded with Avro).")
-        if "topic" not in fields and not s.output_topic:
-            raise TransformError("The processor declares no output_topic (or --output) and the output has "
-                                 "no `topic` column: txstream does not know where to publish.")
-        if "topic" in fields and not isinstance(fields["topic"], T.StringType):
-            raise TransformError(f"The output `topic` column is {fields['topic'].simpleString()}; it must be string.")
-        if "partition" in fields and not isinstance(fields["partition"], (T.IntegerType, T.LongType, T.ShortType)):
-            raise TransformError(f"The output `partition` column is {fields['partition'].simpleString()}; it must be int.")
-
-    @staticmethod
-    def check_narrow(frame) -> None:  # noqa: ANN001 - DataFrame
-        """Refuse a plan with a shuffle or a merge of partitions: task i must publish range i.
-
-        Checked on the very DataFrame the batch collects, whose physical plan Spark then reuses
-        (planning it twice per batch cost ~0.1-0.2 s of driver time). Checked every batch, not
-        only at start: a join whose static side outgrows Spark's broadcast threshold turns into
-        a shuffled join without the processor changing."""
-        plan_text = frame._jdf.queryExecution().executedPlan().toString()
-        shuffles = [line.strip() for line in plan_text.splitlines()
-                    if "Exchange" in line and "BroadcastExchange" not in line]
-        merges = [line.strip() for line in plan_text.splitlines() if "Coalesce" in line and "coalesce(" not in line]
-        if shuffles or merges:
-            raise TransformError(
-                "The transform is wide: its physical plan has "
-                + "; ".join((shuffles + merges)[:3])
-                + ". txstream publishes each input partition's output in that partition's own "
-                "transaction, so transforms must be narrow: select, where/filter, withColumn, "
-                "explode, UDFs, and joins with broadcast (small, static) tables are allowed; "
-                "groupBy/agg, distinct, orderBy, repartition/coalesce, limit and shuffled joins are not "
-                "(yet).")
 
     def check_topics(self) -> None:
         """Inputs, the output and the dead-letter topic must exist: txstream never creates them."""
         s = self.settings
-        known = self.admin.list_topics(timeout=30).topics
+        from txstream.kafka.offsets import cluster_topics
+
+        known = cluster_topics(self.admin, timeout=30)  # also the reachability check: one clear line
         wanted = [("input", t) for t in s.input_topics]
         wanted += [("output", s.output_topic)] if s.output_topic else []
         wanted += [("dead-letter", s.dead_letter_topic)] if s.dead_letter_topic else []
@@ -213,7 +135,7 @@ class Driver:
         # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even
         # for groupBy, and the check below would miss a wide transform.
         dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(self.settings.app_id, topic, p)) for p in (0, 1)]
-        self.check_narrow(self.output_frame(dry))
+        check_narrow(self.output_frame(dry))
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -251,8 +173,8 @@ class Driver:
             s.processor.setup(self.spark)
             self.check_topics()
             self.validate()
-            self.membership = GroupMembership(s.bootstrap_servers, s.app_id, s.input_topics,
-                                              s.consumer_config, self._wait_for_batch, self._on_group_change)
+            self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
+                                              self._wait_for_batch, self._on_group_change)
             self.commits = DriverCommits(s.guarantee, self.membership)
             planner = Planner(self.admin, s.app_id, s.auto_offset_reset, s.max_records_per_partition)
             self._wait_for_assignment()
@@ -371,8 +293,8 @@ class Driver:
                 "records aside; nothing from this record on was published.")
         record = self._raw_record(plan, offset, message)
         current = self.membership.committed([TopicPartition(plan.topic, plan.partition)])
-        spec = self._publish_spec([plan], self.membership.group_metadata())
-        status = publish_dead_letter(spec, replace(plan, committed=current.get((plan.topic, plan.partition))).to_dict(),
+        spec = self.specs.for_publishing(self.batch_id, [plan], self.membership.group_metadata())
+        status = publish_dead_letter(spec, replace(plan, committed=current.get((plan.topic, plan.partition))),
                                      record, self.membership)
         if status == STALE_PLAN:
             raise InfrastructureError(f"{plan.topic}[{plan.partition}] moved on while isolating offset {offset}")
@@ -380,22 +302,13 @@ class Driver:
                              stage="transform", count=1, error=message)
 
     def _raw_record(self, plan: PartitionPlan, offset: int, message: str, timeout: float = 30) -> tuple:
-        from confluent_kafka import Consumer
+        from txstream.kafka.scan import read_one
 
-        consumer = Consumer(self.settings.clients.consumer(
-            f"{self.settings.app_id}-poison", **{"isolation.level": "read_committed", "enable.auto.commit": False}))
-        consumer.assign([TopicPartition(plan.topic, plan.partition, offset)])
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                msg = consumer.poll(0.5)
-                if msg is None or msg.error():
-                    continue
-                if msg.offset() == offset:
-                    return (msg.key(), msg.value(), msg.headers(), msg.timestamp()[1], offset, "transform", message)
-        finally:
-            consumer.close()
-        raise InfrastructureError(f"could not read {plan.topic}[{plan.partition}]@{offset} to dead-letter it")
+        msg = read_one(self.settings.clients, plan.topic, plan.partition, offset, timeout,
+                       group_id=f"{self.settings.app_id}-poison")
+        if msg is None:
+            raise InfrastructureError(f"could not read {plan.topic}[{plan.partition}]@{offset} to dead-letter it")
+        return (msg.key(), msg.value(), msg.headers(), msg.timestamp()[1], offset, "transform", message)
 
     def _wait_for_assignment(self, timeout: float = 60.0) -> None:
         assert self.membership is not None
@@ -422,9 +335,9 @@ class Driver:
         self.batch_id += 1
         started = time.monotonic()
         commits.before_batch(plans)
-        spec = self._publish_spec(plans, self.membership.group_metadata())
+        spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata())
         frame = self.output_frame(plans).mapInArrow(functools.partial(publish_partition, spec), result_schema())
-        self.check_narrow(frame)
+        check_narrow(frame)
         outcome: dict[str, Any] = {}
 
         job_group = f"txstream-{self.settings.app_id}-batch-{self.batch_id}"

@@ -1,4 +1,4 @@
-"""Group membership on the driver (DESIGN.md 2.1).
+"""Group membership on the driver (docs/architecture.md).
 
 The driver joins the app's consumer group for the input topics and so owns a set of partitions.
 It never fetches records with this consumer (every assigned partition is paused); it polls only
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from txstream.kafka.config import KafkaClients, as_clients
 from txstream.kafka.retry import retriable
 
 log = logging.getLogger("txstream")
@@ -23,19 +24,17 @@ DEFAULT_ASSIGNMENT = "cooperative-sticky"
 
 
 class GroupMembership:
-    def __init__(self, bootstrap: str, app_id: str, topics: list[str], consumer_config: dict[str, Any],
+    def __init__(self, clients: KafkaClients | str, app_id: str, topics: list[str],
                  wait_for_batch: Callable[[], None], on_change: Callable[[str, list[TopicPartition]], None] | None = None) -> None:
-        config = {
-            "bootstrap.servers": bootstrap,
-            "group.id": app_id,
+        config = as_clients(clients).consumer(app_id, **{
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 1_000,
             "max.poll.interval.ms": 300_000,
-            **{k: v for k, v in consumer_config.items() if k != "auto.offset.reset"},
-        }
+        })
+        config.pop("auto.offset.reset", None)  # the planner applies it, never this consumer
         if config.get("group.protocol") == "consumer":
             # KIP-848: the broker assigns; these classic-protocol settings are refused.
             for key in ("partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms"):

@@ -1,4 +1,4 @@
-"""Planning (DESIGN.md 2.2): for each owned partition, the range the next batch publishes.
+"""Planning (docs/architecture.md): for each owned partition, the range the next batch publishes.
 
 `start` is the group's committed offset, read stably (a commit pending in an open transaction
 is resolved first); with none, `auto.offset.reset` decides. `end` is the last stable offset,
@@ -8,43 +8,17 @@ and reported loudly, never skipped silently.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
 
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient
 
-try:  # confluent-kafka >= 2.3
-    from confluent_kafka import IsolationLevel
-except ImportError:  # pragma: no cover
-    from confluent_kafka.admin import IsolationLevel  # type: ignore[no-redef]
-
-from txstream.kafka.retry import retriable
+from txstream.task.spec import PartitionPlan
 from txstream.errors import NoCommittedOffsetError
+from txstream.kafka import offsets
+from txstream.kafka.offsets import Partition, Watermarks
+from txstream.kafka.retry import retriable
 
 log = logging.getLogger("txstream")
-
-
-@dataclass(frozen=True)
-class PartitionPlan:
-    topic: str
-    partition: int
-    start: int
-    end: int
-    committed: int | None         # what the group had committed when planned (None: nothing)
-    transactional_id: str
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Watermarks:
-    earliest: int
-    last_stable: int
 
 
 def transactional_id(app_id: str, topic: str, partition: int) -> str:
@@ -52,21 +26,15 @@ def transactional_id(app_id: str, topic: str, partition: int) -> str:
     return f"{app_id}-{topic}-{partition}"
 
 
-def watermarks(admin: AdminClient, partitions: list[TopicPartition], timeout: float = 30) -> dict[tuple[str, int], Watermarks]:
-    """Earliest and last stable offsets, one batched ListOffsets request per kind."""
+def watermarks(admin: AdminClient, partitions: list[TopicPartition], timeout: float = 30) -> dict[Partition, Watermarks]:
+    """The owned partitions' watermarks (txstream.kafka.offsets), keyed (topic, partition).
+
+    A leader that just moved answers FENCED_LEADER_EPOCH & co.: ask again briefly; if it
+    persists, the driver starts a new admin client (its metadata is stale)."""
     if not partitions:
         return {}
-
-    def ask(spec) -> dict:  # noqa: ANN001 - OffsetSpec factory
-        futures = admin.list_offsets({TopicPartition(p.topic, p.partition): spec() for p in partitions},
-                                     isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
-        return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
-
-    # A leader that just moved answers FENCED_LEADER_EPOCH & co.: ask again briefly; if it
-    # persists, the driver starts a new admin client (its metadata is stale).
-    earliest = retriable(lambda: ask(OffsetSpec.earliest), 5)
-    latest = retriable(lambda: ask(OffsetSpec.latest), 5)
-    return {key: Watermarks(earliest[key], latest[key]) for key in earliest}
+    return retriable(lambda: offsets.watermarks(admin, [(tp.topic, tp.partition) for tp in partitions],
+                                                timeout, retry_s=0), 5)
 
 
 class Planner:

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Callable, Protocol
 
 from txstream.errors import DataError, InfrastructureError, TxstreamError
-from txstream.driver.planning import PartitionPlan
+from txstream.task.spec import PartitionPlan
 
 
 class IsolationTarget(Protocol):

@@ -17,6 +17,17 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 LOG = logging.getLogger("txstream.librdkafka")
+# librdkafka's connection chatter ("%3|...|FAIL|...") is for whoever debugs a client, not for a
+# user's terminal: off unless `show_client_logs()` (the commands' --client-logs flag).
+LOG.addHandler(logging.NullHandler())
+LOG.propagate = False
+
+
+def show_client_logs(enabled: bool = True) -> None:
+    """Let librdkafka's own log lines reach the root logger (stderr under basicConfig), or not."""
+    LOG.propagate = enabled
+    if enabled and not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
 
 # Properties that only make sense on the consumer side and that librdkafka refuses (rather than
 # ignores) on a producer or admin client.
@@ -74,6 +85,16 @@ class KafkaClients:
         """What the user set for one side ("producer" or "consumer"), for validation."""
         only = self.producer_only if side == "producer" else self.consumer_only
         return {**self.common, **only}
+
+
+def as_clients(where: str | KafkaClients) -> KafkaClients:
+    """A KafkaClients from itself or from bare bootstrap servers (tests and scripts pass a string)."""
+    return where if isinstance(where, KafkaClients) else KafkaClients(where)
+
+
+def command_properties(command_config: str | Path | None, pairs: Iterable[str]) -> dict[str, str]:
+    """A command's client properties: the --command-config file first, then each -X (later wins)."""
+    return {**(load_properties(command_config) if command_config else {}), **parse_pairs(pairs)}
 
 
 def parse_pairs(values: Iterable[str], option: str = "-X") -> dict[str, str]:

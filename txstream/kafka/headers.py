@@ -30,3 +30,8 @@ def source_of(headers: list[tuple[str, bytes]] | None) -> tuple[str, int, int] |
 # One id per published range attempt (one Kafka transaction under exactly-once): `verify`
 # tells two committed publications of the same source offset apart from a 1:n fan-out.
 PUBLICATION = "txstream.publication"
+
+# The record's position in its publication (0, 1, 2 ... in the order produced; dead letters
+# included): (publication, source offset, position) is unique by construction, so `verify`
+# catches any repeat, a verbatim copy of a committed record included.
+PUBLICATION_SEQ = "txstream.publication.seq"

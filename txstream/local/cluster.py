@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -22,17 +21,14 @@ from pathlib import Path
 from typing import Callable
 
 from txstream.errors import BrokerError
+from txstream.local import processes
+from txstream.local.maven import Artifact, MavenError, resolve
+from txstream.local.paths import cache_dir
 
 # 4.4.0's kafka-tools artifacts are not on Maven Central (checked 2026-11); 4.3.1 is complete.
 KAFKA_VERSION = os.environ.get("TXSTREAM_KAFKA_VERSION", "4.3.1")
 LOG4J_VERSION = "2.25.4"
 SLF4J_VERSION = "2.0.17"
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("TXSTREAM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "txstream")
-    return Path(base)
 
 
 def registry_dir() -> Path:
@@ -45,20 +41,6 @@ def registry_dir() -> Path:
 # ---------------------------------------------------------------------------------------------
 # Jars
 # ---------------------------------------------------------------------------------------------
-
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>txstream.local</groupId><artifactId>kafka-classpath</artifactId><version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{kafka}</version></dependency>
-    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId><version>{slf4j}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>{log4j}</version></dependency>
-  </dependencies>
-</project>
-"""
-
 
 def _require_java() -> str:
     java = shutil.which("java")
@@ -77,42 +59,15 @@ def _require_java() -> str:
 
 def kafka_libs(progress: Callable[[str], None] = lambda _m: None) -> Path:
     """The directory of Kafka's jars, resolved from Maven Central on first use."""
-    libs = cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
-    done = libs.parent / ".complete"
-    if done.exists():
-        return libs
-    mvn = shutil.which("mvn")
-    if not mvn:
-        raise BrokerError("Maven (`mvn`) was not found on PATH. txstream resolves the Apache Kafka "
-                          "broker jars from Maven Central with it: install Maven "
-                          "(e.g. `apt-get install maven`), or set TXSTREAM_BOOTSTRAP_SERVERS to use "
-                          "an existing cluster.")
-    work = libs.parent
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "pom.xml").write_text(_POM.format(kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION, log4j=LOG4J_VERSION))
-    tmp = work / "libs.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    progress(f"Resolving Apache Kafka {KAFKA_VERSION} from Maven Central into {libs} (first use only) ...")
-    proc = subprocess.Popen(
-        [mvn, "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-         f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tail: list[str] = []
-    downloaded = 0
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        tail = (tail + [line.rstrip()])[-30:]
-        if line.startswith("Downloaded from") and line.rstrip().endswith(".jar"):
-            downloaded += 1
-            if downloaded % 10 == 0:
-                progress(f"  ... {downloaded} jars downloaded")
-    if proc.wait() != 0:
-        raise BrokerError("Maven could not resolve the Kafka jars:\n" + "\n".join(tail))
-    shutil.rmtree(libs, ignore_errors=True)
-    tmp.rename(libs)
-    done.touch()
-    progress(f"  Kafka {KAFKA_VERSION}: {len(list(libs.glob('*.jar')))} jars ready.")
-    return libs
+    artifacts = [Artifact("org.apache.kafka", "kafka_2.13", KAFKA_VERSION),
+                 Artifact("org.apache.kafka", "kafka-tools", KAFKA_VERSION),
+                 Artifact("org.slf4j", "slf4j-api", SLF4J_VERSION),
+                 Artifact("org.apache.logging.log4j", "log4j-slf4j2-impl", LOG4J_VERSION)]
+    try:
+        return resolve(f"kafka-{KAFKA_VERSION}", artifacts, progress, what=f"Apache Kafka {KAFKA_VERSION}",
+                       missing_hint="set TXSTREAM_BOOTSTRAP_SERVERS to use an existing cluster")
+    except MavenError as exc:
+        raise BrokerError(str(exc)) from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,9 +93,9 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def free_port_block(count: int) -> int:
-    """A base port such that base .. base+count-1 and base+100 .. are all free, outside the
-    kernel's ephemeral range.
+def free_port_block(count: int, blocks: int = 2) -> int:
+    """A base port such that base .. base+count-1 and base+100 .. (and base+200 .. with
+    blocks=3, for a SASL listener) are all free, outside the kernel's ephemeral range.
 
     Inside it, a stopped node's port is a free source port for any outgoing connection on the
     machine (clients reconnecting to that very node included), and the node then cannot bind it
@@ -148,13 +103,13 @@ def free_port_block(count: int) -> int:
     import random
 
     low, high = _ephemeral_ports()
-    span = 100 + count
+    span = 100 * (blocks - 1) + count
     ranges = [(r_low, r_high - span) for r_low, r_high in ((10_000, low), (high + 1, 65_000)) if r_high - span > r_low]
     pick = random.Random()
     for _ in range(500):
         r_low, r_high = pick.choice(ranges)
         base = pick.randrange(r_low, r_high)
-        if all(port_is_free(base + i) and port_is_free(base + 100 + i) for i in range(count)):
+        if all(port_is_free(base + 100 * b + i) for i in range(count) for b in range(blocks)):
             return base
     raise BrokerError("Could not find free ports for a local Kafka cluster.")
 
@@ -193,6 +148,10 @@ class LocalKafkaCluster:
 
     Broker i listens on `port + i`, its controller on `port + 100 + i`. With three nodes the
     internal topics use replication 3 and min ISR 2, as Kafka's transactions system test does.
+
+    `sasl_users` ({user: password}) adds a SASL_PLAINTEXT listener with those PLAIN users on
+    `port + 200 + i` (`sasl_bootstrap_servers`), for testing clients against a secured
+    listener; inter-broker and controller traffic stay PLAINTEXT, and there is no authorizer.
     """
 
     port: int = 9092
@@ -202,6 +161,7 @@ class LocalKafkaCluster:
     nodes: list[Node] = field(default_factory=list)
     cluster_id: str = ""
     die_with_parent: bool = False  # tests: the JVMs die when the test process dies
+    sasl_users: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -213,6 +173,32 @@ class LocalKafkaCluster:
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(f"localhost:{n.port}" for n in self.nodes)
+
+    @property
+    def sasl_bootstrap_servers(self) -> str | None:
+        """The SASL_PLAINTEXT (PLAIN) listeners, when `sasl_users` is set."""
+        if not self.sasl_users:
+            return None
+        return ",".join(f"localhost:{self._sasl_port(n)}" for n in self.nodes)
+
+    @staticmethod
+    def _sasl_port(node: Node) -> int:
+        return node.port + 200
+
+    def _listeners(self, node: Node) -> list[str]:
+        if not self.sasl_users:
+            return [f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://localhost:{node.port}",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
+        sasl = self._sasl_port(node)
+        users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
+        return [f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port},"
+                f"SASL_PLAINTEXT://localhost:{sasl}",
+                f"advertised.listeners=PLAINTEXT://localhost:{node.port},SASL_PLAINTEXT://localhost:{sasl}",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"]
 
     @property
     def state_file(self) -> Path:
@@ -228,11 +214,9 @@ class LocalKafkaCluster:
             "process.roles=broker,controller",
             f"node.id={node.node_id}",
             f"controller.quorum.voters={voters}",
-            f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port}",
-            f"advertised.listeners=PLAINTEXT://localhost:{node.port}",
+            *self._listeners(node),
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             f"log.dirs={os.path.join(node.directory, 'data')}",
             # Transactions on a small cluster: the internal topics must fit the node count.
             f"offsets.topic.replication.factor={replication}",
@@ -273,7 +257,7 @@ class LocalKafkaCluster:
                               f"(pids {', '.join(map(str, existing.alive_pids()))}); "
                               "`txstream kafka down` stops it.")
         for node in self.nodes:
-            for port in (node.port, node.controller_port):
+            for port in (node.port, node.controller_port, *([self._sasl_port(node)] if self.sasl_users else [])):
                 if not port_is_free(port):
                     raise BrokerError(f"Port {port} is already in use; pick another with --port "
                                       "(or stop what listens there).")
@@ -306,7 +290,7 @@ class LocalKafkaCluster:
     def start_node(self, node_id: int, wait: bool = True, timeout: float = 90.0) -> None:
         node = self.node(node_id)
         libs = kafka_libs()
-        preexec = _die_with_parent if self.die_with_parent else None
+        preexec = processes.die_with_parent if self.die_with_parent else None
         self._log_offsets[node_id] = node.log_file.stat().st_size if node.log_file.exists() else 0
         with open(Path(node.directory) / "stdout.log", "ab") as out:
             proc = subprocess.Popen(
@@ -376,7 +360,7 @@ class LocalKafkaCluster:
                     meta = admin.list_topics(timeout=5)
                     if len(meta.brokers) == len(self.nodes):
                         return
-                except Exception:  # noqa: BLE001 - still starting; retried until the deadline
+                except Exception:  # still starting; retried until the deadline
                     pass
                 if time.monotonic() > deadline:
                     raise BrokerError(f"Kafka at {self.bootstrap_servers} did not answer within "
@@ -447,7 +431,7 @@ class LocalKafkaCluster:
                     last = "no leader"
                 else:
                     last = str(tmeta.error if tmeta is not None else "unknown topic")
-            except Exception as exc:  # noqa: BLE001 - metadata is retried until the deadline
+            except Exception as exc:  # metadata is retried until the deadline
                 last = str(exc)
             if time.monotonic() > deadline:
                 raise BrokerError(f"No leader for {topic}[{partition}] within {timeout:.0f}s ({last}).")
@@ -475,7 +459,7 @@ class LocalKafkaCluster:
         included, has a leader and all its replicas in sync; else (False, what is missing)."""
         try:
             meta = self._admin().list_topics(timeout=5)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return False, f"metadata: {exc}"
         missing = {n.node_id for n in self.nodes} - set(meta.brokers)
         if missing:
@@ -559,15 +543,6 @@ def registered_clusters() -> list[LocalKafkaCluster]:
 # ---------------------------------------------------------------------------------------------
 # Process helpers
 # ---------------------------------------------------------------------------------------------
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the parent (the test run) dies."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
 
 def _alive(pid: int, proc: subprocess.Popen | None = None) -> bool:
     if proc is not None:

@@ -9,6 +9,10 @@ columns at once (avro_columns) where the schema allows, fastavro's schemaless re
 record by record otherwise, and fastavro has the last word on any record refused. With
 `schema_registry_framing=True` values carry Confluent's 5-byte prefix (magic 0 + schema id),
 which is stripped on read and written with the configured id.
+
+Decoding is strict where fastavro and Java's DatumReader are not: a payload must end exactly where
+its record ends. Bytes left over mean it was written with another schema (a newer one with more
+fields, or another type altogether), and its fields were read from the wrong bytes.
 """
 from __future__ import annotations
 
@@ -162,6 +166,11 @@ def _without_timestamp_logical_types(schema: dict, names: set[str]) -> dict:
     return fastavro.parse_schema(raw)
 
 
+def trailing_bytes_message(left: int) -> str:
+    """Why a payload that goes on after its record ends is refused (both decode paths say this)."""
+    return f"{left} byte{'s' if left != 1 else ''} left after the record ends (written with another schema?)"
+
+
 def _describe(exc: BaseException) -> str:
     """A decode error for a dead letter's header, without fastavro's buffer address."""
     return f"{type(exc).__name__}: {_BUFFER_REPR.sub('', str(exc))}"
@@ -177,10 +186,17 @@ class AvroCodec:
     Timestamps are the expensive part of the per-record path: fastavro turns them into
     timezone-aware datetimes and Arrow turns those back into integers. So top-level timestamp
     fields cross as plain epoch integers and are converted column-wise in Arrow instead.
+
+    `lenient_trailing_bytes`: by default a payload with bytes after the end of its record is not
+    a value of this schema (it was written with another one) and is a decode error naming how
+    many bytes were left, so the reader dead-letters it. True reads such a payload's leading
+    record and ignores the rest, as fastavro and Java's DatumReader do: only for producers known
+    to append bytes on purpose. Both decode paths (columnar and fastavro) follow the option.
     """
 
     schema: dict
     registry_schema_id: int | None = None  # Confluent wire framing when set
+    lenient_trailing_bytes: bool = False
 
     def __post_init__(self) -> None:
         self._timestamps = _timestamp_fields(self.schema)
@@ -193,7 +209,8 @@ class AvroCodec:
         fields = avro_columns.fields_of(self.schema, self.arrow)
         self._framing = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
                          if self.registry_schema_id is not None else b"")
-        self._columnar_decoder = (avro_columns.ColumnarDecoder(fields, self.arrow, bool(self._framing))
+        self._columnar_decoder = (avro_columns.ColumnarDecoder(fields, self.arrow, bool(self._framing),
+                                                               strict=not self.lenient_trailing_bytes)
                                   if fields else None)
         self._columnar_encoder = avro_columns.ColumnarEncoder(fields, self._framing) if fields else None
 
@@ -209,6 +226,7 @@ class AvroCodec:
         """One decode function per schema, built once, with everything it needs bound locally."""
         read, new_buffer = fastavro.schemaless_reader, io.BytesIO
         framed = self.registry_schema_id is not None
+        strict = not self.lenient_trailing_bytes
 
         def decode(payload: bytes) -> Any:
             if payload is None:
@@ -219,8 +237,8 @@ class AvroCodec:
                 payload = payload[5:]
             buf = new_buffer(payload)
             record = read(buf, schema, None)
-            if buf.tell() != len(payload):
-                raise ValueError(f"{len(payload) - buf.tell()} trailing bytes after the Avro record")
+            if strict and buf.tell() != len(payload):
+                raise ValueError(trailing_bytes_message(len(payload) - buf.tell()))
             return record
 
         return decode

@@ -98,15 +98,20 @@ def _validity(present: np.ndarray | None) -> pa.Buffer | None:
 
 
 class ColumnarDecoder:
-    """Decodes plain Avro payloads of one record schema into an Arrow struct array."""
+    """Decodes plain Avro payloads of one record schema into an Arrow struct array.
 
-    def __init__(self, fields: list[_Field], arrow: pa.DataType, framed: bool = False) -> None:
-        self.fields, self.arrow, self.framed = fields, arrow, framed
+    `strict`: a payload that goes on after its record ends is bad (AvroCodec's
+    lenient_trailing_bytes turns this off)."""
+
+    def __init__(self, fields: list[_Field], arrow: pa.DataType, framed: bool = False,
+                 strict: bool = True) -> None:
+        self.fields, self.arrow, self.framed, self.strict = fields, arrow, framed, strict
 
     def decode(self, payloads: list) -> tuple[pa.StructArray, np.ndarray, np.ndarray, bool]:
         """(struct array, bad rows, index of the field that made each bad row bad or -1, unsure).
 
-        Bad rows (malformed bytes, a value outside its Avro type) hold garbage in the array:
+        Bad rows (malformed bytes, a value outside its Avro type, bytes left after the record
+        when strict: culprit len(fields)) hold garbage in the array:
         the caller drops them. None payloads are bad. `unsure`: some string is not valid UTF-8
         and only a row-by-row decode can tell which rows are good."""
         n = len(payloads)
@@ -146,8 +151,10 @@ class ColumnarDecoder:
                     array.validate(full=True)
                 except pa.ArrowInvalid:
                     unsure = True
-        bad |= pos != ends
-        culprit[(pos != ends) & (culprit < 0)] = len(self.fields)
+        if self.strict:  # one comparison for the whole batch: every row ends where its record does
+            left = pos != ends
+            bad |= left
+            culprit[left & (culprit < 0)] = len(self.fields)
         struct = pa.StructArray.from_arrays(children, fields=list(self.arrow))
         return struct, bad, culprit, unsure
 

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from txstream.local.paths import cache_dir
+
 
 log = logging.getLogger("txstream")
 
@@ -34,7 +36,7 @@ def spark_home() -> str:
     version = getattr(pyspark, "__version__", "unknown")
     # One per installed package: links to another virtual environment's pyspark must never be
     # re-pointed under a running JVM (or left dangling when that environment is deleted).
-    home = _cache_dir() / f"spark-home-{version}-{hashlib.sha1(str(package).encode()).hexdigest()[:8]}"
+    home = cache_dir() / f"spark-home-{version}-{hashlib.sha1(str(package).encode()).hexdigest()[:8]}"
     try:
         home.mkdir(parents=True, exist_ok=True)
         for entry in package.iterdir():
@@ -52,10 +54,6 @@ def spark_home() -> str:
     return str(home)
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("TXSTREAM_CACHE", Path.home() / ".cache" / "txstream"))
-
-
 def class_archive(home: str | None = None) -> Path:
     """Where the JVM's class-data-sharing archive for this pyspark, this Java and this SPARK_HOME
     (default: the one the session uses) lives."""
@@ -64,7 +62,7 @@ def class_archive(home: str | None = None) -> Path:
     home = home or os.environ.get("SPARK_HOME") or spark_home()
     java = os.environ.get("JAVA_HOME", "") or shutil.which("java") or "java"
     tag = hashlib.sha1(f"{pyspark.__version__}|{os.path.realpath(java)}|{home}".encode()).hexdigest()[:10]
-    return _cache_dir() / f"spark-classes-{pyspark.__version__}-{tag}.jsa"
+    return cache_dir() / f"spark-classes-{pyspark.__version__}-{tag}.jsa"
 
 
 def _java_options(spark_conf: dict[str, str], home: str) -> str:

@@ -6,16 +6,12 @@ records, aborted transactions), so the reader stops on the consumer's position, 
 
 Records that cannot be decoded never enter the DataFrame: they are written to a small side file
 keyed by the Spark task attempt, which the publisher of the same task picks up and sends to the
-dead-letter topic inside the same transaction (see publishing.py).
+dead-letter topic inside the same transaction (sidefile.py, publish.py).
 """
 from __future__ import annotations
 
 import functools
-import os
-import pickle
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -23,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstream.serde.avro import AvroCodec, arrow_type
+from txstream.task.sidefile import ReadResult, write_side_file
+from txstream.task.spec import PartitionPlan, ReadSpec
 
 HEADERS_ARROW = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
@@ -46,47 +44,25 @@ def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa
     ])
 
 
-def side_file(side_dir: str, batch_id: int, task_attempt: int, kind: str) -> Path:
-    """Where a task attempt's reader leaves dead letters and counts for its publisher."""
-    return Path(side_dir) / f"batch-{batch_id}" / f"attempt-{task_attempt}.{kind}"
-
-
-def current_task_attempt() -> int:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.taskAttemptId() if context is not None else -1
-
-
-@dataclass
-class ReadResult:
-    """What the reader tells the publisher of the same task (through the side file)."""
-
-    records: int
-    dead_letters: list[tuple[Any, ...]]  # (key, value, headers, timestamp_ms, offset, stage, error)
-    read_seconds: float
-
-
-def range_frame(spark, spec: dict):  # noqa: ANN001, ANN201 - SparkSession -> DataFrame
+def range_frame(spark, spec: ReadSpec):  # SparkSession -> DataFrame
     """The batch's input DataFrame: one Spark partition per planned range, read by task i.
 
     A `mapInArrow` over `spark.range(n, numPartitions=n)` rather than a Python data source:
     partition i holds exactly the number i, so task i reads plan i, and Spark needs no Python
     process on the driver to plan the read (a data source costs three planning round trips per
     batch and three more Python daemons at start-up)."""
-    n = max(1, len(spec["plans"]))
+    n = max(1, len(spec.plans))
     return spark.range(0, n, 1, n).mapInArrow(
-        functools.partial(read_planned_range, spec),
-        input_struct(spec.get("key_schema"), spec.get("value_schema")))
+        functools.partial(read_planned_range, spec), input_struct(spec.key_schema, spec.value_schema))
 
 
-def read_planned_range(spec: dict, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def read_planned_range(spec: ReadSpec, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Task i's reader: the records of plan i as Arrow batches, then the side file."""
     for id_batch in ids:
         for index in id_batch.column(0).to_pylist():
-            if index >= len(spec["plans"]):
+            if index >= len(spec.plans):
                 continue  # the dry plan of an empty spec
-            plan = spec["plans"][index]
+            plan = spec.plans[index]
             started = time.perf_counter()
             dead: list[tuple[Any, ...]] = []
             count = 0
@@ -98,56 +74,24 @@ def read_planned_range(spec: dict, ids: Iterator[pa.RecordBatch]) -> Iterator[pa
             from txstream import faults
 
             faults.maybe_fail("read.end", plan)
-            write_side_file(spec, ReadResult(count, dead, time.perf_counter() - started))
+            write_side_file(spec.side_dir, spec.batch_id, ReadResult(count, dead, time.perf_counter() - started))
 
 
-def write_side_file(spec: dict, result: ReadResult) -> None:
-    path = side_file(spec["side_dir"], spec["batch_id"], current_task_attempt(), "read")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as out:
-        pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
-
-
-def read_side_file(side_dir: str, batch_id: int) -> ReadResult | None:
-    """The reader's result for this task attempt, consumed: the file is removed."""
-    path = side_file(side_dir, batch_id, current_task_attempt(), "read")
-    try:
-        with open(path, "rb") as src:
-            result = pickle.load(src)
-    except FileNotFoundError:
-        return None
-    path.unlink(missing_ok=True)
-    return result
-
-
-def read_range(spec: dict, plan: dict, dead: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
+def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
     """Yield Arrow batches of `[plan.start, plan.end)`; append undecodable records to `dead`."""
     from confluent_kafka import TopicPartition
 
-    topic, partition, start, end = plan["topic"], plan["partition"], plan["start"], plan["end"]
+    topic, partition, start, end = plan.topic, plan.partition, plan.start, plan.end
     if end <= start:
         return
-    key_codec = AvroCodec(spec["key_schema"]) if spec.get("key_schema") else None
-    value_codec = AvroCodec(spec["value_schema"], spec.get("value_schema_id")) if spec.get("value_schema") else None
-    schema = input_arrow_schema(spec.get("key_schema"), spec.get("value_schema"))
-    chunk = int(spec.get("arrow_batch_size", 10_000))
-    config = {
-        "bootstrap.servers": spec["bootstrap_servers"],
-        "group.id": spec["app_id"],  # never subscribes or commits: assign() only
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": False,
-        "auto.offset.reset": "error",
-        "fetch.max.bytes": 52_428_800,
-        "max.partition.fetch.bytes": 10_485_760,
-        "queued.min.messages": 200_000,
-        **spec.get("consumer_config", {}),
-    }
+    lenient = spec.lenient_trailing_bytes
+    key_codec = AvroCodec(spec.key_schema, lenient_trailing_bytes=lenient) if spec.key_schema else None
+    value_codec = AvroCodec(spec.value_schema, lenient_trailing_bytes=lenient) if spec.value_schema else None
+    schema = input_arrow_schema(spec.key_schema, spec.value_schema)
+    chunk = spec.chunk_records
+    config = spec.consumer_config()  # never subscribes or commits: assign() only
     consumer = _consumer(config)
-    deadline_idle = float(spec.get("read_idle_timeout_s", 60))
+    deadline_idle = spec.idle_timeout_s
     last_progress = time.monotonic()
     position = start
     done = False

@@ -8,12 +8,15 @@ Apache Kafka passes; librdkafka's mock cluster and the lookalikes we tried do no
 """
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
+
+from txstream.kafka.config import KafkaClients, as_clients
+from txstream.kafka.offsets import admin_client, cluster_topics, watermarks
+from txstream.kafka.scan import scan
 
 
 @dataclass
@@ -42,40 +45,27 @@ class RoundTrip:
         ])
 
 
-def read_partition(bootstrap: str, topic: str, partition: int, isolation: str, expect: int,
+def read_partition(clients: KafkaClients | str, topic: str, partition: int, isolation: str,
                    timeout: float = 20.0) -> list[bytes]:
-    """Values of one partition from the beginning, until `expect` records or the end is stable."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txstream-check-{uuid.uuid4().hex}",
-                         "isolation.level": isolation, "enable.auto.commit": False,
-                         "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, partition, 0)])
-    values: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error():
-                # EOF: under read_committed the reader stops at the open transaction.
-                if len(values) >= expect:
-                    break
-                continue
-            values.append(msg.value())
-    finally:
-        consumer.close()
-    return values
+    """Values of one partition from the beginning to its end as `isolation` sees it (the last
+    stable offset under read_committed, the log end otherwise), read up to that position."""
+    clients = as_clients(clients)
+    mark = watermarks(admin_client(clients), [(topic, partition)], timeout)[(topic, partition)]
+    end = mark.last_stable if isolation == "read_committed" else mark.log_end
+    return [msg.value() for batch in scan(clients, {(topic, partition): (mark.earliest, end)}, timeout,
+                                          isolation=isolation, purpose="check")
+            for msg in batch]
 
 
-def transaction_round_trip(bootstrap: str, timeout: float = 30.0) -> RoundTrip:
+def transaction_round_trip(clients: KafkaClients | str, timeout: float = 30.0) -> RoundTrip:
+    clients = as_clients(clients)
     suffix = uuid.uuid4().hex[:8]
     topic, group = f"txstream-check-{suffix}", f"txstream-check-group-{suffix}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client(clients)
+    cluster_topics(admin, timeout)  # unreachable: one clear line, before anything is created
     admin.create_topics([NewTopic(topic, 1)])[topic].result(timeout)
-    group_member = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    # log_level 3: the coordinator is often still loading on a fresh broker; librdkafka retries.
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"txstream-check-{suffix}",
-                         "log_level": 3})
+    group_member = Consumer(clients.consumer(group))
+    producer = Producer(clients.producer(**{"transactional.id": f"txstream-check-{suffix}"}))
     sent_offset = 42
     try:
         producer.init_transactions(timeout)
@@ -94,8 +84,8 @@ def transaction_round_trip(bootstrap: str, timeout: float = 30.0) -> RoundTrip:
         producer.produce(topic, b"open")
         producer.flush(timeout)  # delivered, never committed
 
-        committed = read_partition(bootstrap, topic, 0, "read_committed", expect=1)
-        uncommitted = read_partition(bootstrap, topic, 0, "read_uncommitted", expect=3)
+        committed = read_partition(clients, topic, 0, "read_committed", timeout)
+        uncommitted = read_partition(clients, topic, 0, "read_uncommitted", timeout)
         offsets = group_member.committed([TopicPartition(topic, 0)], timeout)
         result = RoundTrip(topic, group, committed, uncommitted, offsets[0].offset, sent_offset)
         producer.abort_transaction(timeout)

@@ -2,20 +2,24 @@
 
 What `txstream produce` and `txstream consume` run, so a user can try a processor without
 writing Kafka code. Reading stops at the end offsets seen at start (last stable offsets under
-read_committed), on position, never on a count.
+read_committed), on position, never on a count (txstream.kafka.scan). Clients come from a
+KafkaClients (bootstrap servers plus -X / --command-config properties).
 """
 from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Iterable, Iterator
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 
+from txstream.errors import KafkaFailure, OffsetsError, classify_kafka
+from txstream.kafka.config import KafkaClients, as_clients
+from txstream.kafka.offsets import admin_client, cluster_topics, watermarks
+from txstream.kafka.scan import scan
 from txstream.serde.avro import AvroCodec
 
 
@@ -46,21 +50,46 @@ def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: by
             producer.poll(0.1)
 
 
-def produce_lines(bootstrap: str, topic: str, lines: Iterable[str], value_schema: dict | None = None,
+def _topic_partitions(clients: KafkaClients, topic: str, timeout: float) -> int:
+    """How many partitions `topic` has; KafkaUnreachable or an OffsetsError naming it, quickly."""
+    known = cluster_topics(admin_client(clients), timeout)
+    if topic not in known:
+        raise OffsetsError(f"topic {topic!r} does not exist at {clients.bootstrap_servers}")
+    return known[topic]
+
+
+def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str], value_schema: dict | None = None,
                   key_field: str | None = None, transactional: bool = False,
-                  partition: int | None = None) -> int:
+                  partition: int | None = None, timeout: float = 60.0) -> int:
     """Each line is one JSON value. Returns how many records were written (all acknowledged)."""
+    clients = as_clients(clients)
+    _topic_partitions(clients, topic, timeout)  # an unreachable cluster or a missing topic: one line, now
     codec = AvroCodec(value_schema) if value_schema else None
     encode = codec.encoder() if codec else None
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                              "partitioner": "murmur2_random"}
+    config: dict[str, Any] = {"enable.idempotence": True, "linger.ms": 20, "partitioner": "murmur2_random",
+                              "message.timeout.ms": int(min(timeout, 60) * 1000)}
     if transactional:
         config["transactional.id"] = f"txstream-produce-{uuid.uuid4().hex}"
     errors: list[str] = []
-    producer = Producer({**config, "on_delivery": lambda err, _m: errors.append(str(err)) if err else None})
-    if transactional:
-        producer.init_transactions(30)
-        producer.begin_transaction()
+    producer = Producer(clients.producer(
+        **config, on_delivery=lambda err, _m: errors.append(err.str()) if err else None))
+    try:
+        if transactional:
+            producer.init_transactions(timeout)
+            producer.begin_transaction()
+        count = _produce_all(producer, topic, lines, encode, value_schema, key_field, partition)
+        if transactional:
+            producer.commit_transaction(timeout)
+    except KafkaException as exc:
+        raise classify_kafka(exc, f"producing to {topic}") from None
+    remaining = producer.flush(timeout)
+    if remaining or errors:
+        raise KafkaFailure(f"producing to {topic}: {remaining} records unacknowledged; errors: {errors[:3]}")
+    return count
+
+
+def _produce_all(producer: Producer, topic: str, lines: Iterable[str], encode: Any, value_schema: dict | None,
+                 key_field: str | None, partition: int | None) -> int:
     count = 0
     for number, line in enumerate(lines, 1):
         line = line.strip()
@@ -81,11 +110,6 @@ def produce_lines(bootstrap: str, topic: str, lines: Iterable[str], value_schema
             raise ValueError(f"line {number} does not fit the Avro schema: {exc}") from None
         produce_waiting(producer, topic, payload, key, partition)
         count += 1
-    if transactional:
-        producer.commit_transaction(60)
-    remaining = producer.flush(60)
-    if remaining or errors:
-        raise KafkaException(f"{remaining} records unacknowledged; errors: {errors[:3]}")
     return count
 
 
@@ -106,67 +130,39 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def end_offsets(bootstrap: str, topic: str, isolation: str, timeout: float = 30) -> dict[int, tuple[int, int]]:
+def end_offsets(clients: KafkaClients | str, topic: str, isolation: str,
+                timeout: float = 30) -> dict[int, tuple[int, int]]:
     """{partition: (earliest, end)} where end is the LSO under read_committed, else the high watermark."""
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txstream-probe-{uuid.uuid4().hex}",
-                      "isolation.level": isolation, "enable.auto.commit": False})
-    try:
-        meta = probe.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise KafkaException(f"topic {topic!r} does not exist" + (f" ({meta.error})" if meta and meta.error else ""))
-        # librdkafka asks ListOffsets with the consumer's isolation level: LSO under read_committed.
-        return {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
-                for p in sorted(meta.partitions)}
-    finally:
-        probe.close()
+    clients = as_clients(clients)
+    count = _topic_partitions(clients, topic, timeout)
+    marks = watermarks(admin_client(clients), [(topic, p) for p in range(count)], timeout)
+    return {p.partition: (m.earliest, m.last_stable if isolation == "read_committed" else m.log_end)
+            for p, m in marks.items()}
 
 
-def read_records(bootstrap: str, topic: str, value_schema: dict | None = None,
+def read_records(clients: KafkaClients | str, topic: str, value_schema: dict | None = None,
                  isolation: str = "read_committed", limit: int | None = None,
                  timeout: float = 60.0) -> Iterator[dict[str, Any]]:
-    """Every record from the beginning up to the end offsets seen at start, as JSON-able dicts."""
+    """Every record from the beginning up to the end offsets seen at start, as JSON-able dicts.
+
+    `timeout` bounds the first Kafka requests and any stall while reading."""
     codec = AvroCodec(value_schema) if value_schema else None
-    ends = end_offsets(bootstrap, topic, isolation)
-    pending = {p: end for p, (low, end) in ends.items() if end > low}
-    if not pending:
-        return
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txstream-consume-{uuid.uuid4().hex}",
-                         "isolation.level": isolation, "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in pending])
+    ends = end_offsets(clients, topic, isolation, timeout)
     produced = 0
-    deadline = time.monotonic() + timeout
-    try:
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} did not reach its end offsets within {timeout:.0f}s "
-                                   f"(still open: {sorted(pending)})")
-            for msg in consumer.consume(1000, 0.5):
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise KafkaException(msg.error())
-                p = msg.partition()
-                if p not in pending or msg.offset() >= pending[p]:
-                    continue
-                value = msg.value()
-                record: dict[str, Any] = {"partition": p, "offset": msg.offset(), "key": _jsonable(msg.key())}
-                try:
-                    record["value"] = _jsonable(codec.decode(value) if codec else value)
-                except Exception as exc:  # noqa: BLE001 - show undecodable records, don't stop
-                    record["value"] = _jsonable(value)
-                    record["decode_error"] = str(exc)
-                if msg.headers():
-                    record["headers"] = {k: _jsonable(v) for k, v in msg.headers()}
-                yield record
-                produced += 1
-                if limit is not None and produced >= limit:
-                    return
-            # Control records and aborted data are never delivered: ask the position.
-            for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
-                if tp.offset >= pending.get(tp.partition, 0):
-                    pending.pop(tp.partition, None)
-    finally:
-        consumer.close()
-
-
+    for batch in scan(clients, {(topic, p): rng for p, rng in ends.items()}, timeout,
+                      isolation=isolation, purpose="consume"):
+        for msg in batch:
+            value = msg.value()
+            record: dict[str, Any] = {"partition": msg.partition(), "offset": msg.offset(),
+                                      "key": _jsonable(msg.key())}
+            try:
+                record["value"] = _jsonable(codec.decode(value) if codec else value)
+            except Exception as exc:  # noqa: BLE001 - show undecodable records, don't stop
+                record["value"] = _jsonable(value)
+                record["decode_error"] = str(exc)
+            if msg.headers():
+                record["headers"] = {k: _jsonable(v) for k, v in msg.headers()}
+            yield record
+            produced += 1
+            if limit is not None and produced >= limit:
+                return

@@ -9,27 +9,28 @@ published once: not by two publications (duplicates) and, for 1:1 processors, no
 The audited range of a source partition is `[log start, end)` where `end` is the app's committed
 offset (its consumer group) when an app id is given, else the input's last stable offset.
 
-Reading stops on position, never on a count: transactional topics have offset gaps (commit and
-abort markers, aborted records that read_committed never delivers).
+Reading stops on position, never on a count (txstream.kafka.scan): transactional topics have
+offset gaps (commit and abort markers, aborted records that read_committed never delivers).
 """
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, IsolationLevel, KafkaError,
-                             KafkaException, TopicPartition)
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import IsolationLevel
+from confluent_kafka.admin import OffsetSpec
 
+from txstream.errors import AuditError, KafkaFailure
 from txstream.kafka import headers as hdr
-from txstream.errors import AuditError
+from txstream.kafka.config import KafkaClients, as_clients
+from txstream.kafka.offsets import admin_client, cluster_topics, committed_offsets, list_offsets, watermarks
+from txstream.kafka.scan import scan
 
 SAMPLES = 20  # offsets listed per partition and problem kind; counts are always complete
-_BATCH = 10_000
-# librdkafka logs connection failures to stderr on its own; the audit reports them itself.
-_QUIET = {"log_level": 0}
+# Big fetches: an audit reads whole topics.
+_FETCH = {"fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
+          "queued.min.messages": 200_000}
 
 
 @dataclass
@@ -152,22 +153,17 @@ def _as_list(value: str | Iterable[str] | None) -> list[str]:
     return list(value)
 
 
-def _fail(exc: BaseException) -> str:
-    if isinstance(exc, KafkaException) and exc.args:
-        err = exc.args[0]
-        if isinstance(err, KafkaError):
-            return err.str()
-    return str(exc) or type(exc).__name__
-
-
-def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[str],
+def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str | Iterable[str],
           dead_letter: str | Iterable[str] | None = None, app_id: str | None = None,
           one_to_one: bool = False, timeout: float = 30.0) -> AuditReport:
     """Audit `outputs` (and `dead_letter`) against `inputs`; see the module docstring.
 
     `timeout` bounds each broker round trip and the longest stall while reading.
-    Raises AuditError for bad arguments, an unreachable cluster or a missing topic.
+    Raises AuditError for bad arguments or a missing topic, KafkaUnreachable when no broker
+    answers (both TxstreamErrors).
     """
+    clients = as_clients(clients)
+    bootstrap = clients.bootstrap_servers
     began = time.monotonic()
     inputs, outputs, dead = _as_list(inputs), _as_list(outputs), _as_list(dead_letter)
     if not inputs or not outputs:
@@ -176,48 +172,47 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
     if overlap:
         raise AuditError(f"A topic cannot play two roles (input/output/dead-letter): {sorted(overlap)}")
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, **_QUIET})
-    try:
-        meta = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise AuditError(f"Cannot reach Kafka at {bootstrap}: {_fail(exc)}") from None
+    admin = admin_client(clients)
+    known = cluster_topics(admin, timeout)
     partitions: dict[str, list[int]] = {}
     for topic in [*inputs, *outputs, *dead]:
-        tmeta = meta.topics.get(topic)
-        if tmeta is None or tmeta.error is not None:
+        if topic not in known:
             raise AuditError(f"Topic {topic!r} does not exist at {bootstrap}.")
-        partitions[topic] = sorted(tmeta.partitions)
+        partitions[topic] = list(range(known[topic]))
 
     # The snapshot, in this order: the app's committed offsets first, then the last stable
     # offsets. Every output of a committed range is then inside the snapshot (no false gaps or
     # duplicates); an output committed while the audit starts shows up as "unexpected" at worst.
-    input_tps = [TopicPartition(t, p) for t in inputs for p in partitions[t]]
+    input_tps = [(t, p) for t in inputs for p in partitions[t]]
     committed: dict[tuple[str, int], int] = {}
     if app_id:
-        committed = _committed(admin, app_id, input_tps, timeout)
+        committed = {k: o for k, o in committed_offsets(admin, app_id, input_tps, timeout=timeout).items()
+                     if o is not None}
     # commit_transaction() returns before the commit markers reach the partitions: wait until
     # each partition's last stable offset passes everything written so far (every transaction
     # open now, the app's last committed one included, has its markers), within `timeout`.
-    all_tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
-    written = _list_offsets(admin, all_tps, OffsetSpec.latest(), timeout, IsolationLevel.READ_UNCOMMITTED)
+    all_tps = [(t, p) for t, ps in partitions.items() for p in ps]
+    marks = watermarks(admin, all_tps, timeout)
+    written = {k: m.log_end for k, m in marks.items()}
+    earliest = {k: m.earliest for k, m in marks.items()}
+    stable = {k: m.last_stable for k, m in marks.items()}
     settle_by = time.monotonic() + timeout
     while True:
-        stable = _list_offsets(admin, all_tps, OffsetSpec.latest(), timeout)
-        unsettled = sorted(k for k in stable if stable[k] < written[k])
+        unsettled = sorted(tuple(k) for k in stable if stable[k] < written[k])
         if not unsettled or time.monotonic() > settle_by:
             break
         time.sleep(0.05)
-    earliest = _list_offsets(admin, all_tps, OffsetSpec.earliest(), timeout)
+        stable = list_offsets(admin, {k: OffsetSpec.latest() for k in all_tps}, IsolationLevel.READ_COMMITTED,
+                              "reading last stable offsets", timeout)
 
     rows: dict[tuple[str, int], PartitionAudit] = {}
-    for tp in input_tps:
-        key = (tp.topic, tp.partition)
+    for key in input_tps:
         start = earliest[key]
         end = min(committed.get(key, start), stable[key]) if app_id else stable[key]
-        rows[key] = PartitionAudit(tp.topic, tp.partition, start, max(start, end))
+        rows[key] = PartitionAudit(key[0], key[1], start, max(start, end))
 
     report = AuditReport(inputs, outputs, dead, app_id, one_to_one,
-                         [rows[(tp.topic, tp.partition)] for tp in input_tps],
+                         [rows[key] for key in input_tps],
                          open_transactions=[f"{t}[{p}]" for t, p in unsettled])
 
     # Pass 1: the inputs (visible offsets in each audited range).
@@ -231,7 +226,7 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
             if offset < read_ranges[key][1]:
                 visible[key].add(offset)
 
-    report.records_read += _read(bootstrap, read_ranges, on_input, timeout)
+    report.records_read += _read(clients, read_ranges, on_input, timeout)
     for key, row in rows.items():
         row.consumed = len(visible[key])
 
@@ -241,7 +236,9 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
     dead_set = set(dead)
     out_ranges = {(t, p): (earliest[(t, p)], stable[(t, p)]) for t in [*outputs, *dead] for p in partitions[t]}
     source_of = hdr.source_of
-    pub_key = hdr.PUBLICATION
+    pub_key, seq_key = hdr.PUBLICATION, hdr.PUBLICATION_SEQ
+    first_seq: dict[tuple[str, int], dict[int, bytes | None]] = {k: {} for k in rows}
+    more_seqs: dict[tuple[str, int], dict[int, set]] = {k: {} for k in rows}
 
     def on_output(msgs: list) -> None:
         for msg in msgs:
@@ -269,25 +266,23 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
                 row.dead_lettered += 1
             else:
                 row.outputs += 1
-            pub = None
+            pub = seq = None
             for k, v in headers:   # the last one wins, as in source_of: a dead letter keeps
                 if k == pub_key:   # its input's own (upstream) headers before txstream's
                     pub = v
+                elif k == seq_key:
+                    seq = v
             if pub is None:
                 report.without_publication += 1
             seen = first_pub[key]
             if offset not in seen:
                 seen[offset] = pub
+                first_seq[key][offset] = seq
                 continue
-            prev = seen[offset]
-            if pub is not None and prev is not None:
-                if pub != prev:
-                    dup[key].add(offset)
-            elif one_to_one:
-                # No publication id: a 1:1 processor's second record for an offset is a duplicate.
+            if _is_duplicate(offset, pub, seq, seen[offset], first_seq[key], more_seqs[key], one_to_one):
                 dup[key].add(offset)
 
-    report.records_read += _read(bootstrap, out_ranges, on_output, timeout)
+    report.records_read += _read(clients, out_ranges, on_output, timeout)
 
     for key, row in rows.items():
         row.duplicates = len(dup[key])
@@ -300,98 +295,39 @@ def audit(bootstrap: str, inputs: str | Iterable[str], outputs: str | Iterable[s
     return report
 
 
-def _list_offsets(admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec, timeout: float,
-                  isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
-    if not tps:
-        return {}
-    try:
-        futures = admin.list_offsets({tp: spec for tp in tps}, isolation_level=isolation,
-                                     request_timeout=timeout)
-        return {(tp.topic, tp.partition): f.result(timeout=timeout).offset for tp, f in futures.items()}
-    except Exception as exc:  # noqa: BLE001 - KafkaException or a timeout, both for the user
-        raise AuditError(f"Cannot list offsets: {_fail(exc)}") from None
+def _is_duplicate(offset: int, pub: bytes | None, seq: bytes | None, first_pub: bytes | None,
+                  first_seq: dict[int, bytes | None], more_seqs: dict[int, set], one_to_one: bool) -> bool:
+    """Whether another record naming an already-seen source offset is a duplicate.
+
+    (publication, source offset, position in the publication) is unique by construction, so
+    a repeat of all three is a duplicate whatever the processor's cardinality: a verbatim copy,
+    a producer retry without idempotence, a bug that produced twice in one transaction. Two
+    publications of one source offset are a duplicate too (two committed transactions published
+    it). Output written before positions existed has no seq: then only --one-to-one can tell."""
+    if one_to_one:
+        return True   # one output per input: any second record is one too many
+    if pub is not None and first_pub is not None and pub != first_pub:
+        return True
+    if pub is None or pub != first_pub or seq is None:
+        return False
+    seqs = more_seqs.setdefault(offset, {first_seq.get(offset)})
+    if seq in seqs:
+        return True
+    seqs.add(seq)
+    return False
 
 
-def _committed(admin: AdminClient, app_id: str, tps: list[TopicPartition],
-               timeout: float) -> dict[tuple[str, int], int]:
-    """The app's committed offsets, read stable (pending transactional commits resolved)."""
-    request = [ConsumerGroupTopicPartitions(app_id, [TopicPartition(tp.topic, tp.partition) for tp in tps])]
-    try:
-        future = admin.list_consumer_group_offsets(request, require_stable=True,
-                                                   request_timeout=timeout)[app_id]
-        result = future.result(timeout=timeout)
-    except Exception as exc:  # noqa: BLE001
-        raise AuditError(f"Cannot read the committed offsets of app {app_id!r}: {_fail(exc)}") from None
-    return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions
-            if tp.error is None and tp.offset >= 0}
-
-
-def _read(bootstrap: str, ranges: dict[tuple[str, int], tuple[int, int]], handle,
+def _read(clients: KafkaClients, ranges: dict[tuple[str, int], tuple[int, int]], handle,  # noqa: ANN001
           timeout: float) -> int:
     """Feed `handle` batches of the records of every partition in `[start, end)`, read_committed.
 
-    A partition is done when the consumer's position reaches `end` (or its end-of-partition
-    event does): never on a count, as offsets skip over control records and aborted data.
-    Batches may hold a few records at or past `end` (the log grew): `handle` drops them.
-    Raises AuditError when no partition makes progress for `timeout` seconds.
+    Raises AuditError when no partition makes progress for `timeout` seconds or one cannot be read.
     """
-    todo = {key: rng[1] for key, rng in ranges.items() if rng[1] > rng[0]}
-    if not todo:
-        return 0
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, **_QUIET,
-        "group.id": f"txstream-verify-{uuid.uuid4().hex}",   # never joined, never committed
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "max.partition.fetch.bytes": 8 * 1024 * 1024,
-        "queued.min.messages": 200_000,
-    })
     count = 0
-    eof = KafkaError._PARTITION_EOF
     try:
-        consumer.assign([TopicPartition(t, p, ranges[(t, p)][0]) for (t, p) in todo])
-        last_progress = time.monotonic()
-        while todo:
-            msgs = consumer.consume(num_messages=_BATCH, timeout=0.1)
-            batch = []
-            append = batch.append
-            progressed = False
-            for msg in msgs:
-                err = msg.error()
-                if err is None:
-                    append(msg)
-                    continue
-                key = (msg.topic(), msg.partition())
-                if err.code() == eof:
-                    if key in todo and msg.offset() >= todo[key]:
-                        del todo[key]
-                        progressed = True
-                    continue
-                if err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                                 KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                                 KafkaError._UNKNOWN_PARTITION):
-                    raise AuditError(f"Reading {msg.topic()}[{msg.partition()}] failed: {err.str()}")
-                # Anything else is transient (a broker down, a leader moving): librdkafka retries.
-            if batch:
-                handle(batch)
-                count += len(batch)
-                progressed = True
-            if todo:
-                # Position is past the last delivered record, and past control records and
-                # aborted data the consumer skipped over.
-                for tp in consumer.position([TopicPartition(t, p) for t, p in todo]):
-                    key = (tp.topic, tp.partition)
-                    if tp.offset >= 0 and tp.offset >= todo[key]:
-                        del todo[key]
-                        progressed = True
-            if progressed:
-                last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > timeout:
-                stuck = ", ".join(f"{t}[{p}] (end {e})" for (t, p), e in sorted(todo.items()))
-                raise AuditError(f"No progress for {timeout:.0f}s reading {stuck} from {bootstrap}.")
-    finally:
-        consumer.close()
+        for batch in scan(clients, ranges, timeout, purpose="verify", **_FETCH):
+            handle(batch)
+            count += len(batch)
+    except KafkaFailure as exc:
+        raise AuditError(str(exc)) from None
     return count

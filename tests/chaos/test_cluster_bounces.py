@@ -10,40 +10,21 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
-import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
-import pytest
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from txstream.local.cluster import LocalKafkaCluster, free_port_block
+from txstream.local.cluster import LocalKafkaCluster
 
 RECORDS_PER_TXN = 5
 log = logging.getLogger("chaos")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalKafkaCluster]:
-    data_dir = tempfile.mkdtemp(prefix="txstream-chaos-")
-    nodes = LocalKafkaCluster(port=free_port_block(3), data_dir=data_dir, brokers=3, die_with_parent=True)
-    try:
-        began = time.monotonic()
-        nodes.start(progress=print, timeout=180)
-        print(f"3-node cluster up in {time.monotonic() - began:.1f}s")
-        yield nodes
-    finally:
-        for node in nodes.nodes:            # the data goes anyway: no graceful shutdown needed
-            nodes.stop_node(node.node_id, hard=True)
-        nodes.destroy()
-        shutil.rmtree(data_dir, ignore_errors=True)
-        assert not nodes.alive_pids()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +121,7 @@ class TxnWriter:
                     self._committed(txn)
                     txn += 1
             self._call("flush", producer.flush, 30)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:  # reported by the test
             self.failure = exc
             with self.changed:
                 self.changed.notify_all()
@@ -160,7 +141,7 @@ class TxnWriter:
 
     def longest_pause(self, since: float) -> float:
         times = [since] + [t for t in self.commit_times if t > since] + [time.monotonic()]
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return max((b - a for a, b in pairwise(times)), default=0.0)
 
     def start(self) -> None:
         self.thread.start()
@@ -284,7 +265,7 @@ def test_hard_kills_of_leader_and_coordinator_keep_exactly_once(cluster: LocalKa
     assert seen_txns == expected_txns, (
         f"read_committed saw {len(records)} records for {len(set(seen_txns))} transactions; "
         f"expected {len(expected_txns)} for {len(committed)}; first difference at "
-        f"{next((k for k, (a, b) in enumerate(zip(seen_txns, expected_txns)) if a != b), None)}")
+        f"{next((k for k, (a, b) in enumerate(zip(seen_txns, expected_txns, strict=False)) if a != b), None)}")
     for k in range(0, len(records), RECORDS_PER_TXN):
         group = records[k:k + RECORDS_PER_TXN]
         assert [i for _t, _a, i in group] == list(range(RECORDS_PER_TXN)), group

@@ -1,0 +1,40 @@
+"""Settings are checked against the delivery guarantee on the driver, before Spark starts: a
+client property that would quietly break it is refused with a message naming the property."""
+from __future__ import annotations
+
+import pytest
+
+from processors.passthrough import PassThrough
+from txstream.errors import SettingsError
+from txstream.settings import resolve
+
+
+def _resolve(guarantee: str = "exactly-once", **props: str):  # noqa: ANN202
+    return resolve(PassThrough, bootstrap_servers="localhost:1", guarantee=guarantee,
+                   inputs=["in"], output="out", librdkafka=props)
+
+
+@pytest.mark.parametrize(("props", "named"), [
+    ({"acks": "1"}, "acks=1"),
+    ({"producer.acks": "0"}, "acks=0"),
+    ({"enable.idempotence": "false"}, "enable.idempotence=false"),
+    ({"max.in.flight.requests.per.connection": "6"}, "max.in.flight.requests.per.connection=6"),
+    ({"producer.max.in.flight": "10"}, "max.in.flight=10"),
+    ({"isolation.level": "read_uncommitted"}, "isolation.level=read_uncommitted"),
+    ({"consumer.isolation.level": "read_uncommitted"}, "isolation.level=read_uncommitted"),
+    ({"transactional.id": "mine"}, "transactional.id=mine"),
+])
+def test_properties_that_contradict_exactly_once_are_refused(props: dict, named: str) -> None:
+    with pytest.raises(SettingsError, match=f"-X {named} contradicts --guarantee exactly-once"):
+        _resolve(**props)
+
+
+def test_what_is_compatible_passes_and_reaches_the_right_side() -> None:
+    s = _resolve(**{"acks": "all", "enable.idempotence": "true", "max.in.flight.requests.per.connection": "5",
+                    "isolation.level": "read_committed", "producer.linger.ms": "20"})
+    assert s.producer_config["linger.ms"] == "20" and "linger.ms" not in s.consumer_config
+    assert s.clients.producer()["acks"] == "all"
+    # A transactional.id of the user's is only a contradiction where txstream sets its own.
+    assert _resolve("at-least-once", **{"transactional.id": "mine"}).guarantee == "at-least-once"
+    with pytest.raises(SettingsError, match="acks=1"):
+        _resolve("at-least-once", acks="1")

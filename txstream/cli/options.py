@@ -1,0 +1,51 @@
+"""Options every command that talks to Kafka shares: where Kafka is and how to reach it.
+
+`--bootstrap-servers`, `--command-config FILE` (a Java properties file, as Kafka's own tools take)
+and `-X key=value` (repeatable, librdkafka properties; later wins over the file), and
+`--client-logs` to see librdkafka's own log lines. The command receives them as one
+`clients: KafkaClients` (kafka/config.py), or, with `as_properties=True`, as `bootstrap_servers`
+plus a `client_properties` dict (what `txstream run` hands to its settings).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import click
+
+from txstream.kafka.config import KafkaClients, command_properties, show_client_logs
+
+BOOTSTRAP_ENV = "TXSTREAM_BOOTSTRAP_SERVERS"
+
+
+def kafka_options(fn: Callable[..., Any] | None = None, *, as_properties: bool = False,
+                  x_help: str = "librdkafka client property (repeatable), e.g. -X security.protocol=SASL_SSL; "
+                                "wins over --command-config.") -> Any:
+    """Add the shared Kafka options to a click command (usable bare or with arguments)."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def wrapper(*args: Any, bootstrap_servers: str, command_config: str | None,
+                    client_properties: tuple[str, ...], client_logs: bool, **kwargs: Any) -> Any:
+            show_client_logs(client_logs)
+            try:
+                props = command_properties(command_config, client_properties)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="-X/--command-config") from None
+            if as_properties:
+                return command(*args, bootstrap_servers=bootstrap_servers, client_properties=props, **kwargs)
+            return command(*args, clients=KafkaClients.from_properties(bootstrap_servers, props), **kwargs)
+
+        options = [
+            click.option("--bootstrap-servers", envvar=BOOTSTRAP_ENV, default="localhost:9092", show_default=True,
+                         help=f"Kafka bootstrap servers [env: {BOOTSTRAP_ENV}]."),
+            click.option("--command-config", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                         help="Client properties file (key=value lines, as Kafka's tools take), "
+                              "e.g. security.protocol, sasl.*, ssl.*."),
+            click.option("-X", "client_properties", multiple=True, metavar="KEY=VALUE", help=x_help),
+            click.option("--client-logs", is_flag=True, help="Show librdkafka's own log lines on stderr."),
+        ]
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate(fn) if fn is not None else decorate

@@ -1,0 +1,61 @@
+"""Checks of the processor's output, on the driver, before anything is read or published:
+the sink's columns and types, and a narrow physical plan (docs/architecture.md, invariant 3)."""
+from __future__ import annotations
+
+from txstream.errors import TransformError
+from txstream.serde.avro import check_struct_fits
+from txstream.settings import RunSettings
+
+
+def check_output(out, settings: RunSettings) -> None:
+    """The transform's output has the sink's columns, of types txstream can publish."""
+    from pyspark.sql import types as T
+
+    s = settings
+    fields = {f.name: f.dataType for f in out.schema.fields}
+    if "value" not in fields:
+        raise TransformError(
+            f"{type(s.processor).__name__}.transform returned no `value` column (it has: "
+            f"{', '.join(fields) or 'nothing'}). Like Spark's Kafka sink, txstream needs `value` "
+            "(binary, string, or a struct encoded with output_value_schema); `key`, `topic`, "
+            "`partition` and `headers` are optional.")
+    for side, schema in (("value", s.output_value_schema), ("key", s.output_key_schema)):
+        if side not in fields:
+            continue
+        typ = fields[side]
+        if isinstance(typ, T.StructType):
+            if schema is None:
+                raise TransformError(f"The output `{side}` is a struct but the processor declares no "
+                                     f"output_{side}_schema to encode it with Avro.")
+            check_struct_fits(typ, schema, f"output {side}")
+        elif not isinstance(typ, (T.BinaryType, T.StringType, T.NullType)):
+            raise TransformError(f"The output `{side}` column is {typ.simpleString()}; it must be "
+                                 "binary, string or a struct (encoded with Avro).")
+    if "topic" not in fields and not s.output_topic:
+        raise TransformError("The processor declares no output_topic (or --output) and the output has "
+                             "no `topic` column: txstream does not know where to publish.")
+    if "topic" in fields and not isinstance(fields["topic"], T.StringType):
+        raise TransformError(f"The output `topic` column is {fields['topic'].simpleString()}; it must be string.")
+    if "partition" in fields and not isinstance(fields["partition"], (T.IntegerType, T.LongType, T.ShortType)):
+        raise TransformError(f"The output `partition` column is {fields['partition'].simpleString()}; it must be int.")
+
+def check_narrow(frame) -> None:
+    """Refuse a plan with a shuffle or a merge of partitions: task i must publish range i.
+
+    Checked on the very DataFrame the batch collects, whose physical plan Spark then reuses
+    (planning it twice per batch cost ~0.1-0.2 s of driver time). Checked every batch, not
+    only at start: a join whose static side outgrows Spark's broadcast threshold turns into
+    a shuffled join without the processor changing."""
+    plan_text = frame._jdf.queryExecution().executedPlan().toString()
+    shuffles = [line.strip() for line in plan_text.splitlines()
+                if "Exchange" in line and "BroadcastExchange" not in line]
+    merges = [line.strip() for line in plan_text.splitlines() if "Coalesce" in line and "coalesce(" not in line]
+    if shuffles or merges:
+        raise TransformError(
+            "The transform is wide: its physical plan has "
+            + "; ".join((shuffles + merges)[:3])
+            + ". txstream publishes each input partition's output in that partition's own "
+            "transaction, so transforms must be narrow: select, where/filter, withColumn, "
+            "explode, UDFs, and joins with broadcast (small, static) tables are allowed; "
+            "groupBy/agg, distinct, orderBy, repartition/coalesce, limit and shuffled joins are not "
+            "(yet).")

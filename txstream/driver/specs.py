@@ -1,0 +1,33 @@
+"""The task specs of a run, built once from RunSettings; per batch only the plans change."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from txstream.settings import RunSettings
+from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec
+
+
+class TaskSpecs:
+    """What every task of this run is given (task/spec.py), and where its files go."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        s = settings
+        # The readers' side files (task/sidefile.py), one directory per run.
+        self.side_dir = tempfile.mkdtemp(prefix=f"txstream-{s.app_id}-")
+        # Owner markers of cached producers (task/publisher.py), shared by the run's workers.
+        self.owner_dir = os.path.join(tempfile.gettempdir(), "txstream-owners", s.app_id)
+        self.read = ReadSpec(clients=s.clients, app_id=s.app_id, side_dir=self.side_dir,
+                             key_schema=s.key_schema, value_schema=s.value_schema,
+                             lenient_trailing_bytes=s.lenient_trailing_bytes)
+        self.publish = PublishSpec(read=self.read, guarantee=s.guarantee,
+                                   transaction_timeout_s=s.transaction_timeout_s, owner_dir=self.owner_dir,
+                                   output_topic=s.output_topic, output_key_schema=s.output_key_schema,
+                                   output_value_schema=s.output_value_schema,
+                                   dead_letter_topic=s.dead_letter_topic, lineage=s.lineage)
+
+    def for_reading(self, batch_id: int, plans: list[PartitionPlan]) -> ReadSpec:
+        return self.read.with_batch(batch_id, plans)
+
+    def for_publishing(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None) -> PublishSpec:
+        return self.publish.with_batch(batch_id, plans, group_metadata)

@@ -1,0 +1,133 @@
+"""Output rows -> Kafka records (Kafka Streams' RecordCollectorImpl): encoding, topics,
+partitions, headers, lineage. Keeps what it sent, so an aborted transaction can be replayed."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txstream.errors import OutputError, kafka_error_of, topic_missing
+from txstream.kafka import headers
+from txstream.serde.avro import AvroCodec
+
+@dataclass
+class RecordCollector:
+    """Encodes output Arrow batches and produces them; keeps what it sent for a re-publish."""
+
+    producer: Any  # confluent_kafka.Producer
+    default_topic: str | None
+    value_codec: AvroCodec | None
+    key_codec: AvroCodec | None
+    source: tuple[str, int]
+    publication: str
+    lineage: bool = True
+    sent: list[tuple] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        topic, partition = self.source
+        self._lineage_fixed = [(headers.SOURCE_TOPIC, topic.encode()),
+                               (headers.SOURCE_PARTITION, str(partition).encode()),
+                               (headers.PUBLICATION, self.publication.encode())]
+
+    def add_batch(self, batch: pa.RecordBatch) -> int:
+        n = batch.num_rows
+        if n == 0:
+            return 0
+        names = batch.schema.names
+        values = _encoded(batch.column(names.index("value")), self.value_codec, "value")
+        keys = (_encoded(batch.column(names.index("key")), self.key_codec, "key")
+                if "key" in names else [None] * n)
+        sent = self.sent
+        offset_nulls = batch.column(names.index("offset")).null_count if "offset" in names else 0
+        if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None \
+                and not offset_nulls:
+            # The common shape (one topic, Kafka's partitioner, no headers of its own): one pass.
+            topic = self.default_topic
+            if not self.lineage:
+                sent.extend([(topic, v, k, -1, None) for v, k in zip(values, keys)])
+            elif "offset" in names:
+                fixed, name, seq = self._lineage_fixed, headers.SOURCE_OFFSET, headers.PUBLICATION_SEQ
+                offsets = pc.cast(batch.column(names.index("offset")), pa.string()).cast(pa.binary()).to_pylist()
+                sent.extend([(topic, v, k, -1, [*fixed, (name, o), (seq, s)])
+                             for v, k, o, s in zip(values, keys, offsets, _positions(len(sent), n))])
+            else:
+                fixed, seq = self._lineage_fixed, headers.PUBLICATION_SEQ
+                sent.extend([(topic, v, k, -1, [*fixed, (seq, s)])
+                             for v, k, s in zip(values, keys, _positions(len(sent), n))])
+            self._produce_from(len(sent) - n)
+            return n
+        topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else None
+        partitions = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
+        hdrs = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
+        offsets = batch.column(names.index("offset")).to_pylist() if "offset" in names else None
+        for i in range(n):
+            topic = topics[i] if topics is not None and topics[i] is not None else self.default_topic
+            if topic is None:
+                raise OutputError("an output row has no `topic` and the processor declares no output_topic")
+            record_headers = [(h["key"], h["value"]) for h in hdrs[i]] if hdrs is not None and hdrs[i] else []
+            if self.lineage:
+                record_headers += self._lineage_fixed
+                if offsets is not None:
+                    record_headers.append((headers.SOURCE_OFFSET, str(offsets[i]).encode()))
+                record_headers.append((headers.PUBLICATION_SEQ, str(len(sent)).encode()))
+            partition = partitions[i] if partitions is not None and partitions[i] is not None else -1
+            sent.append((topic, values[i], keys[i], partition, record_headers))
+        self._produce_from(len(sent) - n)
+        return n
+
+    def add_dead_letter(self, dead_topic: str, record: tuple, app_id: str) -> None:
+        key, value, original_headers, timestamp_ms, offset, stage, error = record
+        topic, partition = self.source
+        dlq_headers = list(original_headers or []) + headers.lineage(topic, partition, offset) + [
+            (headers.DLQ_STAGE, stage.encode()), (headers.DLQ_ERROR, error.encode()[:4000]),
+            (headers.DLQ_APP_ID, app_id.encode()), (headers.PUBLICATION, self.publication.encode()),
+            (headers.PUBLICATION_SEQ, str(len(self.sent)).encode())]
+        self.sent.append((dead_topic, value, key, -1, dlq_headers))
+        self._produce_from(len(self.sent) - 1)
+
+    def replay(self) -> None:
+        """Produce everything again (after an abort): the encoded records were kept."""
+        self._produce_from(0)
+
+    def _produce_from(self, start: int) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        produce, poll = self.producer.produce, self.producer.poll
+        for topic, value, key, partition, record_headers in self.sent[start:]:
+            while True:
+                try:
+                    produce(topic, value, key, partition=partition, headers=record_headers)
+                    break
+                except BufferError:
+                    poll(0.05)  # local queue full: let deliveries drain
+                except KafkaException as exc:
+                    err = kafka_error_of(exc)
+                    code = err.code() if err is not None else None
+                    if code in (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                        raise OutputError(topic_missing("output", topic)) from None
+                    if code == KafkaError._UNKNOWN_PARTITION:
+                        raise OutputError(f"output partition {partition} of topic {topic!r} does not exist") from None
+                    raise
+        poll(0)
+
+
+def _positions(first: int, n: int) -> list[bytes]:
+    """Records' positions in their publication (`txstream.publication.seq`), as header values."""
+    return pc.cast(pa.array(np.arange(first, first + n)), pa.string()).cast(pa.binary()).to_pylist()
+
+
+def _encoded(column: pa.Array, codec: AvroCodec | None, what: str) -> list:
+    typ = column.type
+    if pa.types.is_struct(typ):
+        if codec is None:
+            raise OutputError(f"the output `{what}` is a struct but the processor declares no "
+                              f"output_{what}_schema to encode it with")
+        return codec.encode_column(column)
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return [v.encode() if v is not None else None for v in column.to_pylist()]
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_null(typ):
+        return column.to_pylist()
+    raise OutputError(f"the output `{what}` column is {typ}; it must be binary, string or a struct")

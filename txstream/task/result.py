@@ -1,0 +1,45 @@
+"""What one task reports to the driver: a row of RESULT_SCHEMA, and the outcomes it names."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+RESULT_SCHEMA = pa.schema([
+    ("index", pa.int32()), ("status", pa.string()), ("records_in", pa.int64()),
+    ("records_out", pa.int64()), ("dead_letters", pa.int64()), ("committed", pa.int64()),
+    ("read_s", pa.float64()), ("upstream_s", pa.float64()), ("produce_s", pa.float64()), ("commit_s", pa.float64()),
+    ("init_s", pa.float64()), ("attempts", pa.int32()), ("message", pa.string()),
+])
+
+
+def result_schema():  # noqa: ANN201 - StructType
+    """RESULT_SCHEMA for Spark. A StructType rather than DDL text, so Spark's SQL parser stays idle."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(RESULT_SCHEMA)
+
+
+# Task outcomes the driver acts on.
+COMMITTED, ALREADY_DONE, STALE_PLAN, FENCED, ACKED, EMPTY = (
+    "committed", "already-done", "stale-plan", "fenced", "acked", "empty")
+
+
+@dataclass
+class TaskResult:
+    index: int
+    status: str = EMPTY
+    records_in: int = 0
+    records_out: int = 0
+    dead_letters: int = 0
+    committed: int = -1
+    read_s: float = 0.0
+    upstream_s: float = 0.0   # waiting for the transform's output (reading, JVM, transform)
+    produce_s: float = 0.0    # encoding and producing it
+    commit_s: float = 0.0
+    init_s: float = 0.0
+    attempts: int = 0
+    message: str = ""
+
+    def to_batch(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pylist([self.__dict__], schema=RESULT_SCHEMA)

@@ -1,0 +1,127 @@
+"""What a Spark task is given: frozen, typed, built once on the driver (driver/specs.py).
+
+Each default is declared here, once. The specs are pickled into every task of a batch, so they
+hold only plain values, Avro schemas and a `KafkaClients`; the plans of the batch are the only
+part that changes per batch (`with_batch`).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from txstream.kafka.config import KafkaClients
+
+# Delivery guarantees (docs/guarantees.md): only exactly-once uses transactions.
+EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE = "exactly-once", "at-least-once", "at-most-once"
+GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE)
+
+# The reader's consumer: never joins the group (assign only), read_committed, large fetches.
+READER_DEFAULTS: dict[str, Any] = {
+    "isolation.level": "read_committed",
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": False,
+    "auto.offset.reset": "error",
+    "fetch.max.bytes": 52_428_800,
+    "max.partition.fetch.bytes": 10_485_760,
+    "queued.min.messages": 200_000,
+}
+
+# Every producer: idempotent, acks=all (settings.py refuses -X that contradicts these).
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 5,
+    "batch.num.messages": 10_000,
+    "queue.buffering.max.messages": 1_000_000,
+    # Java clients' default partitioner for keyed records: output lands where Kafka Streams or
+    # Spark would put it.
+    "partitioner": "murmur2_random",
+    "delivery.report.only.error": True,
+}
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """One input partition's range in a batch: [start, end), planned on the driver."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    committed: int | None         # what the group had committed when planned (None: nothing)
+    transactional_id: str
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What a reading task needs: where, which group, how to decode, the batch's ranges."""
+
+    clients: KafkaClients
+    app_id: str
+    side_dir: str
+    key_schema: dict | None = None
+    value_schema: dict | None = None
+    lenient_trailing_bytes: bool = False
+    plans: tuple[PartitionPlan, ...] = ()
+    batch_id: int = 0
+    chunk_records: int = 10_000          # records per Arrow batch handed to Spark
+    idle_timeout_s: float = 60.0         # a range that makes no progress this long fails
+
+    def consumer_config(self) -> dict[str, Any]:
+        return self.clients.consumer(self.app_id, **READER_DEFAULTS)
+
+    def with_batch(self, batch_id: int, plans: list[PartitionPlan]) -> ReadSpec:
+        return replace(self, batch_id=batch_id, plans=tuple(plans))
+
+
+@dataclass(frozen=True)
+class PublishSpec:
+    """What a publishing task needs on top of its reader's spec."""
+
+    read: ReadSpec
+    guarantee: str
+    transaction_timeout_s: float
+    owner_dir: str | None
+    output_topic: str | None = None
+    output_key_schema: dict | None = None
+    output_value_schema: dict | None = None
+    dead_letter_topic: str | None = None
+    lineage: bool = True
+    group_metadata: bytes | None = field(default=None, repr=False)
+
+    @property
+    def plans(self) -> tuple[PartitionPlan, ...]:
+        return self.read.plans
+
+    @property
+    def app_id(self) -> str:
+        return self.read.app_id
+
+    @property
+    def clients(self) -> KafkaClients:
+        return self.read.clients
+
+    @property
+    def timeout_s(self) -> float:
+        """How long one Kafka call of the protocol may block (init, commit, offsets)."""
+        return max(10.0, self.transaction_timeout_s)
+
+    def producer_config(self, transactional: bool) -> dict[str, Any]:
+        defaults = dict(PRODUCER_DEFAULTS)
+        if transactional:
+            defaults["transaction.timeout.ms"] = int(self.transaction_timeout_s * 1000)
+        config = self.clients.producer(**defaults)
+        if not transactional:
+            config = {k: v for k, v in config.items() if not k.startswith("transaction")}
+        return config
+
+    def with_batch(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None) -> PublishSpec:
+        return replace(self, read=self.read.with_batch(batch_id, plans), group_metadata=group_metadata)

@@ -9,15 +9,16 @@ from types import SimpleNamespace
 from processors.enrich_orders import EnrichOrders
 from txstream.driver.loop import BatchReport
 from txstream.driver.metrics import Telemetry
-from txstream.driver.planning import PartitionPlan, Watermarks
+from txstream.kafka.offsets import Watermarks
 from txstream.settings import resolve
+from txstream.task.spec import PartitionPlan
 
 
 def telemetry(log_format: str = "human") -> tuple[Telemetry, list[str]]:
     settings = resolve(EnrichOrders, bootstrap_servers="localhost:1", app_id="app", log_format=log_format)
     lines: list[str] = []
     driver = SimpleNamespace(settings=settings, membership=None, spark=None, admin=None,
-                             totals={"records_in": 0}, _cap=lambda: 500)
+                             totals={"records_in": 0}, cap=lambda: 500)
     return Telemetry(driver, lines.append), lines
 
 
@@ -37,7 +38,7 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
     rows = [row(0, "committed", attempts=2, dead=3),   # one abortable error, published again
             row(1, "fenced"),                           # a newer producer took over
             row(2, "stale-plan", records=0)]            # the group moved: publish nothing
-    marks = {("orders", p): Watermarks(0, 1250) for p in range(3)}
+    marks = {("orders", p): Watermarks(0, 1250, 1250) for p in range(3)}
     t.batch(BatchReport(7, plans, rows, 1.5, {"committed": 1, "fenced": 1, "stale-plan": 1}), marks, "human line")
     part = {"guarantee": "exactly-once", "topic": "orders"}
     assert value(t, "txstream_records_in_total", partition="0", **part) == 100
@@ -71,7 +72,7 @@ def test_human_format_prints_the_lines_as_they_are() -> None:
     t, lines = telemetry()
     plans = [PartitionPlan("orders", 0, 0, 10, None, "app-orders-0")]
     t.batch(BatchReport(1, plans, [row(0, "committed", records=10)], 0.2, {"committed": 1}),
-            {("orders", 0): Watermarks(0, 10)}, "batch 1  partitions 1 ...")
+            {("orders", 0): Watermarks(0, 10, 10)}, "batch 1  partitions 1 ...")
     t.event("retry", "batch 2 failed (x); retrying in 1.0s", error_type="BatchTimeout")
     t.event("dead_letter", None, topic="orders", partition=0, offset=4, stage="transform", count=1)
     t.echo("a note")

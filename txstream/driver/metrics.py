@@ -22,7 +22,7 @@ from txstream.task.publish import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, 
 
 if TYPE_CHECKING:  # pragma: no cover
     from txstream.driver.loop import BatchReport, Driver
-    from txstream.driver.planning import Watermarks
+    from txstream.kafka.offsets import Watermarks
 
 log = logging.getLogger("txstream")
 

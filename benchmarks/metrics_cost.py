@@ -66,7 +66,7 @@ def main() -> None:
                          if line.startswith("{") and '"event": "batch"' in line]
                 if proc.returncode != 0 or len(times) < 3:
                     sys.exit(f"run failed:\n{proc.stderr[-3000:]}")
-                steady = [b - a for a, b in zip(times[1:], times[2:])]
+                steady = [b - a for a, b in zip(times[1:], times[2:], strict=False)]
                 cycles[variant].append(statistics.median(steady))
                 print(f"round {round_no + 1} {variant} the endpoint: {len(times)} batches, median cycle "
                       f"{statistics.median(steady):.3f}s", flush=True)

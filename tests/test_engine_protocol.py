@@ -8,9 +8,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from processors.passthrough import PassThrough
 from tests.kafka_helpers import committed, produce, read_all
+from txstream.driver.commits import DriverCommits
 from txstream.driver.loop import Driver
 from txstream.driver.membership import GroupMembership
-from txstream.driver.commits import DriverCommits
 from txstream.driver.planning import transactional_id
 from txstream.errors import FencedError
 from txstream.settings import resolve

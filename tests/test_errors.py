@@ -15,7 +15,7 @@ from txstream import errors as E
     (KafkaError(KafkaError._INCONSISTENT, "fatal", fatal=True), E.FatalKafkaError),
     (KafkaError(KafkaError.INVALID_TXN_STATE, "abort", txn_requires_abort=True), E.AbortableError),
     (KafkaError(KafkaError.NOT_COORDINATOR, "moved"), E.TransientKafkaError),
-    (KafkaError(KafkaError._TRANSPORT, "down", retriable=True), E.TransientKafkaError),
+    (KafkaError(KafkaError._TRANSPORT, "down", retriable=True), E.KafkaUnreachable),  # transient too
     (KafkaError(KafkaError._ALL_BROKERS_DOWN, "all down"), E.KafkaUnreachable),
     (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), E.KafkaFailure),
 ])

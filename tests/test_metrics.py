@@ -45,7 +45,7 @@ def scrape(port: int) -> dict[str, list]:
 
 
 def total(samples: dict[str, list], name: str, **labels: str) -> float:
-    return sum(v for l, v in samples.get(name, []) if all(l.get(k) == w for k, w in labels.items()))
+    return sum(v for found, v in samples.get(name, []) if all(found.get(k) == w for k, w in labels.items()))
 
 
 def wait_for(condition, timeout: float, what: str, every: float = 0.5, state=lambda: ""):  # noqa: ANN001, ANN201
@@ -93,7 +93,7 @@ def kafka_consumer_groups(bootstrap: str, group: str) -> dict[tuple[str, int], d
     lines = [line.split() for line in proc.stdout.splitlines() if line.strip()]
     header = next(i for i, cells in enumerate(lines) if cells[:2] == ["GROUP", "TOPIC"])
     names = lines[header]
-    rows = [dict(zip(names, cells)) for cells in lines[header + 1:] if cells and cells[0] == group]
+    rows = [dict(zip(names, cells, strict=False)) for cells in lines[header + 1:] if cells and cells[0] == group]
     return {(r["TOPIC"], int(r["PARTITION"])): r for r in rows}
 
 

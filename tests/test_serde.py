@@ -267,7 +267,7 @@ def test_columns_the_batch_encoder_cannot_vouch_for_get_fastavro_and_its_errors(
     with pytest.raises(Exception):  # noqa: B017 - fastavro's own error type
         codec.encode_column(nulled)
     # A schema with an array field is never batch-decoded.
-    assert AvroCodec(load_schema(json.dumps(NESTED)))._columnar_decoder is None
+    assert AvroCodec(load_schema(json.dumps(NESTED)))._columnar_decoder is None  # noqa: SLF001 - pins which decoder runs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,13 +287,13 @@ EVENT = {"type": "record", "name": "Event", "fields": [  # enum, map, fixed: fas
 def _fastavro_twin(codec: AvroCodec) -> AvroCodec:
     """The same codec with the columnar decoder switched off: every batch goes row by row."""
     twin = AvroCodec(codec.schema, codec.registry_schema_id, codec.lenient_trailing_bytes)
-    twin._columnar_decoder = None
+    twin._columnar_decoder = None  # noqa: SLF001 - pins which decoder runs
     return twin
 
 
 def test_bytes_after_the_record_are_a_decode_error_naming_how_many() -> None:
     codec = AvroCodec(load_schema(json.dumps(SENSOR)))
-    assert codec._columnar_decoder is not None
+    assert codec._columnar_decoder is not None  # noqa: SLF001 - pins which decoder runs
     reading = codec.encoder()({"sensor": "boiler-3", "celsius": 71.5})
     for decoder in (codec, _fastavro_twin(codec)):
         column, errors = decoder.decode_column([reading, reading + b"abc", reading])
@@ -366,7 +366,7 @@ _TRAILING_CASES = [
 def _appended(payloads: list[bytes], rnd, most: int = 20) -> tuple[list[bytes], list[int]]:  # noqa: ANN001
     """The payloads, most with 1..`most` random bytes after them, and how many each got."""
     left = [0 if rnd.random() < 0.35 else rnd.randint(1, most) for _ in payloads]
-    return [p + bytes(rnd.randrange(256) for _ in range(k)) for p, k in zip(payloads, left)], left
+    return [p + bytes(rnd.randrange(256) for _ in range(k)) for p, k in zip(payloads, left, strict=False)], left
 
 
 @pytest.mark.parametrize("case", range(len(_TRAILING_CASES)))
@@ -376,7 +376,7 @@ def test_columnar_and_fastavro_refuse_the_same_records_with_trailing_bytes(case:
     schema, make, schema_id = _TRAILING_CASES[case]
     rnd = random.Random(1000 + case)
     codec = AvroCodec(load_schema(schema if isinstance(schema, str) else json.dumps(schema)), schema_id)
-    assert (codec._columnar_decoder is not None) == (case < 4)
+    assert (codec._columnar_decoder is not None) == (case < 4)  # noqa: SLF001 - pins which decoder runs
     twin = _fastavro_twin(codec)
     encode = codec.encoder()
     clean = [encode(r) for r in make(400, rnd)]

@@ -10,15 +10,15 @@ from processors.enrich_orders import EnrichOrders
 from txstream.driver.loop import BatchReport
 from txstream.driver.metrics import Telemetry
 from txstream.kafka.offsets import Watermarks
-from txstream.task.spec import PartitionPlan
 from txstream.settings import resolve
+from txstream.task.spec import PartitionPlan
 
 
 def telemetry(log_format: str = "human") -> tuple[Telemetry, list[str]]:
     settings = resolve(EnrichOrders, bootstrap_servers="localhost:1", app_id="app", log_format=log_format)
     lines: list[str] = []
     driver = SimpleNamespace(settings=settings, membership=None, spark=None, admin=None,
-                             totals={"records_in": 0}, _cap=lambda: 500)
+                             totals={"records_in": 0}, cap=lambda: 500)
     return Telemetry(driver, lines.append), lines
 
 

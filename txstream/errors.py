@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -386,7 +386,7 @@ def _java_chain(java: Any) -> list[Any]:
         while java is not None and len(out) < 20:
             out.append(java)
             java = java.getCause()
-    except Exception:  # noqa: BLE001 - the JVM is gone: what was read so far is all there is
+    except Exception:
         pass
     return out
 
@@ -398,7 +398,7 @@ def _condition(link: Any) -> str | None:
             continue
         try:
             value = fn()
-        except Exception:  # noqa: BLE001 - not a SparkThrowable, or the JVM is gone
+        except Exception:
             continue
         if value:
             return str(value)
@@ -415,7 +415,7 @@ def _text(link: Any) -> str:
         return str(link)
     try:  # a Py4J JavaObject: the exception's own message
         return str(link.getMessage() or "")
-    except Exception:  # noqa: BLE001
+    except Exception:
         return ""
 
 

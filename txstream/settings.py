@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txstream.errors import SettingsError
 from txstream.kafka.config import KafkaClients
 from txstream.processor import Processor
-from txstream.task.spec import EXACTLY_ONCE, GUARANTEES
 from txstream.serde.avro import load_schema
-from txstream.errors import SettingsError
+from txstream.task.spec import EXACTLY_ONCE, GUARANTEES
 
 OFFSET_RESETS = ("earliest", "latest", "none")
 

@@ -193,7 +193,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
 @click.option("--timeout", type=click.FloatRange(min=0.5), default=60.0, show_default=True,
               help="Seconds to wait for Kafka (first contact, acknowledgements).")
 def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_field: str | None,
-            path, transactional: bool, timeout: float) -> None:  # noqa: ANN001 - click.File
+            path, transactional: bool, timeout: float) -> None:
     """Write JSON lines to TOPIC (one record per line)."""
     from txstream.serde.avro import load_schema
     from txstream.tools.topic_io import produce_lines
@@ -201,7 +201,7 @@ def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_fie
     try:
         schema = load_schema(value_schema) if value_schema else None
         count = produce_lines(clients, topic, path, schema, key_field, transactional, timeout=timeout)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"produced {count} records to {topic}", err=True)
 
@@ -228,7 +228,7 @@ def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolati
         for record in read_records(clients, topic, schema, isolation, limit, timeout):
             click.echo(json.dumps(record, sort_keys=True))
             count += 1
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{count} records ({isolation})", err=True)
 

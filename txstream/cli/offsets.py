@@ -54,10 +54,10 @@ def parse_topics(values: Sequence[str]) -> dict[str, list[int] | None]:
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [list(header)] + [["-" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells)
 
 
-def _run(action):  # noqa: ANN001, ANN202 - small adapter
+def _run(action):
     """Turn our errors (OffsetsError, KafkaUnreachable, ...) into a click error: never a traceback."""
     try:
         return action()

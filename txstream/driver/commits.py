@@ -6,6 +6,7 @@ from typing import Any
 from txstream.task.result import ACKED
 from txstream.task.spec import AT_LEAST_ONCE, AT_MOST_ONCE
 
+
 class DriverCommits:
     """Where at-most-once and at-least-once commit offsets; exactly-once commits in the tasks.
 

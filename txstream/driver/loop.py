@@ -21,21 +21,32 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream import faults
+from txstream.driver.checks import check_narrow, check_output
+from txstream.driver.commits import DriverCommits
 from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
 from txstream.driver.planning import Planner, transactional_id
-from txstream.task.spec import PartitionPlan
 from txstream.driver.poison import PoisonIsolator
-from txstream.driver.commits import DriverCommits
 from txstream.driver.specs import TaskSpecs
-from txstream.task.publish import publish_dead_letter, publish_partition
-from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema
-from txstream.task.reading import range_frame
-from txstream.driver.checks import check_narrow, check_output
+from txstream.errors import (
+    BatchTimeout,
+    DataError,
+    Decision,
+    InfrastructureError,
+    PoisonRecordError,
+    TransformError,
+    TxstreamError,
+    decide,
+    one_line,
+    topic_missing,
+    understand,
+)
 from txstream.settings import RunSettings
 from txstream.spark.session import build_spark, warm_python_workers
-from txstream.errors import (BatchTimeout, DataError, Decision, InfrastructureError, PoisonRecordError, TransformError,
-                             TxstreamError, decide, one_line, topic_missing, understand)
+from txstream.task.publish import publish_dead_letter, publish_partition
+from txstream.task.reading import range_frame
+from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema
+from txstream.task.spec import PartitionPlan
 
 log = logging.getLogger("txstream")
 
@@ -77,7 +88,7 @@ class BatchReport:
 
 
 class Driver:
-    def __init__(self, settings: RunSettings, echo: Callable[[str], None] = print, spark=None) -> None:  # noqa: ANN001
+    def __init__(self, settings: RunSettings, echo: Callable[[str], None] = print, spark=None) -> None:
         self.settings = settings
         self.spark = spark
         self._own_spark = spark is None
@@ -105,11 +116,11 @@ class Driver:
 
         return admin_client(self.settings.clients)
 
-    def _frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
+    def _frame(self, plans: list[PartitionPlan]):
         assert self.spark is not None
         return range_frame(self.spark, self.specs.for_reading(self.batch_id, plans))
 
-    def output_frame(self, plans: list[PartitionPlan]):  # noqa: ANN202 - DataFrame
+    def output_frame(self, plans: list[PartitionPlan]):
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (the plan's narrowness is checked by `check_narrow` on what is collected)."""
         out = self.settings.processor.transform(self._frame(plans))
@@ -149,7 +160,7 @@ class Driver:
         self.telemetry.event(what, f"partitions {what}: {', '.join(names)}", partitions=names)
 
     def _install_signals(self) -> None:
-        def handler(signum, _frame) -> None:  # noqa: ANN001
+        def handler(signum, _frame) -> None:
             if self.stop_requested.is_set() and self.spark is not None:
                 self.echo("second signal: cancelling the in-flight batch (its transactions abort)")
                 self.spark.sparkContext.cancelAllJobs()
@@ -189,7 +200,7 @@ class Driver:
                     if s.until_caught_up and self._caught_up(owned, committed):
                         self.telemetry.event("caught_up", self.summary("caught up"), **self.totals)
                         return 0
-                    plans = planner.plan(owned, committed, self._cap()) if owned else []
+                    plans = planner.plan(owned, committed, self.cap()) if owned else []
                 except Exception as exc:
                     # A broker restarting or a coordinator moving: plan again shortly.
                     self._failed("planning", exc)
@@ -352,7 +363,7 @@ class Driver:
                 # watchdog below can cancel exactly this batch's job.
                 sc.setJobGroup(job_group, description, interruptOnCancel=True)
                 outcome["rows"] = [row.asDict() for row in frame.collect()]
-            except BaseException as exc:  # noqa: BLE001 - handed to the driver thread
+            except BaseException as exc:
                 outcome["error"] = exc
 
         self._batch_thread = threading.Thread(target=work, name=f"txstream-batch-{self.batch_id}", daemon=True)
@@ -415,7 +426,7 @@ class Driver:
                 rate = int(row["records_in"]) / busy
                 self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
 
-    def _cap(self) -> int:
+    def cap(self) -> int:
         """Records per partition per batch, so a transaction stays well inside its timeout."""
         cap = self.settings.max_records_per_partition
         if self._rate is None:

@@ -45,7 +45,7 @@ def _stage_seconds(row: dict) -> dict[str, float]:
             "init_transactions": float(row["init_s"])}
 
 
-def failed_task_attempts(spark, job_group: str) -> int:  # noqa: ANN001 - SparkSession
+def failed_task_attempts(spark, job_group: str) -> int:
     """Task attempts Spark re-ran in the job group's stages (its own task retries)."""
     tracker = spark.sparkContext.statusTracker()
     failed = 0
@@ -75,7 +75,7 @@ class _Live:
     def describe(self) -> list:
         return []
 
-    def collect(self):  # noqa: ANN201 - metric families
+    def collect(self):
         membership = self.t.driver.membership
         rebalances = CounterMetricFamily(
             "txstream_rebalances", "Assignments and revocations this instance's group membership went through",
@@ -243,7 +243,7 @@ class Telemetry:
             self.fenced.labels(app).inc(fenced)
         retried = self._spark_retries(report.batch_id)
         lags = self._lags(marks, positions)
-        self.cap.labels(app).set(self.driver._cap())
+        self.cap.labels(app).set(self.driver.cap())
         if self.json:
             self._emit("batch", None, batch=report.batch_id, guarantee=g, partitions=len(report.plans),
                        records_in=report.total("records_in"), records_out=report.total("records_out"),
@@ -252,7 +252,7 @@ class Telemetry:
                        transactions_committed=committed, transactions_aborted=aborted, fenced_producers=fenced,
                        task_retries=retried, lag=sum(lags.values()) if lags else None,
                        lag_by_partition=lags or None, log_end_lag_by_partition=self._log_end_lags or None,
-                       batch_cap=self.driver._cap(), totals=dict(self.driver.totals))
+                       batch_cap=self.driver.cap(), totals=dict(self.driver.totals))
             for topic, partition, count in dead:
                 self._emit("dead_letter", None, topic=topic, partition=partition, stage="decode", count=count,
                            batch=report.batch_id)
@@ -279,7 +279,7 @@ class Telemetry:
         try:
             # The job group run_batch sets (driver/loop.py).
             failed = failed_task_attempts(spark, f"txstream-{self.app}-batch-{batch_id}")
-        except Exception as exc:  # noqa: BLE001 - a figure missing must never fail a batch
+        except Exception as exc:
             log.debug("task retries of batch %s: %s", batch_id, exc)
             return 0
         if failed:

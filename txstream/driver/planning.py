@@ -12,11 +12,11 @@ import logging
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from txstream.task.spec import PartitionPlan
 from txstream.errors import NoCommittedOffsetError
 from txstream.kafka import offsets
 from txstream.kafka.offsets import Partition, Watermarks
 from txstream.kafka.retry import retriable
+from txstream.task.spec import PartitionPlan
 
 log = logging.getLogger("txstream")
 

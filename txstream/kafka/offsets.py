@@ -18,8 +18,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple, TypeVar
 
-from confluent_kafka import (ConsumerGroupState, ConsumerGroupTopicPartitions, IsolationLevel, KafkaError,
-                             KafkaException, TopicPartition)
+from confluent_kafka import (
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from txstream.errors import KafkaUnreachable, OffsetsError, TransientKafkaError, classify_kafka, kafka_error_of

@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txstream.serde import columns as avro_columns
 from txstream.errors import SchemaError
+from txstream.serde import columns as avro_columns
 
 
 def load_schema(path_or_json: str | dict, base_dir: str | Path | None = None) -> dict:
@@ -52,7 +52,7 @@ def load_schema(path_or_json: str | dict, base_dir: str | Path | None = None) ->
             raise SchemaError(f"Avro schema {path} is not valid JSON: {exc}") from None
     try:
         return fastavro.parse_schema(raw)
-    except Exception as exc:  # noqa: BLE001 - fastavro raises several types for bad schemas
+    except Exception as exc:
         raise SchemaError(f"Invalid Avro schema {path_or_json if isinstance(path_or_json, str) else ''}: {exc}") from None
 
 
@@ -218,11 +218,11 @@ class AvroCodec:
         """The Python value, with logical types (timestamps as datetimes)."""
         return self._decode_logical(payload)
 
-    def decoder_for_arrow(self):  # noqa: ANN201 - bytes -> value
+    def decoder_for_arrow(self):
         """The reader's per-record call: values for `to_arrow` (timestamps as epoch integers)."""
         return self._decode_wire
 
-    def _decoder(self, schema: dict):  # noqa: ANN202 - bytes -> value
+    def _decoder(self, schema: dict):
         """One decode function per schema, built once, with everything it needs bound locally."""
         read, new_buffer = fastavro.schemaless_reader, io.BytesIO
         framed = self.registry_schema_id is not None
@@ -262,7 +262,7 @@ class AvroCodec:
                 for row in (range(len(payloads)) if unsure else np.flatnonzero(bad).tolist()):
                     try:
                         self._decode_wire(payloads[row])
-                    except Exception as exc:  # noqa: BLE001 - reported, not raised
+                    except Exception as exc:
                         errors[row] = _describe(exc)
                     else:
                         if bad[row]:
@@ -276,7 +276,7 @@ class AvroCodec:
                 continue
             try:
                 values.append(decode(payload))
-            except Exception as exc:  # noqa: BLE001 - any decode failure is the row's error
+            except Exception as exc:
                 errors[row] = _describe(exc)
                 values.append(None)
         try:
@@ -313,9 +313,9 @@ class AvroCodec:
         if len(fields) == 1:
             columns = [[d[fields[0].name] for d in decoded]]
         else:
-            columns = list(zip(*map(operator.itemgetter(*[f.name for f in fields]), decoded)))
+            columns = list(zip(*map(operator.itemgetter(*[f.name for f in fields]), decoded), strict=False))
         children = []
-        for f, values in zip(fields, columns):
+        for f, values in zip(fields, columns, strict=False):
             factor = self._timestamps.get(f.name)
             if factor is not None:
                 children.append(pc.multiply(pa.array(values, pa.int64()), factor).cast(f.type))

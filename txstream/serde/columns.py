@@ -42,7 +42,7 @@ def fields_of(schema: Any, arrow: pa.DataType) -> list[_Field] | None:
     if not isinstance(schema, dict) or schema.get("type") != "record" or not pa.types.is_struct(arrow):
         return None
     fields = []
-    for field, arrow_field in zip(schema["fields"], arrow):
+    for field, arrow_field in zip(schema["fields"], arrow, strict=False):
         typ, null_branch = field["type"], None
         if isinstance(typ, list):
             if len(typ) != 2 or "null" not in typ:
@@ -249,7 +249,7 @@ class ColumnarEncoder:
         n = len(column)
         if n == 0:
             return []
-        children = dict(zip((column.type.field(i).name for i in range(column.type.num_fields)), column.flatten()))
+        children = dict(zip((column.type.field(i).name for i in range(column.type.num_fields)), column.flatten(), strict=False))
         pieces: list[tuple[np.ndarray | int, np.ndarray]] = []
         if self.framing:
             pieces.append((len(self.framing), np.tile(np.frombuffer(self.framing, np.uint8), n)))
@@ -341,6 +341,6 @@ def _assemble(pieces: list, n: int) -> list[bytes]:
             out[np.repeat(cursor - before, sizes) + np.arange(int(sizes.sum()))] = data
             cursor += sizes
     if offsets[-1] >= 2 ** 31:
-        return [out[a:b].tobytes() for a, b in zip(offsets[:-1], offsets[1:])]
+        return [out[a:b].tobytes() for a, b in zip(offsets[:-1], offsets[1:], strict=False)]
     return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
                                                   pa.py_buffer(out)]).to_pylist()

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from txstream.local.paths import cache_dir
 
-
 log = logging.getLogger("txstream")
 
 
@@ -81,7 +80,7 @@ def _java_options(spark_conf: dict[str, str], home: str) -> str:
     return options
 
 
-def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf: dict[str, str] | None = None):  # noqa: ANN201
+def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf: dict[str, str] | None = None):
     """A Spark session whose Python workers use this interpreter (pyarrow, confluent_kafka)."""
     if "SPARK_HOME" not in os.environ:
         os.environ["SPARK_HOME"] = spark_home()
@@ -119,17 +118,17 @@ def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf
     return spark
 
 
-def _import_engine(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
+def _import_engine(batches):
     import confluent_kafka  # noqa: F401
     import fastavro  # noqa: F401
 
-    import txstream.task.publish  # noqa: F401
+    import txstream.task.publish
     import txstream.task.reading  # noqa: F401
 
     yield from batches
 
 
-def warm_python_workers(spark) -> None:  # noqa: ANN001
+def warm_python_workers(spark) -> None:
     """Start Spark's Python workers and import the engine in them while the driver validates the
     transform and joins the group, instead of in the first batch (seconds on a busy machine).
     Two chained mapInArrow calls, as a batch has (reader, publisher): two workers per core."""
@@ -140,11 +139,11 @@ def warm_python_workers(spark) -> None:  # noqa: ANN001
         ids = T.StructType([T.StructField("id", T.LongType(), False)])
         (spark.range(0, slots, 1, slots).mapInArrow(_import_engine, ids)
          .mapInArrow(_import_engine, ids).collect())
-    except Exception as exc:  # noqa: BLE001 - only an optimisation; the first batch pays instead
+    except Exception as exc:
         log.debug("warming up Python workers: %s", exc)
 
 
-def _representative_job(spark) -> None:  # noqa: ANN001
+def _representative_job(spark) -> None:
     """Load the classes a batch loads: Arrow both ways, Python workers, struct expressions."""
     warm_python_workers(spark)
     frame = spark.range(0, 1000, 1, 2).selectExpr(
@@ -154,7 +153,7 @@ def _representative_job(spark) -> None:  # noqa: ANN001
     frame.mapInArrow(_import_engine, frame.schema).collect()
 
 
-def write_class_archive(echo=print) -> Path:  # noqa: ANN001
+def write_class_archive(echo=print) -> Path:
     """Start Spark once with -XX:ArchiveClassesAtExit in a child process and keep the archive.
 
     A child, so the archive is complete (the JVM writes it when it exits) before it is renamed

@@ -21,17 +21,17 @@ sys.path[:] = [entry for entry in sys.path if not entry.endswith(".jar")]
 for _entry in [e for e in sys.path_importer_cache if e.endswith(".jar")]:
     del sys.path_importer_cache[_entry]
 
-import pandas  # noqa: E402, F401 - the imports are the point
-import pyspark.worker  # noqa: E402, F401
-import pyspark.sql.pandas.serializers  # noqa: F401
-import pyarrow  # noqa: F401
-import pyarrow.compute  # noqa: F401
 import confluent_kafka  # noqa: F401
 import fastavro  # noqa: F401
-
-import txstream.task.publish  # noqa: F401
-import txstream.task.reading  # noqa: F401
+import pandas  # noqa: F401 - the imports are the point
+import pyarrow
+import pyarrow.compute  # noqa: F401
+import pyspark.sql.pandas.serializers
+import pyspark.worker  # noqa: F401
 from pyspark.daemon import manager
+
+import txstream.task.publish
+import txstream.task.reading  # noqa: F401
 
 if __name__ == "__main__":
     manager()

@@ -13,6 +13,7 @@ from txstream.errors import OutputError, kafka_error_of, topic_missing
 from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec
 
+
 @dataclass
 class RecordCollector:
     """Encodes output Arrow batches and produces them; keeps what it sent for a re-publish."""
@@ -47,16 +48,16 @@ class RecordCollector:
             # The common shape (one topic, Kafka's partitioner, no headers of its own): one pass.
             topic = self.default_topic
             if not self.lineage:
-                sent.extend([(topic, v, k, -1, None) for v, k in zip(values, keys)])
+                sent.extend([(topic, v, k, -1, None) for v, k in zip(values, keys, strict=False)])
             elif "offset" in names:
                 fixed, name, seq = self._lineage_fixed, headers.SOURCE_OFFSET, headers.PUBLICATION_SEQ
                 offsets = pc.cast(batch.column(names.index("offset")), pa.string()).cast(pa.binary()).to_pylist()
                 sent.extend([(topic, v, k, -1, [*fixed, (name, o), (seq, s)])
-                             for v, k, o, s in zip(values, keys, offsets, _positions(len(sent), n))])
+                             for v, k, o, s in zip(values, keys, offsets, _positions(len(sent), n), strict=False)])
             else:
                 fixed, seq = self._lineage_fixed, headers.PUBLICATION_SEQ
                 sent.extend([(topic, v, k, -1, [*fixed, (seq, s)])
-                             for v, k, s in zip(values, keys, _positions(len(sent), n))])
+                             for v, k, s in zip(values, keys, _positions(len(sent), n), strict=False)])
             self._produce_from(len(sent) - n)
             return n
         topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else None

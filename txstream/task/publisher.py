@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from txstream.errors import (AbortableError, FatalKafkaError, FencedError, classify_kafka, kafka_error_of)
+from txstream.errors import AbortableError, FatalKafkaError, FencedError, classify_kafka, kafka_error_of
 
 
 class TransactionalPublisher:
@@ -38,7 +38,7 @@ class TransactionalPublisher:
         self._token = f"{os.getpid()}-{uuid.uuid4().hex}"
         self.in_transaction = False
 
-    def _on_delivery(self, err, _msg) -> None:  # noqa: ANN001 - librdkafka callback
+    def _on_delivery(self, err, _msg) -> None:
         if err is not None:
             self.delivery_errors.append(str(err))
 
@@ -51,7 +51,7 @@ class TransactionalPublisher:
         # ~0.5 s -> ~0.05 s per new producer).
         try:
             self.producer.list_topics(timeout=min(5.0, self.timeout_s))
-        except Exception:  # noqa: BLE001 - only a warm-up; init_transactions reports real trouble
+        except Exception:
             pass
         self._retry(lambda: self.producer.init_transactions(self.timeout_s), "init_transactions")
         self.init_seconds = time.perf_counter() - started
@@ -75,7 +75,7 @@ class TransactionalPublisher:
         self._call(self.producer.begin_transaction, "begin_transaction")
         self.in_transaction = True
 
-    def send_offsets(self, offsets: list, group_metadata: bytes) -> None:  # noqa: ANN001
+    def send_offsets(self, offsets: list, group_metadata: bytes) -> None:
         self._call(lambda: self.producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout_s),
                    "send_offsets_to_transaction")
 
@@ -124,7 +124,7 @@ class TransactionalPublisher:
     def close(self) -> None:
         try:
             self.abort()
-        except Exception:  # noqa: BLE001 - closing after a fatal error: nothing left to save
+        except Exception:
             pass
         self.producer.flush(5)
 
@@ -133,7 +133,7 @@ class TransactionalPublisher:
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:
             raise self._classify(exc, what) from exc
 
     def _retry(self, fn: Callable[[], Any], what: str, attempts: int = 10,
@@ -144,7 +144,7 @@ class TransactionalPublisher:
         for attempt in range(attempts):
             try:
                 return fn()
-            except Exception as exc:  # noqa: BLE001 - classified below
+            except Exception as exc:
                 err = kafka_error_of(exc)
                 if (err is not None and err.retriable() and not err.fatal() and attempt < attempts - 1
                         and time.monotonic() < deadline):

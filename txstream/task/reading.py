@@ -25,7 +25,7 @@ from txstream.task.spec import PartitionPlan, ReadSpec
 HEADERS_ARROW = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
 
-def input_struct(key_schema: dict | None, value_schema: dict | None):  # noqa: ANN201 - StructType
+def input_struct(key_schema: dict | None, value_schema: dict | None):
     """The input DataFrame's schema: Spark's Kafka source columns, Avro-decoded where declared.
 
     A StructType, not DDL text: Spark parses DDL with its SQL parser, whose cold start (and the
@@ -152,7 +152,7 @@ def _release(consumer: Any, config: dict[str, Any], healthy: bool) -> None:
             consumer.unassign()
             _CONSUMERS[key] = consumer
             return
-        except Exception:  # noqa: BLE001 - a consumer that cannot unassign is not kept
+        except Exception:
             pass
     consumer.close()
 

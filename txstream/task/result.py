@@ -13,7 +13,7 @@ RESULT_SCHEMA = pa.schema([
 ])
 
 
-def result_schema():  # noqa: ANN201 - StructType
+def result_schema():
     """RESULT_SCHEMA for Spark. A StructType rather than DDL text, so Spark's SQL parser stays idle."""
     from pyspark.sql.pandas.types import from_arrow_schema
 

@@ -22,9 +22,19 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream.errors import GroupActiveError, OffsetsError
-from txstream.kafka.offsets import (DEFAULT_TIMEOUT, GroupInfo, Partition, Watermarks, cluster_topics,
-                                    committed_offsets, describe_group, kafka_call, offsets_for_time,
-                                    select_partitions, watermarks)
+from txstream.kafka.offsets import (
+    DEFAULT_TIMEOUT,
+    GroupInfo,
+    Partition,
+    Watermarks,
+    cluster_topics,
+    committed_offsets,
+    describe_group,
+    kafka_call,
+    offsets_for_time,
+    select_partitions,
+    watermarks,
+)
 
 
 @dataclass(frozen=True)

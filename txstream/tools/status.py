@@ -69,7 +69,7 @@ class Status:
             rows.append([p.topic, str(p.partition), _s(p.committed), str(p.last_stable), str(p.log_end), _s(p.lag),
                          (p.owner or "-")[:24], last])
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows]
         if self.lineage_read:
             lines += ["", "Lineage: read " + "; ".join(self.lineage_read)]
         if self.live is not None:

@@ -130,7 +130,7 @@ def create(admin: AdminClient, states: Sequence[TopicState], timeout: float = 30
         try:
             future.result(timeout)
             created.append(name)
-        except Exception as exc:  # noqa: BLE001 - reported together below
+        except Exception as exc:
             err = kafka_error_of(exc)
             failures.append(f"{name!r}: {err.str() if err is not None else exc}")
     if failures:

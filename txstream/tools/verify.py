@@ -111,7 +111,7 @@ class AuditReport:
         def line(row: Iterable) -> str:
             cells = list(row)
             return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+                             for i, (c, w) in enumerate(zip(cells, widths, strict=False))).rstrip()
 
         out = [line(cols), line("-" * w for w in widths)]
         out += [line(r) for r in rows[:-1]]
@@ -317,7 +317,7 @@ def _is_duplicate(offset: int, pub: bytes | None, seq: bytes | None, first_pub: 
     return False
 
 
-def _read(clients: KafkaClients, ranges: dict[tuple[str, int], tuple[int, int]], handle,  # noqa: ANN001
+def _read(clients: KafkaClients, ranges: dict[tuple[str, int], tuple[int, int]], handle,
           timeout: float) -> int:
     """Feed `handle` batches of the records of every partition in `[start, end)`, read_committed.
 

@@ -38,7 +38,8 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
     rows = [row(0, "committed", attempts=2, dead=3),   # one abortable error, published again
             row(1, "fenced"),                           # a newer producer took over
             row(2, "stale-plan", records=0)]            # the group moved: publish nothing
-    marks = {("orders", p): Watermarks(0, 1250, 1250) for p in range(3)}
+    # Partition 2's input has an open transaction: 20 offsets past its last stable offset.
+    marks = {("orders", p): Watermarks(0, 1250 + 20 * (p == 2), 1250) for p in range(3)}
     t.batch(BatchReport(7, plans, rows, 1.5, {"committed": 1, "fenced": 1, "stale-plan": 1}), marks, "human line")
     part = {"guarantee": "exactly-once", "topic": "orders"}
     assert value(t, "txstream_records_in_total", partition="0", **part) == 100
@@ -51,6 +52,7 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
     # Where the group is now: the committed range's end; the others stay at their start.
     lag = {p: value(t, "txstream_partition_lag_records", topic="orders", partition=str(p)) for p in range(3)}
     assert lag == {0: 150, 1: 250, 2: 250}
+    assert value(t, "txstream_partition_log_end_lag_records", topic="orders", partition="2") == 270
     assert value(t, "txstream_stage_duration_seconds_count", stage="read") == 1   # committed tasks only
     assert value(t, "txstream_batch_cap_records") == 500
     events = [json.loads(line) for line in lines]
@@ -58,6 +60,7 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
     batch = events[0]
     assert (batch["batch"], batch["records_in"], batch["dead_letters"], batch["transactions_aborted"],
             batch["fenced_producers"], batch["lag"]) == (7, 200, 3, 2, 1, 650)
+    assert batch["log_end_lag_by_partition"] == {"orders[0]": 150, "orders[1]": 250, "orders[2]": 270}
     assert events[1] == {**events[1], "topic": "orders", "partition": 0, "stage": "decode", "count": 3}
 
     # Revoked: its series go (another instance reports them now); the counters stay.

@@ -5,11 +5,13 @@ import json
 
 import click
 
+from txstream.cli.options import kafka_options
+from txstream.kafka.config import KafkaClients
+
 
 @click.command("status")
 @click.option("--app-id", required=True, help="The app id (its consumer group).")
-@click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
-              show_default=True, show_envvar=True, help="Kafka to talk to.")
+@kafka_options
 @click.option("--output", "outputs", multiple=True,
               help="Output topic (repeatable): read its tail for each input partition's last publication.")
 @click.option("--topic", "topics", multiple=True, help="Also show this input topic's partitions (repeatable).")
@@ -19,7 +21,7 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 @click.option("--timeout", type=click.FloatRange(0.5), default=10.0, show_default=True,
               help="Seconds to wait for Kafka.")
-def status(app_id: str, bootstrap_servers: str, outputs: tuple[str, ...], topics: tuple[str, ...],
+def status(app_id: str, clients: KafkaClients, outputs: tuple[str, ...], topics: tuple[str, ...],
            metrics_url: str | None, tail: int, as_json: bool, timeout: float) -> None:
     """The app's group state and members; per input partition the committed offset, last stable
     offset, lag and the last publication (from the output's lineage headers: no instance needs to
@@ -28,7 +30,7 @@ def status(app_id: str, bootstrap_servers: str, outputs: tuple[str, ...], topics
     from txstream.tools.status import status as app_status
 
     try:
-        result = app_status(bootstrap_servers, app_id, list(outputs), list(topics), metrics_url, tail, timeout)
+        result = app_status(clients, app_id, list(outputs), list(topics), metrics_url, tail, timeout)
     except Exception as exc:  # one clear line, never a traceback
         raise click.ClickException(one_line(exc)) from None
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-_BOOTSTRAP = click.option("--bootstrap-servers", envvar="TXSTREAM_BOOTSTRAP_SERVERS", default="localhost:9092",
-                          show_default=True, show_envvar=True, help="Kafka to talk to.")
+from txstream.cli.options import kafka_options
+from txstream.kafka.config import KafkaClients
 
 
 @click.group("topics")
@@ -14,7 +14,7 @@ def topics() -> None:
 
 @topics.command("ensure")
 @click.argument("processor")
-@_BOOTSTRAP
+@kafka_options
 @click.option("--input", "inputs", multiple=True, help="Input topic (repeatable) [default: the processor's].")
 @click.option("--output", help="Output topic [default: the processor's].")
 @click.option("--dead-letter-topic", help="Dead-letter topic [default: the processor's].")
@@ -27,7 +27,7 @@ def topics() -> None:
 @click.option("--dry-run", is_flag=True, help="Print what would be created; create nothing.")
 @click.option("--timeout", type=click.FloatRange(1), default=30.0, show_default=True,
               help="Seconds to wait for Kafka.")
-def ensure(processor: str, bootstrap_servers: str, inputs: tuple[str, ...], output: str | None,
+def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], output: str | None,
            dead_letter_topic: str | None, partitions: int | None, replication_factor: int | None,
            configs: tuple[str, ...], dry_run: bool, timeout: float) -> None:
     """Create PROCESSOR's input (when missing), output and dead-letter topics.
@@ -37,13 +37,14 @@ def ensure(processor: str, bootstrap_servers: str, inputs: tuple[str, ...], outp
     from txstream import settings as run_settings
     from txstream.cli.main import _pairs
     from txstream.errors import one_line
+    from txstream.kafka.offsets import admin_client
     from txstream.tools import topics as tt
 
     try:
         cls = run_settings.load_processor(processor)
-        resolved = run_settings.resolve(cls, bootstrap_servers=bootstrap_servers, inputs=list(inputs),
+        resolved = run_settings.resolve(cls, bootstrap_servers=clients.bootstrap_servers, inputs=list(inputs),
                                         output=output, dead_letter=dead_letter_topic)
-        admin = tt.AdminClient(resolved.clients.admin())
+        admin = admin_client(clients)
         states = tt.plan(admin, tt.declared(resolved.input_topics, resolved.output_topic, resolved.dead_letter_topic),
                          partitions, replication_factor, _pairs(configs, "--config"), timeout)
         width = max(len(s.name) for s in states)

@@ -1,10 +1,10 @@
 """What a running txstream tells its operators: Prometheus metrics and JSON log lines.
 
 Everything comes from what the driver already has: the result row every task reports with the
-batch (task/publish.py RESULT_SCHEMA), the planner's watermarks, the group membership. Nothing
+batch (task/result.py RESULT_SCHEMA), the planner's watermarks, the group membership. Nothing
 runs in executors and nothing runs per record: the loop calls `batch()` once per batch and
-`event()` per notable event (assignment, revocation, retry, dead letter, fatal error), a handful
-of label lookups per partition. One CollectorRegistry per Driver (tests run several drivers in one
+`event()` per notable event (assignment, revocation, retry, dead letter, fatal error), and a
+batch updates a few series per partition, each looked up once and kept. One CollectorRegistry per Driver (tests run several drivers in one
 process). docs/operations.md lists the metrics and what to alert on.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from txstream.errors import SettingsError
-from txstream.task.publish import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED
+from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED
+from txstream.task.spec import EXACTLY_ONCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from txstream.driver.loop import BatchReport, Driver
@@ -35,9 +36,6 @@ LOG_FORMATS = (HUMAN, JSON)
 # send_offsets+commit (or the acknowledgements); init_transactions (fresh producers only).
 STAGES = ("read", "upstream", "produce", "commit", "init_transactions")
 STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-# While idle the log end is asked this seldom (every batch asks): an input transaction left open
-# shows as log-end lag with a last-stable lag of 0.
-LOG_END_EVERY_S = 5.0
 BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
@@ -63,6 +61,7 @@ class _Series(NamedTuple):
     records_in: Any
     records_out: Any
     lag: Any
+    log_end_lag: Any
     committed: Any
     last_stable: Any
 
@@ -103,9 +102,6 @@ class Telemetry:
         self._out = echo
         self._server = None
         self.port: int | None = None    # the port bound (metrics_port 0 picks a free one)
-        self._log_end: dict[tuple[str, int], int] = {}
-        self._log_end_asked = 0.0
-        self._position: dict[tuple[str, int], int] = {}
         self.registry = r = CollectorRegistry()
         part = ["app", "guarantee", "topic", "partition"]
         self.records_in = Counter("txstream_records_in", "Input records decoded and given to the transform "
@@ -154,6 +150,7 @@ class Telemetry:
         # Every stage listed from the start, even before its first observation.
         self._stages = {stage: self.stage_seconds.labels(self.app, stage) for stage in STAGES}
         self._by_partition: dict[tuple[str, int], _Series] = {}
+        self._log_end_lags: dict[str, int] = {}
         for outcome in ("committed", "aborted"):
             self.transactions.labels(self.app, outcome)
         self.fenced.labels(self.app)
@@ -254,7 +251,7 @@ class Telemetry:
                        stage_seconds={k: round(v, 4) for k, v in slowest.items()}, statuses=dict(report.statuses),
                        transactions_committed=committed, transactions_aborted=aborted, fenced_producers=fenced,
                        task_retries=retried, lag=sum(lags.values()) if lags else None,
-                       lag_by_partition=lags or None, log_end_lag_by_partition=self._log_end_lags() or None,
+                       lag_by_partition=lags or None, log_end_lag_by_partition=self._log_end_lags or None,
                        batch_cap=self.driver.cap(), totals=dict(self.driver.totals))
             for topic, partition, count in dead:
                 self._emit("dead_letter", None, topic=topic, partition=partition, stage="decode", count=count,
@@ -270,7 +267,8 @@ class Telemetry:
             with_guarantee = (self.app, self.guarantee, key[0], str(key[1]))
             series = self._by_partition[key] = _Series(
                 self.records_in.labels(*with_guarantee), self.records_out.labels(*with_guarantee),
-                self.lag.labels(*labels), self.committed.labels(*labels), self.last_stable.labels(*labels))
+                self.lag.labels(*labels), self.log_end_lag.labels(*labels), self.committed.labels(*labels),
+                self.last_stable.labels(*labels))
         return series
 
     def _spark_retries(self, batch_id: int) -> int:
@@ -289,25 +287,24 @@ class Telemetry:
         return failed
 
     def _lags(self, marks: dict[tuple[str, int], Watermarks] | None,
-              positions: dict[tuple[str, int], int], ask_log_end: bool = True) -> dict[str, int]:
-        """Per owned partition: last stable offset (at planning) minus where the group now is."""
+              positions: dict[tuple[str, int], int]) -> dict[str, int]:
+        """Per owned partition: the last stable offset and the log end (the planner's watermarks,
+        not asked again) minus where the group now is."""
         if not marks:
             return {}
-        out = {}
+        out, self._log_end_lags = {}, {}
         for key, mark in marks.items():
             # A partition the plan left out had nothing to do: the group is at its LSO.
             position = positions.get(key, mark.last_stable)
-            self._position[key] = position
-            lag = max(0, mark.last_stable - position)
+            lag, log_end_lag = max(0, mark.last_stable - position), max(0, mark.log_end - position)
             series = self._series(key)
             series.lag.set(lag)
+            series.log_end_lag.set(log_end_lag)
             series.committed.set(position)
             series.last_stable.set(mark.last_stable)
-            out[f"{key[0]}[{key[1]}]"] = lag
+            name = f"{key[0]}[{key[1]}]"
+            out[name], self._log_end_lags[name] = lag, log_end_lag
         self.last_plan.labels(self.app).set(time.time())
-        if self._server is not None and (ask_log_end or time.monotonic() - self._log_end_asked > LOG_END_EVERY_S):
-            self._log_end_asked = time.monotonic()
-            self._ask_log_end(list(marks))
         return out
 
     def idle(self, marks: dict[tuple[str, int], Watermarks]) -> None:
@@ -316,41 +313,8 @@ class Telemetry:
         membership = self.driver.membership
         owned = {(tp.topic, tp.partition) for tp in membership.owned()} if membership else set()
         # With nothing owned the planner did not run: its last watermarks are of partitions gone.
-        self._lags({k: m for k, m in marks.items() if k in owned}, {}, ask_log_end=False)
+        self._lags({k: m for k, m in marks.items() if k in owned}, {})
         self.last_plan.labels(self.app).set(time.time())   # alive, even owning nothing (a standby)
-
-    def _ask_log_end(self, keys: list[tuple[str, int]]) -> None:
-        """The log end offsets (read_uncommitted), asked without waiting: the gauges are set when
-        the answer comes, on the admin client's thread, so the loop never waits for it."""
-        from confluent_kafka import IsolationLevel, TopicPartition
-        from confluent_kafka.admin import OffsetSpec
-
-        try:
-            futures = self.driver.admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in keys},
-                                                     isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                                                     request_timeout=10)
-        except Exception as exc:
-            log.debug("log end offsets: %s", exc)
-            return
-
-        def answered(key: tuple[str, int]) -> Callable:
-            def done(future) -> None:
-                try:
-                    end = future.result().offset
-                except Exception:
-                    return
-                self._log_end[key] = end
-                if key in self._position:
-                    self.log_end_lag.labels(self.app, key[0], str(key[1])).set(max(0, end - self._position[key]))
-            return done
-
-        for tp, future in futures.items():
-            future.add_done_callback(answered((tp.topic, tp.partition)))
-
-    def _log_end_lags(self) -> dict[str, int]:
-        """As last answered (the answer to this batch's question may still be on its way)."""
-        return {f"{t}[{p}]": max(0, end - self._position[(t, p)])
-                for (t, p), end in list(self._log_end.items()) if (t, p) in self._position}
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -365,9 +329,7 @@ class Telemetry:
             for name in fields.get("partitions", ()):
                 topic, _, partition = name.rpartition("[")
                 key = (topic, int(partition.rstrip("]")))
-                self._position.pop(key, None)
                 self._by_partition.pop(key, None)
-                self._log_end.pop(key, None)
                 for gauge in (self.lag, self.log_end_lag, self.committed, self.last_stable):
                     try:
                         gauge.remove(self.app, key[0], str(key[1]))

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import time
 import urllib.request
-import uuid
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
 from txstream.kafka import headers as hdr
-from txstream.tools import offsets as ofs
-from txstream.tools.topic_io import end_offsets
+from txstream.kafka import offsets as kofs
+from txstream.kafka.config import KafkaClients
+from txstream.kafka.scan import scan
 
 DEFAULT_TAIL = 1000
 
@@ -99,50 +97,31 @@ def _live_text(live: dict[str, Any]) -> str:
             + (f", last batch {age:.1f}s ago" if age is not None else ""))
 
 
-def last_publications(bootstrap: str, outputs: list[str], tail: int = DEFAULT_TAIL, timeout: float = 30
-                      ) -> tuple[dict[tuple[str, int], Publication], list[str]]:
+def last_publications(clients: KafkaClients | str, outputs: list[str], tail: int = DEFAULT_TAIL,
+                      timeout: float = 30) -> tuple[dict[tuple[str, int], Publication], list[str]]:
     """Per input partition, its newest output record among the last `tail` offsets of each output
     partition (read_committed); and what was read, in words."""
+    admin = kofs.admin_client(clients)
+    partitions = kofs.topic_partition_counts(admin, outputs, timeout)
+    marks = kofs.watermarks(admin, [(t, p) for t, n in partitions.items() for p in range(n)], timeout)
     found: dict[tuple[str, int], Publication] = {}
-    read: list[str] = []
-    for topic in outputs:
-        ends = end_offsets(bootstrap, topic, "read_committed", timeout)
-        starts = {p: max(low, end - tail) for p, (low, end) in ends.items()}
-        pending = {p: end for p, (_low, end) in ends.items() if end > starts[p]}
-        count = 0
-        if pending:
-            consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txstream-status-{uuid.uuid4().hex}",
-                                 "isolation.level": "read_committed", "enable.auto.commit": False})
-            consumer.assign([TopicPartition(topic, p, starts[p]) for p in pending])
-            deadline = time.monotonic() + timeout
-            try:
-                while pending:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"reading the tail of {topic} did not reach its end within {timeout:.0f}s")
-                    for msg in consumer.consume(1000, 0.5):
-                        if msg.error():
-                            if msg.error().code() == KafkaError._PARTITION_EOF:
-                                continue
-                            raise KafkaException(msg.error())
-                        if msg.offset() >= pending.get(msg.partition(), -1):
-                            continue
-                        count += 1
-                        source = hdr.source_of(msg.headers())
-                        if source is None:
-                            continue
-                        key = (source[0], source[1])
-                        if key not in found or source[2] >= found[key].source_offset:
-                            publication = dict(msg.headers() or []).get(hdr.PUBLICATION)
-                            found[key] = Publication(source[2], publication.decode() if publication else None,
-                                                     f"{topic}[{msg.partition()}]@{msg.offset()}", msg.timestamp()[1])
-                    for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
-                        if tp.offset >= pending.get(tp.partition, 0):
-                            pending.pop(tp.partition, None)
-            finally:
-                consumer.close()
-        read.append(f"the last {tail} offsets of each of the {len(ends)} partitions of {topic} "
-                    f"({count} committed records, read_committed)")
-    return found, read
+    read: dict[str, int] = dict.fromkeys(outputs, 0)
+    ranges = {(m.topic, m.partition): (max(mark.earliest, mark.last_stable - tail), mark.last_stable)
+              for m, mark in marks.items()}
+    for batch in scan(clients, ranges, timeout, purpose="status"):
+        for msg in batch:
+            read[msg.topic()] += 1
+            source = hdr.source_of(msg.headers())
+            if source is None:
+                continue
+            key = (source[0], source[1])
+            if key not in found or source[2] >= found[key].source_offset:
+                publication = dict(msg.headers() or []).get(hdr.PUBLICATION)
+                found[key] = Publication(source[2], publication.decode() if publication else None,
+                                         f"{msg.topic()}[{msg.partition()}]@{msg.offset()}", msg.timestamp()[1])
+    words = [f"the last {tail} offsets of each of the {partitions[t]} partitions of {t} "
+             f"({read[t]} committed records, read_committed)" for t in outputs]
+    return found, words
 
 
 def live_figures(url: str, app_id: str, timeout: float = 5) -> dict[str, Any]:
@@ -177,12 +156,13 @@ def live_figures(url: str, app_id: str, timeout: float = 5) -> dict[str, Any]:
     }
 
 
-def status(bootstrap: str, app_id: str, outputs: list[str] | None = None, topics: list[str] | None = None,
-           metrics_url: str | None = None, tail: int = DEFAULT_TAIL, timeout: float = ofs.DEFAULT_TIMEOUT) -> Status:
-    admin = ofs.admin_client(bootstrap)
-    known = ofs.cluster_topics(admin, timeout)
-    group = ofs.describe_group(admin, app_id, timeout)
-    committed = ofs.committed_offsets(admin, app_id, None, stable=False, timeout=timeout)
+def status(clients: KafkaClients | str, app_id: str, outputs: list[str] | None = None,
+           topics: list[str] | None = None, metrics_url: str | None = None, tail: int = DEFAULT_TAIL,
+           timeout: float = kofs.DEFAULT_TIMEOUT) -> Status:
+    admin = kofs.admin_client(clients)
+    known = kofs.cluster_topics(admin, timeout)
+    group = kofs.describe_group(admin, app_id, timeout)
+    committed = kofs.committed_offsets(admin, app_id, None, stable=False, timeout=timeout)
     notes = []
     # The group's committed partitions, those of its members, and of the topics named.
     parts = {p for p in committed if p.topic in known}
@@ -191,12 +171,12 @@ def status(bootstrap: str, app_id: str, outputs: list[str] | None = None, topics
         if topic not in known:
             notes.append(f"topic {topic} does not exist")
             continue
-        parts |= {ofs.Partition(topic, i) for i in range(known[topic])}
+        parts |= {kofs.Partition(topic, i) for i in range(known[topic])}
     gone = sorted({p.topic for p in committed if p.topic not in known})
     notes += [f"topic {t} no longer exists; the group still has offsets committed for it" for t in gone]
     if not parts:
         notes.append(f"group {app_id} has no committed offsets and no members; name its input with --topic")
-    marks = ofs.watermarks(admin, sorted(parts), timeout)
+    marks = kofs.watermarks(admin, sorted(parts), timeout)
     owner = {p: m.member_id for m in group.members for p in m.partitions}
     rows = []
     for p in sorted(parts):
@@ -210,7 +190,7 @@ def status(bootstrap: str, app_id: str, outputs: list[str] | None = None, topics
     present = [o for o in outputs or [] if o in known]
     result.notes += [f"output topic {o} does not exist" for o in outputs or [] if o not in known]
     if present:
-        found, result.lineage_read = last_publications(bootstrap, present, tail, max(timeout, 30))
+        found, result.lineage_read = last_publications(clients, present, tail, max(timeout, 30))
         for row in rows:
             row.last_publication = found.get((row.topic, row.partition))
     if metrics_url:

@@ -7,6 +7,7 @@ partitions, replication or configs than asked: it says how it differs instead.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -135,4 +136,19 @@ def create(admin: AdminClient, states: Sequence[TopicState], timeout: float = 30
     if failures:
         raise TopicSetupError(f"could not create {', '.join(failures)}"
                               + (f" (created {', '.join(created)})" if created else ""))
+    _wait_visible(admin, created, timeout)
     return sorted(created)
+
+
+def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Until the brokers' metadata lists the new topics: the controller acknowledges a creation
+    before every broker has applied it, and a `txstream run` started right after must find them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=timeout).topics
+        if all(n in topics and topics[n].error is None and topics[n].partitions for n in names):
+            return
+        if time.monotonic() > deadline:
+            raise TopicSetupError(f"created {', '.join(names)}, but the brokers' metadata does not list them "
+                                  f"after {timeout:.0f}s")
+        time.sleep(0.1)

@@ -531,5 +531,18 @@ def verdict(name: str, bootstrap: str, app: App, expected: Counter, checker: Che
     return figures
 
 
+def stop_run(run: Run, action: str, rng: random.Random) -> None:
+    """End a run as a bounce plan says: "kill" = SIGKILL of its whole session at a random moment
+    (at once or within 3 s), "term" = SIGTERM within 2 s, which must end it cleanly."""
+    if action == "kill":
+        time.sleep(rng.choice([0.0, rng.uniform(0.0, 3.0)]))
+        run.kill9()
+    else:
+        time.sleep(rng.uniform(0.0, 2.0))
+        code = run.terminate()
+        assert code == 0, f"SIGTERM: txstream run exited {code}\n{run.tail()}"
+        assert "stopped:" in run.tail(), run.tail()
+
+
 def random_delay(rng: random.Random, low: float, high: float) -> float:
     return rng.uniform(low, high)

@@ -48,14 +48,7 @@ def test_client_bounces(bootstrap_servers, make_topic):
             progressed = h.wait_for(app.progressed_since(baseline), 300,
                                     "the run to commit a range", interval=0.05, run=run)
             assert progressed, f"txstream run ended on its own (exit {run.poll()})\n{run.tail()}"
-            if action == "kill":
-                time.sleep(rng.choice([0.0, rng.uniform(0.0, 3.0)]))
-                run.kill9()
-            else:
-                time.sleep(rng.uniform(0.0, 2.0))
-                code = run.terminate()
-                assert code == 0, f"SIGTERM: txstream run exited {code}\n{run.tail()}"
-                assert "stopped:" in run.tail(), run.tail()
+            h.stop_run(run, action, rng)
             counts[action] += 1
         feeder.finish()
         assert not feeder.errors, feeder.errors

@@ -71,13 +71,7 @@ def test_soak(cluster):
                 baseline = app.baseline()
                 assert h.wait_for(app.progressed_since(baseline), 300, "progress after a broker bounce",
                                   interval=0.2, run=run), f"no progress after {bounces[-1]}\n{run.tail()}"
-            if action == "kill":
-                time.sleep(rng.choice([0.0, rng.uniform(0.0, 3.0)]))
-                run.kill9()
-            else:
-                time.sleep(rng.uniform(0.0, 2.0))
-                code = run.terminate()
-                assert code == 0, f"SIGTERM: txstream run exited {code}\n{run.tail()}"
+            h.stop_run(run, action, rng)
             counts[action] += 1
             _say(began, f"{number}/{len(plan)}: {action}; committed {app.committed_total()} of "
                         f"{feeder.next} written; broker bounces {len(bounces)}; checker saw {checker.records}, "

@@ -46,3 +46,53 @@ def test_python_workers_start_with_the_engine_imported_and_no_jar_on_their_path(
     (zipimport re-read its directory on every task's invalidate_caches)."""
     rows = spark.range(0, 2, 1, 2).mapInArrow(_worker_state, "jars long, preloaded boolean").collect()
     assert rows and all(r.jars == 0 and r.preloaded for r in rows), rows
+
+
+def test_the_spark_ui_is_off_locally_on_for_a_cluster_and_where_asked() -> None:
+    from txstream.spark.session import ui_settings
+
+    assert ui_settings("local[2]", None) == {"spark.ui.enabled": "false"}
+    assert ui_settings("spark://master:7077", None) == {"spark.ui.enabled": "true"}
+    assert ui_settings("local[2]", 4141) == {"spark.ui.enabled": "true", "spark.ui.port": "4141"}
+
+
+def test_txstream_run_serves_the_spark_ui_on_the_port_asked(bootstrap_servers, make_topic) -> None:
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    source, sink = make_topic("in"), make_topic("out")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app_id = f"ui-{source[-8:]}"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "txstream.cli", "run", "processors.passthrough:PassThrough", "--bootstrap-servers",
+         bootstrap_servers, "--input", source, "--output", sink, "--app-id", app_id, "--master", "local[1]",
+         "--spark-ui-port", str(port)],
+        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline, apps = time.monotonic() + 180, None
+        while apps is None and time.monotonic() < deadline and run.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/applications", timeout=2) as answer:
+                    apps = json.load(answer)
+            except (OSError, ValueError):
+                time.sleep(0.5)   # the UI (or its REST API) is not up yet: ask again until the deadline
+        assert apps is not None, f"no Spark UI on port {port} (exit {run.poll()})"
+        assert [a["name"] for a in apps] == [app_id], apps
+    finally:
+        os.killpg(run.pid, signal.SIGTERM)
+        try:
+            run.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(30)

@@ -55,6 +55,7 @@ class RunSettings:
     lenient_trailing_bytes: bool = False   # decode values with bytes left after the record (serde/avro.py)
     # Operations (driver/metrics.py): the /metrics port (None: not served) and the log lines.
     metrics_port: int | None = None
+    spark_ui_port: int | None = None     # None: the UI only on a cluster master (spark/session.py)
     metrics_address: str = "0.0.0.0"
     log_format: str = "human"
 

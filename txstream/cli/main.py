@@ -140,6 +140,8 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("-q", "--quiet", is_flag=True, help="Only the final summary.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port) [default: off].")
+@click.option("--spark-ui-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve Spark's UI on this port [default: on (port 4040) with a cluster master, off locally].")
 @click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
 @click.option("--log-format", type=click.Choice(["human", "json"]), default="human", show_default=True,
               help="json: one JSON object per batch and per event (assignment, retry, dead letter, ...).")
@@ -149,7 +151,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
-        metrics_port: int | None, metrics_address: str, log_format: str) -> None:
+        metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
     import logging
 
@@ -171,7 +173,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
                      "output_key": output_key_schema},
             until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
             batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
-            metrics_address=metrics_address, log_format=log_format)
+            metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:

@@ -176,7 +176,7 @@ class Driver:
         self._install_signals()
         if self.spark is None:
             faults.remember_driver()
-            self.spark = build_spark(s.master, s.app_id, s.spark_conf)
+            self.spark = build_spark(s.master, s.app_id, s.spark_conf, ui_port=s.spark_ui_port)
             threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
                              daemon=True).start()
         try:

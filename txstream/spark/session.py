@@ -80,7 +80,17 @@ def _java_options(spark_conf: dict[str, str], home: str) -> str:
     return options
 
 
-def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf: dict[str, str] | None = None):
+def ui_settings(master: str, ui_port: int | None) -> dict[str, str]:
+    """The Spark UI: off on a local master (a short run on a laptop has no use for it), on for a
+    cluster (where a Spark user looks for jobs and executors), on at `ui_port` when one is given.
+    A user's own --conf spark.ui.* wins over both."""
+    if ui_port is not None:
+        return {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
+    return {"spark.ui.enabled": "false" if master.startswith("local") else "true"}
+
+
+def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf: dict[str, str] | None = None,
+                ui_port: int | None = None):
     """A Spark session whose Python workers use this interpreter (pyarrow, confluent_kafka)."""
     if "SPARK_HOME" not in os.environ:
         os.environ["SPARK_HOME"] = spark_home()
@@ -100,7 +110,7 @@ def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf
     if java_options:
         spark_conf["spark.driver.extraJavaOptions"] = java_options
     conf = {
-        "spark.ui.enabled": "false",
+        **ui_settings(master, ui_port),
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",

@@ -174,15 +174,22 @@ class Driver:
     def run(self) -> int:
         s = self.settings
         self._install_signals()
+        try:
+            # Kafka reachable and the topics there before Spark's seconds of start-up: an
+            # unreachable cluster or a missing topic is reported at once.
+            self.telemetry.start()
+            self.check_topics()
+        except Exception as exc:
+            self.telemetry.event("fatal", None, error_type=type(understand(exc)).__name__, error=one_line(exc))
+            self.close()
+            raise
         if self.spark is None:
             faults.remember_driver()
             self.spark = build_spark(s.master, s.app_id, s.spark_conf, ui_port=s.spark_ui_port)
             threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
                              daemon=True).start()
         try:
-            self.telemetry.start()
             s.processor.setup(self.spark)
-            self.check_topics()
             self.validate()
             self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
                                               self._wait_for_batch, self._on_group_change)

@@ -73,8 +73,8 @@ def _seed_with_poison(bootstrap: str, topic: str, partitions: int, count: int = 
         producer.produce(topic, avro_bytes(ORDER, o), o["id"].encode(), partition=partition,
                          headers=[("origin", b"good")])
         good[o["id"]] = o
-        # After every 12th good record of partition 1, a poison record (key names the kind).
-        if partition == 1 and on_one % 12 == 0 and poison:
+        # After every 10th good record of partition 1, a poison record (key names the kind).
+        if partition == 1 and on_one % 10 == 0 and poison:
             kind, payload = poison.pop(0)
             producer.produce(topic, payload, f"poison-{kind}".encode(), partition=1,
                              headers=[("origin", kind.encode()), ("trace", b"\x00\x01")],

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     from processors.sample_orders import orders
-    from tests.kafka_helpers import avro_bytes
+    from tests.support.kafka import avro_bytes
     from txstream.local.cluster import LocalKafkaCluster, free_port_block
     from txstream.serde.avro import load_schema
 

@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 
 from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
-from tests.kafka_helpers import avro_bytes, committed, produce, read_all
+from tests.support.kafka import avro_bytes, committed, produce, read_all
 from txstream import Processor
 from txstream.kafka import headers as hdr
 from txstream.serde.avro import load_schema

@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from processors.passthrough import PassThrough
-from tests.kafka_helpers import committed, produce, read_all
+from tests.support.kafka import committed, produce, read_all
 from txstream.driver.commits import DriverCommits
 from txstream.driver.loop import Driver
 from txstream.driver.membership import GroupMembership

@@ -9,7 +9,7 @@ from processors.fanout_items import FanOutItems
 from processors.passthrough import PassThrough
 from processors.route_by_currency import RouteByCurrency
 from processors.sample_orders import enriched, orders
-from tests.kafka_helpers import avro_bytes, committed, java_partition, murmur2, produce, read_all
+from tests.support.kafka import avro_bytes, committed, java_partition, murmur2, produce, read_all
 from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec, load_schema
 

@@ -32,7 +32,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.kafka_helpers import committed, produce, read_all
+from tests.support.kafka import committed, produce, read_all
 from txstream.tools import verify
 
 REPO = Path(__file__).resolve().parent.parent

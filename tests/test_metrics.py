@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
-from tests.kafka_helpers import avro_bytes, committed, produce, read_all
+from tests.support.kafka import avro_bytes, committed, produce, read_all
 from txstream.cli.main import main
 from txstream.kafka import headers as hdr
 from txstream.serde.avro import load_schema

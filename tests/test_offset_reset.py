@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
 from processors.passthrough import PassThrough
-from tests.kafka_helpers import committed, produce, read_all
+from tests.support.kafka import committed, produce, read_all
 from txstream.driver.loop import Driver
 from txstream.errors import NoCommittedOffsetError
 from txstream.settings import resolve

@@ -13,7 +13,7 @@ import random
 import uuid
 from collections import Counter
 
-from tests.kafka_helpers import read_all
+from tests.support.kafka import read_all
 from txstream.errors import AbortableError
 from txstream.kafka.config import KafkaClients
 from txstream.task.publisher import TransactionalPublisher

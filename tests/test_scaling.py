@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 from confluent_kafka import Producer
 
-from tests.kafka_helpers import committed, read_all
+from tests.support.kafka import committed, read_all
 from tests.test_guarantees import TxstreamRun, batch_lines
 from txstream.tools import verify
 from txstream.tools.topic_io import end_offsets

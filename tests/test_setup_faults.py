@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from tests.kafka_helpers import committed, produce, read_all
+from tests.support.kafka import committed, produce, read_all
 from txstream import Processor
 from txstream.driver.loop import Driver
 from txstream.errors import InfrastructureError

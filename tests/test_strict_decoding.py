@@ -13,7 +13,7 @@ import fastavro
 
 from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
-from tests.kafka_helpers import avro_bytes, produce, read_all
+from tests.support.kafka import avro_bytes, produce, read_all
 from txstream.kafka import headers as hdr
 from txstream.serde.avro import load_schema
 

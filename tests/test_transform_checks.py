@@ -6,7 +6,7 @@ from pyspark.sql import functions as F
 
 from processors.enrich_orders import EnrichOrders
 from processors.passthrough import PassThrough
-from tests.kafka_helpers import committed, produce, read_all
+from tests.support.kafka import committed, produce, read_all
 from txstream.driver.loop import TransformError
 from txstream.serde.avro import SchemaError
 

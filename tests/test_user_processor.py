@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.kafka_helpers import avro_bytes, committed, produce, read_all
+from tests.support.kafka import avro_bytes, committed, produce, read_all
 from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec, load_schema
 

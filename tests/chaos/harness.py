@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from txstream.kafka import headers as hdr
 from txstream.local.processes import die_with_parent
+from txstream.tools.topic_io import end_offsets as topic_io_end_offsets
 from txstream.tools.topic_io import produce_waiting
 
 REPO = Path(__file__).resolve().parents[2]
@@ -293,13 +294,9 @@ def close_probes() -> None:
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}",
-                      "isolation.level": "read_committed", "log_level": 0})
-    try:
-        return {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
-                for p in range(partitions)}
-    finally:
-        probe.close()
+    """Each partition's last stable offset (the Kafka layer's listing, via tools/topic_io)."""
+    ends = topic_io_end_offsets(bootstrap, topic, "read_committed")
+    return {p: ends[p][1] for p in range(partitions)}
 
 
 def wait_for(condition, timeout: float, what: str, interval: float = 0.2, run: Run | None = None):
@@ -476,7 +473,7 @@ class Checker(threading.Thread):
 # ---------------------------------------------------------------------------------------------
 
 def read_pairs(bootstrap: str, topic: str) -> tuple[Counter, list]:
-    from tests.kafka_helpers import read_all
+    from tests.support.kafka import read_all
 
     records = read_all(bootstrap, topic, timeout=300)
     return Counter((r.key, r.value) for r in records), records

@@ -1,4 +1,5 @@
-"""Small helpers for tests: write records, read a topic whole with read_committed, murmur2."""
+"""The tests' Kafka helpers, once: write records, read a topic whole with read_committed, committed
+offsets, murmur2 (Kafka's partitioner, as a reference)."""
 from __future__ import annotations
 
 import io

@@ -25,6 +25,7 @@ from txstream import Processor
 from txstream.driver.loop import Driver
 from txstream.errors import InfrastructureError
 from txstream.settings import resolve
+from txstream.task.sidefile import run_directory
 
 POISON = b"poison-for-the-udf"
 
@@ -89,17 +90,19 @@ class PassThrough(Processor):
 def test_a_side_directory_that_cannot_be_written(bootstrap_servers, make_topic, spark):
     source, output, dead = _topics(make_topic, bootstrap_servers)
     driver, lines = _driver(PassThrough, bootstrap_servers, spark, inputs=[source], output=output, dead_letter=dead)
-    # Where the readers write their side files is a regular file: every reader fails to write
-    # there (as root, permission bits would not stop it; a file in the way does).
-    os.rmdir(driver.side_dir)
-    Path(driver.side_dir).write_text("in the way")
+    # Where the readers write their side files (in the executor's local directory) is a regular
+    # file: every reader fails to write there (as root, permission bits would not stop it; a file
+    # in the way does).
+    name = driver.specs.side_dir
+    [where] = spark.sparkContext.range(0, 1, 1, 1).map(lambda _: str(run_directory(name))).collect()
+    Path(where).write_text("in the way")
     try:
         with pytest.raises(InfrastructureError) as failure:
             driver.run()
     finally:
-        Path(driver.side_dir).unlink(missing_ok=True)
+        Path(where).unlink(missing_ok=True)
     message = str(failure.value)
-    assert "NotADirectoryError" in message and driver.side_dir in message, (message, lines)
+    assert "NotADirectoryError" in message and name in message, (message, lines)
     assert "not because of the data" in message, message
     _nothing_happened(bootstrap_servers, source, output, dead, driver.settings.app_id)
 

@@ -46,6 +46,13 @@ class SettingsError(UserError, ValueError):
     """A setting or processor reference is wrong."""
 
 
+class ExecutorEnvironmentError(UserError):
+    """An executor lacks what the run needs (txstream or a library at the driver's version, the
+    processor's code, the driver's Kafka cluster, a writable local directory). Found by the
+    preflight (driver/preflight.py) before anything is read; the message names each host and
+    what differs there."""
+
+
 class SchemaError(UserError, ValueError):
     """A schema or a DataFrame does not fit the Avro schema it must be encoded with."""
 

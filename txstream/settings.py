@@ -34,7 +34,7 @@ class RunSettings:
     max_records_per_partition: int
     trigger_interval: float
     lineage: bool
-    master: str
+    master: str | None                   # None: spark-submit's, spark-defaults', else local[*] (spark/setup.py)
     key_schema: dict | None = None
     value_schema: dict | None = None
     output_key_schema: dict | None = None
@@ -153,7 +153,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
             inputs: list[str] | None = None, output: str | None = None, dead_letter: str | None = None,
             guarantee: str | None = None, auto_offset_reset: str | None = None,
             max_records_per_partition: int | None = None, trigger_interval: float | None = None,
-            master: str = "local[*]", lineage: bool | None = None,
+            master: str | None = None, lineage: bool | None = None,
             librdkafka: dict[str, str] | None = None, spark_conf: dict[str, str] | None = None,
             schemas: dict[str, str] | None = None, **extra: Any) -> RunSettings:
     """Processor declarations, overridden by whatever the command line gives."""

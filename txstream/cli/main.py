@@ -36,9 +36,16 @@ def kafka() -> None:
               help="Where the nodes keep their logs and data [default: ~/.cache/txstream/data/kafka-PORT].")
 @click.option("--brokers", default=1, show_default=True, type=click.IntRange(1, 5),
               help="Number of combined broker+controller nodes (3 gives replication 3, min ISR 2).")
-def kafka_up(port: int, data_dir: str | None, brokers: int) -> None:
+@click.option("--listen", default="localhost", show_default=True,
+              help="Address the brokers listen on for clients: a network address (or 0.0.0.0) serves "
+                   "Spark executors on other hosts.")
+@click.option("--advertise", default=None,
+              help="Address the brokers tell clients to connect to [default: --listen; this host's name "
+                   "when listening on 0.0.0.0].")
+def kafka_up(port: int, data_dir: str | None, brokers: int, listen: str, advertise: str | None) -> None:
     """Start a local Kafka cluster in the background and print its bootstrap address."""
-    cluster = local_broker.LocalKafkaCluster(port=port, data_dir=data_dir or "", brokers=brokers)
+    cluster = local_broker.LocalKafkaCluster(port=port, data_dir=data_dir or "", brokers=brokers,
+                                             listen=listen, advertise=advertise or "")
     try:
         bootstrap = cluster.start(progress=_progress)
     except local_broker.BrokerError as exc:
@@ -119,7 +126,9 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
               help="Delivery guarantee [default: the processor's, exactly-once].")
 @click.option("--auto-offset-reset", type=click.Choice(["earliest", "latest", "none"]),
               help="Where to start without a committed offset [default: earliest].")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--master", default=None,
+              help="Spark master, e.g. spark://HOST:7077 [default: spark-submit's --master, then spark.master "
+                   "in spark-defaults.conf, then local[*]].")
 @click.option("--max-records-per-partition", type=int, help="Cap per partition per batch [default: 100000].")
 @click.option("--trigger-interval", type=float, help="Seconds between batch starts [default: 0].")
 @click.option("--until-caught-up", is_flag=True,
@@ -146,7 +155,7 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--log-format", type=click.Choice(["human", "json"]), default="human", show_default=True,
               help="json: one JSON object per batch and per event (assignment, retry, dead letter, ...).")
 def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tuple[str, ...], output: str | None,
-        dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str,
+        dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str | None,
         max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,

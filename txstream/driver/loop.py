@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import shutil
 import signal
 import threading
 import time
@@ -43,6 +41,7 @@ from txstream.errors import (
 )
 from txstream.settings import RunSettings
 from txstream.spark.session import build_spark, warm_python_workers
+from txstream.spark.setup import is_local
 from txstream.task.publish import publish_dead_letter, publish_partition
 from txstream.task.reading import range_frame
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema
@@ -98,7 +97,6 @@ class Driver:
         self.stop_requested = threading.Event()
         self._batch_thread: threading.Thread | None = None
         self.specs = TaskSpecs(settings)
-        self.side_dir = self.specs.side_dir
         self.batch_id = 0
         self.membership: GroupMembership | None = None
         self.targets: dict[tuple[str, int], int] = {}
@@ -108,6 +106,7 @@ class Driver:
         self.commits: DriverCommits | None = None
         self.poison = PoisonIsolator(self, self.echo, settings.dead_letter_topic)
         self._cap_warned = False
+        self.input_partitions = 0
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -139,6 +138,7 @@ class Driver:
         missing = [(role, name) for role, name in wanted if name not in known]
         if missing:
             raise TransformError(topic_missing(*missing[0], s.bootstrap_servers, missing[1:]))
+        self.input_partitions = sum(known[t] for t in s.input_topics)
 
     def validate(self) -> None:
         """Refuse a wide transform or an unpublishable output before anything is read."""
@@ -147,6 +147,26 @@ class Driver:
         # for groupBy, and the check below would miss a wide transform.
         dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(self.settings.app_id, topic, p)) for p in (0, 1)]
         check_narrow(self.output_frame(dry))
+
+    def _start_spark(self) -> None:
+        """The session (spark/setup.py decides master and settings). Locally the Python workers are
+        warmed up meanwhile; on a cluster the processor's code is shipped and every executor core
+        passes the preflight (driver/preflight.py) before anything is read."""
+        s = self.settings
+        faults.remember_driver()
+        self.spark = build_spark(s.master, s.app_id, s.spark_conf, ui_port=s.spark_ui_port,
+                                 cores_hint=self.input_partitions or None, echo=self.echo)
+        if is_local(self.spark.sparkContext.master):
+            threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
+                             daemon=True).start()
+            return
+        from txstream.driver.preflight import check_executors, describe
+        from txstream.spark.shipping import ship_processor_code
+
+        archive, module = ship_processor_code(self.spark, type(s.processor))
+        if archive is not None:
+            self.echo(f"shipping the processor's code to the executors: {archive.name} ({module})")
+        self.echo(describe(check_executors(self.spark, s.clients.admin(), module)))
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -183,12 +203,9 @@ class Driver:
             self.telemetry.event("fatal", None, error_type=type(understand(exc)).__name__, error=one_line(exc))
             self.close()
             raise
-        if self.spark is None:
-            faults.remember_driver()
-            self.spark = build_spark(s.master, s.app_id, s.spark_conf, ui_port=s.spark_ui_port)
-            threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
-                             daemon=True).start()
         try:
+            if self.spark is None:
+                self._start_spark()
             s.processor.setup(self.spark)
             self.validate()
             self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
@@ -287,7 +304,8 @@ class Driver:
                        f"txstream {self.settings.app_id}: dry run of {len(plans)} range(s) (isolating a record)",
                        interruptOnCancel=True)
         try:
-            self.output_frame(plans).mapInArrow(count_rows, "rows long").collect()
+            count = functools.partial(count_rows, self.specs.for_reading(self.batch_id, plans))
+            self.output_frame(plans).mapInArrow(count, "rows long").collect()
             return None
         except Exception as exc:
             return understand(exc)
@@ -395,7 +413,6 @@ class Driver:
                 self.echo(f"batch {self.batch_id} exceeded {limit:.0f}s; cancelling it")
                 sc.cancelJobGroup(job_group)
                 cancelled = True
-        shutil.rmtree(os.path.join(self.side_dir, f"batch-{self.batch_id}"), ignore_errors=True)
         if "error" in outcome:
             if cancelled:
                 raise BatchTimeout(f"batch {self.batch_id} cancelled after {limit:.0f}s "
@@ -489,7 +506,6 @@ class Driver:
         if self.spark is not None and self._own_spark:
             self.spark.stop()
             self.spark = None
-        shutil.rmtree(self.side_dir, ignore_errors=True)
         self.telemetry.close()
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 
 from txstream.settings import RunSettings
 from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec
@@ -13,8 +14,9 @@ class TaskSpecs:
 
     def __init__(self, settings: RunSettings) -> None:
         s = settings
-        # The readers' side files (task/sidefile.py), one directory per run.
-        self.side_dir = tempfile.mkdtemp(prefix=f"txstream-{s.app_id}-")
+        # The readers' side files (task/sidefile.py): a directory of this name in each executor's
+        # own local directory, one per run.
+        self.side_dir = f"txstream-{s.app_id}-{uuid.uuid4().hex[:12]}"
         # Owner markers of cached producers (task/publisher.py), shared by the run's workers.
         self.owner_dir = os.path.join(tempfile.gettempdir(), "txstream-owners", s.app_id)
         self.read = ReadSpec(clients=s.clients, app_id=s.app_id, side_dir=self.side_dir,

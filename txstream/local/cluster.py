@@ -144,7 +144,12 @@ class Node:
 
 @dataclass
 class LocalKafkaCluster:
-    """One or more combined broker+controller KRaft nodes on localhost.
+    """One or more combined broker+controller KRaft nodes on this machine.
+
+    Clients reach them at `listen` (default localhost); `advertise` is the address the brokers
+    tell clients to use (default: `listen`, or this machine's name when listening on 0.0.0.0), so
+    a broker listening on a network address serves Spark executors on other hosts. The
+    controllers always talk over localhost.
 
     Broker i listens on `port + i`, its controller on `port + 100 + i`. With three nodes the
     internal topics use replication 3 and min ISR 2, as Kafka's transactions system test does.
@@ -162,6 +167,8 @@ class LocalKafkaCluster:
     cluster_id: str = ""
     die_with_parent: bool = False  # tests: the JVMs die when the test process dies
     sasl_users: dict[str, str] | None = None
+    listen: str = "localhost"
+    advertise: str = ""
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -171,30 +178,43 @@ class LocalKafkaCluster:
                                os.path.join(self.data_dir, f"node-{i + 1}")) for i in range(self.brokers)]
 
     @property
+    def advertised_host(self) -> str:
+        if self.advertise:
+            return self.advertise
+        return socket.getfqdn() if self.listen in ("0.0.0.0", "::", "") else self.listen
+
+    @property
     def bootstrap_servers(self) -> str:
-        return ",".join(f"localhost:{n.port}" for n in self.nodes)
+        return ",".join(f"{self.advertised_host}:{n.port}" for n in self.nodes)
 
     @property
     def sasl_bootstrap_servers(self) -> str | None:
         """The SASL_PLAINTEXT (PLAIN) listeners, when `sasl_users` is set."""
         if not self.sasl_users:
             return None
-        return ",".join(f"localhost:{self._sasl_port(n)}" for n in self.nodes)
+        return ",".join(f"{self.advertised_host}:{self._sasl_port(n)}" for n in self.nodes)
+
+    def _bind_host(self) -> str:
+        """The address the client listeners bind (for checking a port is free or taken)."""
+        if self.listen in ("", "::", "0.0.0.0"):
+            return "0.0.0.0"
+        return "127.0.0.1" if self.listen == "localhost" else self.listen
 
     @staticmethod
     def _sasl_port(node: Node) -> int:
         return node.port + 200
 
     def _listeners(self, node: Node) -> list[str]:
+        host, public = self.listen, self.advertised_host
         if not self.sasl_users:
-            return [f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://localhost:{node.port}",
+            return [f"listeners=PLAINTEXT://{host}:{node.port},CONTROLLER://localhost:{node.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://{public}:{node.port}",
                     "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
         sasl = self._sasl_port(node)
         users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
-        return [f"listeners=PLAINTEXT://localhost:{node.port},CONTROLLER://localhost:{node.controller_port},"
-                f"SASL_PLAINTEXT://localhost:{sasl}",
-                f"advertised.listeners=PLAINTEXT://localhost:{node.port},SASL_PLAINTEXT://localhost:{sasl}",
+        return [f"listeners=PLAINTEXT://{host}:{node.port},CONTROLLER://localhost:{node.controller_port},"
+                f"SASL_PLAINTEXT://{host}:{sasl}",
+                f"advertised.listeners=PLAINTEXT://{public}:{node.port},SASL_PLAINTEXT://{public}:{sasl}",
                 "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
                 "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
                 "listener.name.sasl_plaintext.plain.sasl.jaas.config="
@@ -257,8 +277,10 @@ class LocalKafkaCluster:
                               f"(pids {', '.join(map(str, existing.alive_pids()))}); "
                               "`txstream kafka down` stops it.")
         for node in self.nodes:
-            for port in (node.port, node.controller_port, *([self._sasl_port(node)] if self.sasl_users else [])):
-                if not port_is_free(port):
+            client_host = self._bind_host()
+            for port, host in ((node.port, client_host), (node.controller_port, "127.0.0.1"),
+                               *([(self._sasl_port(node), client_host)] if self.sasl_users else [])):
+                if not port_is_free(port, host):
                     raise BrokerError(f"Port {port} is already in use; pick another with --port "
                                       "(or stop what listens there).")
         libs = kafka_libs(progress)
@@ -340,7 +362,7 @@ class LocalKafkaCluster:
                 raise BrokerError(f"Kafka node {node.node_id} exited during start-up. "
                                   f"{self.log_errors(node)}Last lines of {node.log_file}:\n{self.log_tail(node)}")
             fresh_log = _read(node.log_file)[self._log_offsets.get(node.node_id, 0):]
-            if not port_is_free(node.port) and "Kafka Server started" in fresh_log:
+            if not port_is_free(node.port, self._bind_host()) and "Kafka Server started" in fresh_log:
                 return
             time.sleep(0.2)
         raise BrokerError(f"Kafka node {node.node_id} did not come up within {timeout:.0f}s. "

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from txstream.local.paths import cache_dir
+from txstream.spark.setup import SparkSetup, is_local, resolve, ui_settings, under_spark_submit
 
 log = logging.getLogger("txstream")
 
@@ -80,48 +81,48 @@ def _java_options(spark_conf: dict[str, str], home: str) -> str:
     return options
 
 
-def ui_settings(master: str, ui_port: int | None) -> dict[str, str]:
-    """The Spark UI: off on a local master (a short run on a laptop has no use for it), on for a
-    cluster (where a Spark user looks for jobs and executors), on at `ui_port` when one is given.
-    A user's own --conf spark.ui.* wins over both."""
-    if ui_port is not None:
-        return {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
-    return {"spark.ui.enabled": "false" if master.startswith("local") else "true"}
-
-
-def build_spark(master: str = "local[*]", app_name: str = "txstream", spark_conf: dict[str, str] | None = None,
-                ui_port: int | None = None):
-    """A Spark session whose Python workers use this interpreter (pyarrow, confluent_kafka)."""
+def _local_environment(setup: SparkSetup) -> None:
+    """Local masters only (spark/setup.py): Python workers on this interpreter (unless the user
+    chose one), with the current directory importable, from a SPARK_HOME without pyspark's zips;
+    the driver JVM maps the class archive."""
     if "SPARK_HOME" not in os.environ:
         os.environ["SPARK_HOME"] = spark_home()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if "PYSPARK_PYTHON" not in os.environ and "spark.pyspark.python" not in setup.user_conf:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    if "PYSPARK_DRIVER_PYTHON" not in os.environ and "spark.pyspark.driver.python" not in setup.user_conf:
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     paths = [os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p) and p.startswith(os.getcwd())]]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    java_options = _java_options(setup.user_conf | setup.to_set, os.environ["SPARK_HOME"])
+    if java_options:
+        setup.to_set["spark.driver.extraJavaOptions"] = java_options
+
+
+def _submitted_conf() -> dict[str, str] | None:
+    """Under spark-submit: the settings its JVM was started with (--master, --conf, defaults)."""
+    if not under_spark_submit():
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    # Connects to spark-submit's JVM (no session yet); pyspark has no public call for this.
+    SparkContext._ensure_initialized()  # noqa: SLF001
+    return dict(SparkConf().getAll())
+
+
+def build_spark(master: str | None = None, app_name: str = "txstream", spark_conf: dict[str, str] | None = None,
+                ui_port: int | None = None, cores_hint: int | None = None, echo=None):
+    """The run's Spark session: the user's master and settings first (spark/setup.py)."""
     from pyspark.sql import SparkSession
 
-    if master.startswith("local[") and "," not in master:
-        # Retry a failed task once, as a cluster would (local mode's default is no retry). Not
-        # more: a record that fails the transform fails every attempt, and isolating it
-        # (poison.py) runs several short jobs that each pay for the retries.
-        master = master[:-1] + ",2]"
-    spark_conf = dict(spark_conf or {})
-    java_options = _java_options(spark_conf, os.environ["SPARK_HOME"])
-    if java_options:
-        spark_conf["spark.driver.extraJavaOptions"] = java_options
-    conf = {
-        **ui_settings(master, ui_port),
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.python.worker.reuse": "true",
-        "spark.python.daemon.module": "txstream.spark.worker_daemon",
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
-        "spark.sql.shuffle.partitions": "8",
-        "spark.driver.memory": "2g",
-        **spark_conf,
-    }
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in conf.items():
+    setup = resolve(master, dict(spark_conf or {}), _submitted_conf(), ui_port=ui_port, cores_hint=cores_hint)
+    if setup.local:
+        _local_environment(setup)
+    if echo is not None:
+        echo(setup.describe())
+    builder = SparkSession.builder.appName(app_name)
+    if setup.master is not None:
+        builder = builder.master(setup.master)
+    for key, value in setup.to_set.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("TXSTREAM_SPARK_LOG_LEVEL", "ERROR"))
@@ -141,7 +142,11 @@ def _import_engine(batches):
 def warm_python_workers(spark) -> None:
     """Start Spark's Python workers and import the engine in them while the driver validates the
     transform and joins the group, instead of in the first batch (seconds on a busy machine).
-    Two chained mapInArrow calls, as a batch has (reader, publisher): two workers per core."""
+    Two chained mapInArrow calls, as a batch has (reader, publisher): two workers per core.
+    Local masters only: on a cluster the executor preflight (driver/preflight.py) checks the
+    executors instead, and says what it finds."""
+    if not is_local(spark.sparkContext.master):
+        return
     try:
         slots = spark.sparkContext.defaultParallelism
         from pyspark.sql import types as T
@@ -149,8 +154,8 @@ def warm_python_workers(spark) -> None:
         ids = T.StructType([T.StructField("id", T.LongType(), False)])
         (spark.range(0, slots, 1, slots).mapInArrow(_import_engine, ids)
          .mapInArrow(_import_engine, ids).collect())
-    except Exception as exc:
-        log.debug("warming up Python workers: %s", exc)
+    except Exception as exc:   # the first batch meets the same cause and reports it by type
+        log.warning("warming up the Python workers failed: %s", str(exc).strip().splitlines()[0][:300])
 
 
 def _representative_job(spark) -> None:
@@ -196,7 +201,7 @@ def main() -> int:
     return 0
 
 
-__all__ = ["build_spark", "class_archive", "spark_home", "warm_python_workers", "write_class_archive"]
+__all__ = ["build_spark", "class_archive", "spark_home", "ui_settings", "warm_python_workers", "write_class_archive"]
 
 
 if __name__ == "__main__":

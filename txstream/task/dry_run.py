@@ -1,7 +1,8 @@
 """The sink of a dry run: computes the transform over planned ranges and publishes nothing.
 
 The driver's poison isolator (driver/poison.py) runs these to find the record a transform fails
-on; a task here only counts the rows that reach it.
+on; a task here only counts the rows that reach it, and takes the reader's side file (which
+says nothing a dry run needs) so that it does not stay behind.
 """
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from txstream.task.sidefile import read_side_file
+from txstream.task.spec import ReadSpec
+
 COUNT_SCHEMA = pa.schema([("rows", pa.int64())])
 
 
-def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def count_rows(spec: ReadSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     total = sum(batch.num_rows for batch in batches)
+    read_side_file(spec.side_dir, spec.batch_id)
     yield pa.RecordBatch.from_pylist([{"rows": total}], schema=COUNT_SCHEMA)

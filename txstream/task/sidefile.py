@@ -4,19 +4,55 @@ Records that cannot be decoded never enter the DataFrame; the reader writes them
 to a small file keyed by the Spark task attempt, which the publisher downstream in the same task
 picks up once its own input is exhausted and sends to the dead-letter topic inside the same
 transaction. The publisher removes the file when it takes it.
+
+The files live in the executor's own local directory (Spark's SPARK_LOCAL_DIRS, removed when the
+application ends), never in a path the driver made: on a cluster the driver's directories do not
+exist on the executors' hosts. `side_dir` is only a run's directory *name* under it. A file an
+attempt left behind (it died between reading and publishing) is swept by a later task of the
+same run on that executor once its batch is over.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from txstream.task.probe import local_dirs
+
+_NAME = re.compile(r"b(\d+)-a(\d+)\.\w+$")
+
+
+def run_directory(side_dir: str) -> Path:
+    """This run's directory in the executor's first local directory."""
+    return Path(local_dirs()[0]) / side_dir
+
 
 def side_file(side_dir: str, batch_id: int, task_attempt: int, kind: str) -> Path:
     """Where a task attempt's reader leaves dead letters and counts for its publisher."""
-    return Path(side_dir) / f"batch-{batch_id}" / f"attempt-{task_attempt}.{kind}"
+    return run_directory(side_dir) / f"b{batch_id}-a{task_attempt}.{kind}"
+
+
+def sweep(side_dir: str, batch_id: int) -> int:
+    """Remove files of batches before `batch_id - 1` (their tasks are over: the driver plans
+    batch b only after b-1 ended, and a cancelled b-1's stragglers are given one batch's grace).
+    Returns how many were removed."""
+    removed = 0
+    try:
+        entries = list(os.scandir(run_directory(side_dir)))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _NAME.match(entry.name)
+        if match and int(match.group(1)) < batch_id - 1:
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
 
 
 def current_task_attempt() -> int:
@@ -53,4 +89,5 @@ def read_side_file(side_dir: str, batch_id: int) -> ReadResult | None:
     except FileNotFoundError:
         return None
     path.unlink(missing_ok=True)
+    sweep(side_dir, batch_id)
     return result

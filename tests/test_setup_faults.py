@@ -102,7 +102,7 @@ def test_a_side_directory_that_cannot_be_written(bootstrap_servers, make_topic, 
     finally:
         Path(where).unlink(missing_ok=True)
     message = str(failure.value)
-    assert "NotADirectoryError" in message and name in message, (message, lines)
+    assert "FileExistsError" in message and name in message, (message, lines)
     assert "not because of the data" in message, message
     _nothing_happened(bootstrap_servers, source, output, dead, driver.settings.app_id)
 

@@ -23,6 +23,7 @@ is described in docs/architecture.md.
 """
 from __future__ import annotations
 
+import builtins
 import enum
 import re
 from collections.abc import Sequence
@@ -288,13 +289,12 @@ ROW_LEVEL_CONDITIONS = frozenset({
     "DATETIME_FIELD_OUT_OF_BOUNDS", "INVALID_UTF8_STRING", "MALFORMED_RECORD_IN_PARSING",
 })
 
-# Python exception types that never depend on a row: the worker's environment failed.
+# Python exception types that never depend on a row: the worker's environment failed (every
+# OSError kind: files, sockets, processes).
 _ENVIRONMENT_TYPES = frozenset({
-    "ImportError", "ModuleNotFoundError", "OSError", "PermissionError", "FileNotFoundError",
-    "IsADirectoryError", "NotADirectoryError", "MemoryError", "SystemExit", "KeyboardInterrupt",
-    "ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "BrokenPipeError",
-    "EOFError", "TimeoutError", "pickle.UnpicklingError", "_pickle.UnpicklingError",
-    "cloudpickle.PicklingError",
+    "ImportError", "ModuleNotFoundError", "MemoryError", "SystemExit", "KeyboardInterrupt",
+    "EOFError", "pickle.UnpicklingError", "_pickle.UnpicklingError", "cloudpickle.PicklingError",
+    *(name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, OSError)),
 })
 
 # Frames of these packages are the engine's, not the user's.

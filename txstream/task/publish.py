@@ -58,12 +58,16 @@ def _new_publisher(spec: PublishSpec, plan: PartitionPlan) -> TransactionalPubli
 def _publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[TransactionalPublisher, bool]:
     """The cached publisher for this partition, or a new initialised one. (publisher, fresh)."""
     tid = plan.transactional_id
-    # Producers that another worker fenced since are dead weight (threads, sockets): close them,
-    # so across all workers there is about one live producer per input partition.
-    for stale in [t for t, p in _PUBLISHERS.items() if not p.still_owner()]:
+    now = time.monotonic()
+    # Producers that another worker fenced since, or that no task of this worker used for a
+    # while (their partitions' tasks run elsewhere now), are dead weight (threads, sockets):
+    # close them, so that across all hosts there is about one live producer per input partition.
+    for stale in [t for t, p in _PUBLISHERS.items()
+                  if t != tid and (not p.still_owner() or now - p.last_used > spec.producer_idle_s)]:
         _drop_publisher(stale)
     publisher = _PUBLISHERS.get(tid)
     if publisher is not None:
+        publisher.last_used = now
         return publisher, False
     publisher = _new_publisher(spec, plan)
     publisher.init()
@@ -75,6 +79,11 @@ def _drop_publisher(tid: str) -> None:
     publisher = _PUBLISHERS.pop(tid, None)
     if publisher is not None:
         publisher.close()
+
+
+def cached_publishers() -> list[str]:
+    """The transactional.ids this Python worker keeps a producer for (tests, diagnostics)."""
+    return sorted(_PUBLISHERS)
 
 
 def publish_partition(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -127,9 +136,8 @@ def _take_side_file(spec: PublishSpec, result: TaskResult) -> list[tuple[Any, ..
     return read.dead_letters
 
 
-def _collect_dead_letters(spec: PublishSpec, plan: PartitionPlan, collector: RecordCollector,
-                          result: TaskResult) -> int:
-    """Add the reader's undecodable records (its side file) to this range's output."""
+def _dead_letters_of_range(spec: PublishSpec, plan: PartitionPlan, result: TaskResult) -> list[tuple[Any, ...]]:
+    """The reader's undecodable records of this range (its side file, taken once)."""
     dead = _take_side_file(spec, result)
     if dead and not spec.dead_letter_topic:
         _key, _value, _h, _ts, offset, stage, error = dead[0]
@@ -137,19 +145,22 @@ def _collect_dead_letters(spec: PublishSpec, plan: PartitionPlan, collector: Rec
             f"record {plan.topic}[{plan.partition}]@{offset} failed at {stage}: {error}. "
             f"{len(dead)} record(s) of this range failed; declare a dead_letter_topic on the processor "
             "(or --dead-letter-topic) to set such records aside. Nothing of this range was published.")
-    for record in dead:
-        collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
-    return len(dead)
+    return dead
 
 
 def _publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
                            result: TaskResult) -> None:
+    """docs/architecture.md §3.4. The range's records are kept (collector.py), so that a new
+    transaction after an abort or a fence replays them and then goes on with the rest of the input."""
     from confluent_kafka import TopicPartition
 
     tid = plan.transactional_id
     publisher, fresh = _publisher(spec, plan)
     result.init_s = publisher.init_seconds if fresh else 0.0
     collector: RecordCollector | None = None
+    input_done = False
+    dead: list[tuple[Any, ...]] | None = None   # the side file's records, once the input is done
+    dead_added = 0
     for attempt in range(1, 4):
         result.attempts = attempt
         # After init_transactions, nothing older can still commit: the committed offset is final.
@@ -164,15 +175,23 @@ def _publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iter
         try:
             publisher.begin()
             faults.maybe_fail("publish.before_produce", plan)
-            if collector is None:
-                collector = _collector(spec, plan, publisher.producer)
-                _produce_all(collector, batches, result, plan)
-                result.dead_letters = _collect_dead_letters(spec, plan, collector, result)
-            else:
-                started = time.perf_counter()
-                collector.producer = publisher.producer
-                collector.replay()
-                result.produce_s += time.perf_counter() - started
+            with publisher.producing():
+                if collector is None:
+                    collector = _collector(spec, plan, publisher.producer)
+                else:
+                    started = time.perf_counter()
+                    collector.producer = publisher.producer
+                    collector.replay()
+                    result.produce_s += time.perf_counter() - started
+                if not input_done:
+                    _produce_all(collector, batches, result, plan)
+                    input_done = True
+                if dead is None:
+                    dead = _dead_letters_of_range(spec, plan, result)
+                while dead_added < len(dead):
+                    dead_added += 1   # kept by the collector before it is produced: replayed if need be
+                    collector.add_dead_letter(spec.dead_letter_topic, dead[dead_added - 1], spec.app_id)
+                result.dead_letters = len(dead)
             started = time.perf_counter()
             publisher.send_offsets([TopicPartition(plan.topic, plan.partition, plan.end)], spec.group_metadata)
             faults.maybe_fail("publish.before_commit", plan)
@@ -192,10 +211,13 @@ def _publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iter
         except FencedError as exc:
             _drop_publisher(tid)
             if fresh:
-                result.status, result.message = FENCED, str(exc)
+                # Fenced during this task: another attempt of this range (a speculative copy, a
+                # retry on another host) initialised the id after us and owns the range now.
+                result.status, result.committed, result.message = _outcome_of_other_attempt(spec, plan, exc)
                 return
-            # Our cached producer was fenced by another worker since the last batch: start
-            # afresh (which fences that one) and publish the kept records.
+            # Our cached producer was fenced by a producer elsewhere (another worker, another
+            # host) since this worker's last batch: start afresh (which fences that one, if it
+            # still lives) and publish the kept records, then the rest.
             publisher, fresh = _publisher(spec, plan)
             result.init_s += publisher.init_seconds
             continue
@@ -206,6 +228,26 @@ def _publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iter
                 _drop_publisher(tid)
             raise
     raise AbortableError(f"{tid}: gave up after {result.attempts} aborted attempts: {result.message}")
+
+
+def _outcome_of_other_attempt(spec: PublishSpec, plan: PartitionPlan, fence: FencedError) -> tuple[str, int, str]:
+    """What became of the range after another attempt fenced this one: wait (up to the
+    transaction timeout, the longest its transaction can stay open) until it committed the
+    range (ALREADY_DONE) or something else moved the offset (STALE_PLAN); else FENCED.
+
+    Reporting at once would let Spark take this attempt's result as the task's and kill the
+    attempt that owns the range, perhaps before its commit (speculation): the range would then
+    be re-planned and read again. Waiting, the first result Spark sees is a finished range."""
+    deadline = time.monotonic() + spec.transaction_timeout_s
+    current: int | None = plan.committed
+    while time.monotonic() < deadline:
+        current = committed_offset(spec, plan.topic, plan.partition)
+        if current == plan.end:
+            return ALREADY_DONE, current, f"fenced by another attempt, which committed the range: {fence}"
+        if current != plan.committed:
+            return STALE_PLAN, current if current is not None else -1, f"fenced; the offset moved to {current}"
+        time.sleep(0.2)
+    return FENCED, current if current is not None else -1, str(fence)
 
 
 def _group_moved_codes() -> set[int]:
@@ -238,7 +280,10 @@ def _publish_plain(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.
     _PLAIN_ERRORS.clear()
     collector = _collector(spec, plan, producer)
     _produce_all(collector, batches, result, plan)
-    result.dead_letters = _collect_dead_letters(spec, plan, collector, result)
+    dead = _dead_letters_of_range(spec, plan, result)
+    for record in dead:
+        collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
+    result.dead_letters = len(dead)
     started = time.perf_counter()
     remaining = producer.flush(spec.timeout_s)
     result.commit_s = time.perf_counter() - started  # waiting for the acknowledgements

@@ -6,16 +6,19 @@ after an unknown commit outcome would duplicate), abortable (abort, publish the 
 fenced or fatal (a newer attempt owns the transactional.id: stop, publish nothing more).
 
 Producers are kept per Python worker across batches. A shared "owner" marker per
-transactional.id tells a worker that another worker has initialised that id since (and so
-fenced it), so it starts afresh instead of discovering the fence at commit time.
+transactional.id tells a worker that another worker on the same host has initialised that id
+since (and so fenced it), so it starts afresh instead of discovering the fence at commit time. A
+producer fenced from another host is found out by the broker's answer, at produce, send_offsets or
+commit: `producing()` and the calls below turn that into FencedError like any other fence.
 """
 from __future__ import annotations
 
 import os
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from txstream.errors import AbortableError, FatalKafkaError, FencedError, classify_kafka, kafka_error_of
 
@@ -37,6 +40,7 @@ class TransactionalPublisher:
         self._owner_path = Path(owner_dir) / transactional_id if owner_dir else None
         self._token = f"{os.getpid()}-{uuid.uuid4().hex}"
         self.in_transaction = False
+        self.last_used = time.monotonic()
 
     def _on_delivery(self, err, _msg) -> None:
         if err is not None:
@@ -69,6 +73,17 @@ class TransactionalPublisher:
             return self._owner_path.read_text() == self._token
         except OSError:
             return False
+
+    @contextmanager
+    def producing(self) -> Iterator[None]:
+        """Around produce() calls (collector.py): a Kafka error they raise (the producer was fenced
+        and is now in a fatal state) is classified like the transactional calls' errors."""
+        try:
+            yield
+        except Exception as exc:
+            if kafka_error_of(exc) is None:
+                raise
+            raise self._classify(exc, "produce") from exc
 
     def begin(self) -> None:
         self.delivery_errors.clear()

@@ -95,6 +95,9 @@ class PublishSpec:
     output_value_schema: dict | None = None
     dead_letter_topic: str | None = None
     lineage: bool = True
+    # A worker closes a cached producer that none of its tasks used for this long: its
+    # partition's tasks run elsewhere now (task/publish.py).
+    producer_idle_s: float = 120.0
     group_metadata: bytes | None = field(default=None, repr=False)
 
     @property

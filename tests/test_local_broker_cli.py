@@ -72,3 +72,24 @@ def test_missing_java_is_a_clear_error(cli_env: dict[str, str], tmp_path: Path) 
     assert up.returncode != 0
     assert ("Java was not found" in up.stderr or "Maven (`mvn`) was not found" in up.stderr), up.stderr
     assert "Traceback" not in up.stderr
+
+
+def test_up_listens_and_advertises_the_address_asked(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """`--listen` another address (here 127.0.0.2, a loopback address that is not 127.0.0.1): the
+    brokers advertise it, clients there get transactions, and nothing listens on 127.0.0.1."""
+    import socket
+
+    port = free_port_block(1)
+    up = _txstream(cli_env, "kafka", "up", "--port", str(port), "--data-dir", str(tmp_path / "data"),
+                   "--listen", "127.0.0.2")
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.strip() == f"127.0.0.2:{port}"
+    check = _txstream(cli_env, "kafka", "check", "-b", f"127.0.0.2:{port}", "--timeout", "30")
+    assert check.returncode == 0, check.stdout + check.stderr
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0, "the broker also listens on 127.0.0.1"
+    # The metadata names the advertised address: a client that bootstraps there is told to stay there.
+    from confluent_kafka.admin import AdminClient
+
+    brokers = AdminClient({"bootstrap.servers": f"127.0.0.2:{port}"}).list_topics(timeout=30).brokers
+    assert {(b.host, b.port) for b in brokers.values()} == {("127.0.0.2", port)}

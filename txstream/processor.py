@@ -41,7 +41,14 @@ class Processor:
     spark_conf: ClassVar[dict[str, str]] = {}
 
     def setup(self, spark: SparkSession) -> None:
-        """Called once per run, before the first batch (load lookup tables, register UDFs)."""
+        """Called once per run on the driver, before the first batch (load lookup tables, register
+        UDFs, broadcast small tables). What it builds as DataFrames or broadcasts reaches the
+        executors through Spark; Python objects it leaves on `self` do not, except as captured by
+        the UDFs the transform uses (pickled with them). On a cluster, import what UDFs need from
+        the processor's own package or module (shipped with the job: docs/cluster.md) or from
+        libraries installed on the executors, not from files only the driver's host has."""
 
     def transform(self, batch: DataFrame) -> DataFrame:
+        """Runs on the driver each batch, building the DataFrame plan; its expressions and UDFs run
+        in the executors' tasks."""
         raise NotImplementedError(f"{type(self).__name__} must implement transform(batch)")

@@ -88,6 +88,7 @@ class Run:
     log_path: Path
     proc: subprocess.Popen | None = None
     started: float = 0.0
+    cwd: Path | None = None   # default: the repository
 
     def start(self) -> "Run":
         # The shell records its own pid (== the new session's process group) for faults.py's
@@ -96,7 +97,7 @@ class Run:
         self.log = open(self.log_path, "ab")
         self.log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {' '.join(self.args)}\n".encode())
         self.log.flush()
-        self.proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=REPO, env=self.env,
+        self.proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=self.cwd or REPO, env=self.env,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
                                      start_new_session=True, preexec_fn=die_with_parent)
         self.started = time.monotonic()
@@ -202,6 +203,7 @@ class App:
     log_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="txstream-chaos-log-"))
     runs: list[Run] = field(default_factory=list)
     env_extra: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None   # where `txstream run` starts (default: the repository)
 
     def command(self, until_caught_up: bool) -> list[str]:
         args = [sys.executable, "-m", "txstream.cli", "run", self.processor,
@@ -222,7 +224,7 @@ class App:
 
     def start(self, until_caught_up: bool = True) -> Run:
         run = Run(self.command(until_caught_up), self.environment(),
-                  Path(self.log_dir) / f"{self.app_id}.log").start()
+                  Path(self.log_dir) / f"{self.app_id}.log", cwd=self.cwd).start()
         self.runs.append(run)
         return run
 

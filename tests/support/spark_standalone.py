@@ -53,6 +53,7 @@ class SparkStandalone:
         self.master_url = f"spark://{hosts.gateway}:{self.port}"
         self.workers: list[tuple[Host, subprocess.Popen]] = []
         spark_class = str(_spark_package() / "bin" / "spark-class")
+        self._worker_args = (cores_per_worker, worker_memory)
         # A dead worker is noticed after spark.worker.timeout (60 s by default): 8 s here. Workers
         # heartbeat every quarter of their own setting, so both sides get it. Executors killed on
         # purpose must not get the app removed (spark.deploy.maxExecutorRetries).
@@ -68,20 +69,35 @@ class SparkStandalone:
             self._wait(lambda s: s.get("status") == "ALIVE", timeout, "the master to come up")
             for i in range(workers):
                 host = hosts.add_host(f"w{i + 1}")
-                log = open(self.log_dir / f"worker-{i + 1}.log", "ab")
-                self._logs.append(log)
-                proc = host.popen(
-                    [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", host.address,
-                     "--cores", str(cores_per_worker), "--memory", worker_memory,
-                     "--work-dir", "/tmp/spark-work", self.master_url],
-                    env=_daemon_env({"SPARK_LOCAL_DIRS": "/tmp/spark-local", "SPARK_LOCAL_IP": host.address,
-                                     "SPARK_WORKER_OPTS": WORKER_TIMEOUT}), stdout=log, stderr=subprocess.STDOUT,
-                    tmp_links=(tmp_links[i] if tmp_links and i < len(tmp_links) else None))
-                self.workers.append((host, proc))
+                self.workers.append((host, self._start_worker(host, i, cores_per_worker, worker_memory,
+                                                              tmp_links[i] if tmp_links and i < len(tmp_links) else None)))
             self._wait(lambda s: self._alive_workers(s) >= workers, timeout, f"{workers} workers to register")
         except BaseException:
             self.stop()
             raise
+
+    def _start_worker(self, host: Host, index: int, cores: int, memory: str,
+                      tmp_links: dict[str, str] | None) -> subprocess.Popen:
+        self._worker_args = (cores, memory)
+        log = open(self.log_dir / f"worker-{index + 1}.log", "ab")
+        self._logs.append(log)
+        return host.popen(
+            [str(_spark_package() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
+             "--host", host.address, "--cores", str(cores), "--memory", memory, "--work-dir", "/tmp/spark-work",
+             self.master_url],
+            env=_daemon_env({"SPARK_LOCAL_DIRS": "/tmp/spark-local", "SPARK_LOCAL_IP": host.address,
+                             "SPARK_WORKER_OPTS": WORKER_TIMEOUT}), stdout=log, stderr=subprocess.STDOUT,
+            tmp_links=tmp_links)
+
+    def restart_worker(self, index: int, timeout: float = 120.0) -> None:
+        """Start worker `index` again on its host (after kill_host) and wait until it is ALIVE."""
+        host = self.host(index)
+        self.workers[index] = (host, self._start_worker(host, index, *self._worker_args, None))
+        self._wait(lambda s: host.address in self.alive_workers_of(s), timeout, f"worker {index + 1} to re-register")
+
+    @staticmethod
+    def alive_workers_of(status: dict[str, Any]) -> list[str]:
+        return sorted(w["host"] for w in status.get("workers", []) if w.get("state") == "ALIVE")
 
     # -- status -------------------------------------------------------------------------------
 
@@ -95,7 +111,7 @@ class SparkStandalone:
 
     def alive_workers(self) -> list[str]:
         """The hosts of the workers the master sees alive."""
-        return sorted(w["host"] for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
+        return self.alive_workers_of(self.status())
 
     def _wait(self, condition, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

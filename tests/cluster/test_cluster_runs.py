@@ -1,0 +1,272 @@
+"""txstream on a Spark standalone cluster whose two workers are separate (simulated) hosts.
+
+The processor is a package written into the test's own directory (not installed, not on any
+host's path: the workers' /tmp is private), with a Python UDF in a module of its own, so every
+run depends on txstream shipping the code. Each scenario checks, as the chaos suite does, that
+the read_committed output is exactly the input (no duplicate, nothing missing), that a
+read_committed checker reading all along saw no duplicate, and that the audit (`txstream
+verify`'s) is clean; the Spark event log says on which hosts the tasks really ran.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import harness as h
+from tests.cluster.conftest import GOOD_ENV, SPLIT_ENV
+from tests.support.kafka import committed, read_all
+from tests.support.spark_standalone import SparkStandalone
+
+PARTITIONS = 4
+
+APP_FILES = {
+    "clusterapp/__init__.py": "",
+    "clusterapp/udfs.py": '''
+import time
+
+from pyspark.sql import functions as F, types as T
+
+
+@F.udf(returnType=T.BinaryType())
+def pass_slowly(value, partition, slow_partition, slow_ms):
+    """The value unchanged, after slow_ms on the slow partition (-1: every partition)."""
+    if slow_ms and slow_partition in (-1, partition):
+        time.sleep(slow_ms / 1000.0)
+    return value
+''',
+    "clusterapp/processor.py": '''
+import os
+
+from pyspark.sql import functions as F
+
+from clusterapp.udfs import pass_slowly
+from txstream import Processor
+
+
+class SlowPass(Processor):
+    def transform(self, batch):
+        slow_partition = int(os.environ.get("CLUSTERAPP_SLOW_PARTITION", "-1"))
+        slow_ms = int(os.environ.get("CLUSTERAPP_SLOW_MS", "0"))
+        return batch.select("key", pass_slowly("value", "partition", F.lit(slow_partition),
+                                               F.lit(slow_ms)).alias("value"), "offset")
+''',
+}
+PROCESSOR = "clusterapp.processor:SlowPass"
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    for name, text in APP_FILES.items():
+        path = tmp_path / "project" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path / "project"
+
+
+def _conf_args(conf: dict[str, str]) -> list[str]:
+    return [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
+
+
+def cluster_app(cluster: SparkStandalone, bootstrap: str, source: str, sink: str, app_dir: Path, *,
+                python: str = GOOD_ENV, cap: int = 100_000, conf: dict[str, str] | None = None,
+                env: dict[str, str] | None = None, dead_letter: str | None = None) -> h.App:
+    """`txstream run --master spark://...` from the project directory, its event log kept."""
+    events = app_dir.parent / "events"
+    events.mkdir(exist_ok=True)
+    settings = {**cluster.driver_conf(cores_max=2), "spark.pyspark.python": f"{python}/bin/python",
+                "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}", **(conf or {})}
+    master = settings.pop("spark.master")
+    extra = _conf_args(settings) + (["--dead-letter-topic", dead_letter] if dead_letter else [])
+    return h.App(bootstrap, source, sink, PARTITIONS, processor=PROCESSOR, cap=cap, master=master, extra=extra,
+                 env_extra=env or {}, cwd=app_dir)
+
+
+def task_attempts(app_dir: Path) -> list[dict]:
+    """Every task attempt of the run's publishing stages, from Spark's event log: stage, index,
+    attempt, host, speculative, and how it ended."""
+    attempts = []
+    for log in (app_dir.parent / "events").iterdir():
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("Event") == "SparkListenerTaskEnd":
+                info = event["Task Info"]
+                attempts.append({"stage": event["Stage ID"], "index": info["Index"], "attempt": info["Attempt"],
+                                 "host": info["Host"], "speculative": info["Speculative"],
+                                 "end": event["Task End Reason"]["Reason"], "killed": info.get("Killed", False)})
+    return attempts
+
+
+def _started(cluster: SparkStandalone, app: h.App, run: h.Run) -> None:
+    h.wait_for(lambda: "executor preflight passed" in app.log_text(), 240, "the executor preflight", run=run)
+
+
+def test_a_package_udf_runs_on_both_hosts_exactly_once(spark_standalone, hosts_kafka, hosts_topic, app_dir):
+    """The processor's package is shipped; the preflight passes on both hosts; the batches' tasks
+    run on both; the output is exact."""
+    source, sink = hosts_topic("cl-in", PARTITIONS), hosts_topic("cl-out", PARTITIONS)
+    expected = h.seed(hosts_kafka, source, PARTITIONS, h.scale(4_000, 40_000))
+    checker = h.Checker(hosts_kafka, sink, PARTITIONS)
+    app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(500, 2_000))
+    try:
+        checker.start()
+        code = app.start(until_caught_up=True).wait(600)
+        log = app.log_text()
+        assert code == 0, log[-4000:]
+        assert f"Spark master {spark_standalone.master_url} (from --master)" in log, log[-3000:]
+        assert "shipping the processor's code to the executors" in log and "(clusterapp.processor)" in log, log[-3000:]
+        preflight = next(line for line in log.splitlines() if "executor preflight passed" in line)
+        assert "w1 (" in preflight and "w2 (" in preflight, preflight
+        hosts = {a["host"] for a in task_attempts(app_dir) if a["end"] == "Success"}
+        assert hosts == {spark_standalone.host(0).address, spark_standalone.host(1).address}, hosts
+        checker.drain()
+        h.verdict("package UDF on two hosts", hosts_kafka, app, expected, checker=checker)
+    finally:
+        checker.stop_event.set()
+        app.destroy_all()
+
+
+@dataclass
+class SubmittedApp(h.App):
+    """The same app started by spark-submit, through `python -m txstream.submit --path`."""
+
+    submit_conf: dict[str, str] = field(default_factory=dict)
+
+    def command(self, until_caught_up: bool) -> list[str]:
+        args = super().command(until_caught_up)
+        run_args = args[args.index("run") + 1:]
+        at = run_args.index("--master")
+        del run_args[at:at + 2]   # spark-submit's --master is the one
+        entry = subprocess.run([sys.executable, "-m", "txstream.submit", "--path"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        spark_submit = str(Path(sys.executable).parent / "spark-submit")
+        return [spark_submit, "--master", self.master, *_conf_args(self.submit_conf), entry, "run", *run_args]
+
+
+def test_spark_submit_runs_the_app_on_the_cluster(spark_standalone, hosts_kafka, hosts_topic, app_dir):
+    """spark-submit's --master and --conf reach the run (txstream adds nothing over them)."""
+    source, sink = hosts_topic("sub-in", PARTITIONS), hosts_topic("sub-out", PARTITIONS)
+    expected = h.seed(hosts_kafka, source, PARTITIONS, h.scale(2_000, 20_000))
+    settings = {**spark_standalone.driver_conf(cores_max=2), "spark.pyspark.python": f"{GOOD_ENV}/bin/python",
+                "spark.pyspark.driver.python": sys.executable}
+    master = settings.pop("spark.master")
+    app = SubmittedApp(hosts_kafka, source, sink, PARTITIONS, processor=PROCESSOR, cap=h.scale(1_000, 5_000),
+                       master=master, cwd=app_dir, submit_conf=settings)
+    try:
+        code = app.start(until_caught_up=True).wait(600)
+        log = app.log_text()
+        assert code == 0, log[-4000:]
+        assert "(from spark-submit)" in log and "executor preflight passed" in log, log[-3000:]
+        h.verdict("spark-submit", hosts_kafka, app, expected)
+    finally:
+        app.destroy_all()
+
+
+def test_a_host_without_txstream_stops_the_run_before_anything_is_read(spark_standalone, hosts_kafka,
+                                                                       hosts_topic, app_dir):
+    """w2's interpreter (same path, another environment) lacks txstream: the preflight names the
+    host and what is missing; nothing is published, dead-lettered or committed."""
+    source, sink, dead = (hosts_topic("nt-in", PARTITIONS), hosts_topic("nt-out", PARTITIONS),
+                          hosts_topic("nt-dead", 1))
+    h.seed(hosts_kafka, source, PARTITIONS, 400)
+    app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, python=SPLIT_ENV, dead_letter=dead)
+    try:
+        code = app.start(until_caught_up=True).wait(300)
+        log = app.log_text()
+        assert code != 0, log[-3000:]
+        message = next((line for line in log.splitlines() if "executor preflight found" in line), "")
+        assert "1 host(s)" in message, log[-3000:]
+        host_line = next(line for line in log.splitlines() if line.strip().startswith("host w2 "))
+        assert spark_standalone.host(1).address in host_line and "txstream is not importable" in host_line, host_line
+        assert "host w1" not in log, log[-2000:]
+        assert read_all(hosts_kafka, sink, isolation="read_uncommitted", timeout=10) == []
+        assert read_all(hosts_kafka, dead, isolation="read_uncommitted", timeout=10) == []
+        assert set(committed(hosts_kafka, app.app_id, source, PARTITIONS).values()) == {None}
+    finally:
+        app.destroy_all()
+
+
+def test_speculative_copies_race_on_the_other_host(spark_standalone, hosts_kafka, hosts_topic, app_dir):
+    """spark.speculation with one slow (skewed) partition: Spark starts a copy of its publishing
+    task on the other host (it never speculates on the host of the original), both attempts run
+    under the range's transactional.id, and the range is published once."""
+    source, sink = hosts_topic("spec-in", PARTITIONS), hosts_topic("spec-out", PARTITIONS)
+    expected = h.seed(hosts_kafka, source, PARTITIONS, h.scale(800, 8_000))
+    checker = h.Checker(hosts_kafka, sink, PARTITIONS)
+    conf = {"spark.speculation": "true", "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5",
+            "spark.speculation.minTaskRuntime": "500ms", "spark.speculation.interval": "100ms",
+            # Spark >= 3.4 only speculates "inefficient" tasks unless this is off.
+            "spark.speculation.efficiency.enabled": "false"}
+    app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, conf=conf,
+                      env={"CLUSTERAPP_SLOW_PARTITION": "0", "CLUSTERAPP_SLOW_MS": "20"})
+    try:
+        checker.start()
+        code = app.start(until_caught_up=True).wait(600)
+        log = app.log_text()
+        assert code == 0, log[-4000:]
+        attempts = task_attempts(app_dir)
+        by_task: dict[tuple[int, int], list[dict]] = defaultdict(list)
+        for attempt in attempts:
+            by_task[(attempt["stage"], attempt["index"])].append(attempt)
+        raced = [(key, tries) for key, tries in by_task.items()
+                 if any(t["speculative"] for t in tries) and len({t["host"] for t in tries}) == 2]
+        assert raced, f"no speculative copy ran on the other host: {attempts}"
+        checker.drain()
+        h.verdict("speculation across hosts", hosts_kafka, app, expected, checker=checker,
+                  extra=f"{len(raced)} task(s) raced across the hosts")
+    finally:
+        checker.stop_event.set()
+        app.destroy_all()
+
+
+def _batches(log: str) -> int:
+    return len(re.findall(r"^batch \d+ ", log, re.M))
+
+
+def test_executors_killed_mid_batch_and_a_host_lost(spark_standalone, hosts_kafka, hosts_topic, app_dir):
+    """An executor JVM SIGKILLed mid-batch three times (alternating hosts, each time once a new
+    executor has replaced the last one), then every process of w2's host killed: the run goes
+    on, on w1 alone, and the output is exact. Runs last: it takes a worker down (restarted after)."""
+    source, sink = hosts_topic("kill-in", PARTITIONS), hosts_topic("kill-out", PARTITIONS)
+    expected = h.seed(hosts_kafka, source, PARTITIONS, h.scale(12_000, 120_000))
+    checker = h.Checker(hosts_kafka, sink, PARTITIONS)
+    # ~0.4 s of UDF per task: a kill lands inside a batch's tasks, not between batches.
+    app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(200, 1_000),
+                      env={"CLUSTERAPP_SLOW_MS": "2"})
+    kills: list[str] = []
+    try:
+        checker.start()
+        run = app.start(until_caught_up=True)
+        _started(spark_standalone, app, run)
+        for worker in (0, 1, 0):
+            h.wait_for(lambda w=worker: spark_standalone.executor_pids(w), 120,
+                       f"an executor on w{worker + 1}", run=run)
+            seen = _batches(app.log_text())
+            h.wait_for(lambda s=seen: _batches(app.log_text()) > s, 120, "the next batch", run=run)
+            killed = spark_standalone.kill_executors(worker)
+            assert killed, f"no executor to kill on w{worker + 1}"
+            kills.append(f"executor {killed} on w{worker + 1} after batch {_batches(app.log_text())}")
+        seen = _batches(app.log_text())
+        h.wait_for(lambda: _batches(app.log_text()) > seen + 1, 240, "batches after the executor kills", run=run)
+        spark_standalone.kill_host(1)
+        kills.append(f"host w2 after batch {_batches(app.log_text())}")
+        code = run.wait(900)
+        log = app.log_text()
+        assert code == 0, log[-5000:]
+        assert _batches(log) > seen + 2, "the run did not go on after the host was lost"
+        hosts_after = {a["host"] for a in task_attempts(app_dir) if a["end"] == "Success"}
+        assert spark_standalone.host(0).address in hosts_after
+        checker.drain()
+        h.verdict("executors killed, a host lost", hosts_kafka, app, expected, checker=checker,
+                  extra="; ".join(kills))
+    finally:
+        checker.stop_event.set()
+        app.destroy_all()
+        spark_standalone.restart_worker(1)
+

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint soak install kafka-jars spark-archive bench clean
+.PHONY: demo test test-fast lint soak install kafka-jars spark-archive host-tools bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,14 @@ spark-archive: install
 demo: kafka-jars spark-archive
 	$(PY) scripts/demo.py
 
+# The multi-host tests' tools (ip, unshare, nsenter): Debian's iproute2 and util-linux, installed
+# when missing (as root; without root those tests say so in the summary, and fail under CI).
+host-tools:
+	@command -v ip >/dev/null && command -v nsenter >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && apt-get install -y --no-install-recommends iproute2 util-linux; } || true
+
 # pytest exits 5 when no test ran; make then fails like on any other non-zero exit.
-test: kafka-jars spark-archive
+test: kafka-jars spark-archive host-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The unit tests only (no broker, no Spark, no subprocess; tests/conftest.py marks the others

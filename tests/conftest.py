@@ -17,6 +17,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tests.support.cluster import KafkaClusterFixture, create_cluster
 
 _BROKER_KIND = {"kind": "no broker (none of the selected tests needed one)"}
+# Set by tests/cluster/conftest.py: whether the simulated hosts could be made, or why not.
+MULTI_HOST = {"state": ""}
 
 # Fixtures that need a Kafka broker or a Spark session: a test using any of them (directly or
 # through another fixture) is an integration test.
@@ -95,6 +97,8 @@ def bootstrap_servers(kafka_cluster_factory: Callable[..., KafkaClusterFixture])
 
 def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"txstream tests ran against: {_BROKER_KIND['kind']}")
+    if MULTI_HOST["state"]:
+        terminalreporter.write_line(f"multi-host tests (tests/cluster): {MULTI_HOST['state']}")
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.conftest import MULTI_HOST
 from tests.support.hosts import SimulatedHosts, namespaces_available
 from tests.support.spark_standalone import SparkStandalone
 from txstream.local.cluster import LocalKafkaCluster, free_port_block
@@ -35,10 +36,12 @@ SPLIT_ENV = "/tmp/txs-env-b"
 def simulated_hosts() -> Iterator[SimulatedHosts]:
     ok, why = namespaces_available()
     if not ok:
+        MULTI_HOST["state"] = f"NOT RUN: {why}"
         if os.environ.get("TXSTREAM_CI") == "1":
             pytest.fail(f"the multi-host tests must run in CI, but {why}")
         pytest.skip(f"multi-host tests not run: {why}")
     hosts = SimulatedHosts()
+    MULTI_HOST["state"] = f"ran on simulated hosts (network namespaces on 10.77.{hosts.subnet}.0/24)"
     try:
         yield hosts
     finally:

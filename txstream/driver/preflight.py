@@ -75,10 +75,10 @@ def check_executors(spark, admin_config: dict[str, Any], processor_module: str |
     for answer in answers:
         answer["bootstrap"] = config.get("bootstrap.servers")
         for problem in differences(driver, answer):
-            by_host[(answer["host"], answer["address"])].add(problem)
+            by_host[(answer["host"], answer["address"], answer["executable"])].add(problem)
     if by_host:
-        lines = [f"  host {host} ({address}): " + "; ".join(sorted(problems))
-                 for (host, address), problems in sorted(by_host.items())]
+        lines = [f"  host {host} ({address}, Python {executable}): " + "; ".join(sorted(problems))
+                 for (host, address, executable), problems in sorted(by_host.items())]
         raise ExecutorEnvironmentError(
             f"the executor preflight found {len(by_host)} host(s) that cannot run this processor; nothing was "
             "read or published:\n" + "\n".join(lines))

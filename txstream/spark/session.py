@@ -115,6 +115,10 @@ def build_spark(master: str | None = None, app_name: str = "txstream", spark_con
     from pyspark.sql import SparkSession
 
     setup = resolve(master, dict(spark_conf or {}), _submitted_conf(), ui_port=ui_port, cores_hint=cores_hint)
+    if setup.user_conf.get("spark.pyspark.python"):
+        # Spark's precedence (the setting over PYSPARK_PYTHON); pyspark itself only reads the
+        # variable when a Python process starts the JVM, so the setting would be ignored.
+        os.environ["PYSPARK_PYTHON"] = setup.user_conf["spark.pyspark.python"]
     if setup.local:
         _local_environment(setup)
     if echo is not None:

@@ -44,7 +44,7 @@ class SparkStandalone:
 
     def __init__(self, hosts: SimulatedHosts, log_dir: Path, workers: int = 2, cores_per_worker: int = 1,
                  worker_memory: str = "1g", tmp_links: list[dict[str, str]] | None = None,
-                 timeout: float = 120.0) -> None:
+                 timeout: float = 120.0, name: str = "w") -> None:
         self.hosts = hosts
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,8 @@ class SparkStandalone:
         # heartbeat every quarter of their own setting, so both sides get it. Executors killed on
         # purpose must not get the app removed (spark.deploy.maxExecutorRetries).
         master_env = _daemon_env({"SPARK_MASTER_OPTS": f"{WORKER_TIMEOUT} -Dspark.deploy.maxExecutorRetries=-1"})
-        self._master_log = open(self.log_dir / "master.log", "ab")
+        self._name = name
+        self._master_log = open(self.log_dir / f"{name}-master.log", "ab")
         self.master = subprocess.Popen(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", hosts.gateway,
              "--port", str(self.port), "--webui-port", str(self.ui_port)],
@@ -68,7 +69,7 @@ class SparkStandalone:
         try:
             self._wait(lambda s: s.get("status") == "ALIVE", timeout, "the master to come up")
             for i in range(workers):
-                host = hosts.add_host(f"w{i + 1}")
+                host = hosts.add_host(f"{name}{i + 1}")
                 self.workers.append((host, self._start_worker(host, i, cores_per_worker, worker_memory,
                                                               tmp_links[i] if tmp_links and i < len(tmp_links) else None)))
             self._wait(lambda s: self._alive_workers(s) >= workers, timeout, f"{workers} workers to register")
@@ -79,7 +80,7 @@ class SparkStandalone:
     def _start_worker(self, host: Host, index: int, cores: int, memory: str,
                       tmp_links: dict[str, str] | None) -> subprocess.Popen:
         self._worker_args = (cores, memory)
-        log = open(self.log_dir / f"worker-{index + 1}.log", "ab")
+        log = open(self.log_dir / f"{self._name}{index + 1}-worker.log", "ab")
         self._logs.append(log)
         return host.popen(
             [str(_spark_package() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",

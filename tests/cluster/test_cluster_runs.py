@@ -81,7 +81,8 @@ def cluster_app(cluster: SparkStandalone, bootstrap: str, source: str, sink: str
     events = app_dir.parent / "events"
     events.mkdir(exist_ok=True)
     settings = {**cluster.driver_conf(cores_max=2), "spark.pyspark.python": f"{python}/bin/python",
-                "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}", **(conf or {})}
+                "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
+                "spark.eventLog.compress": "false", **(conf or {})}
     master = settings.pop("spark.master")
     extra = _conf_args(settings) + (["--dead-letter-topic", dead_letter] if dead_letter else [])
     return h.App(bootstrap, source, sink, PARTITIONS, processor=PROCESSOR, cap=cap, master=master, extra=extra,
@@ -92,7 +93,9 @@ def task_attempts(app_dir: Path) -> list[dict]:
     """Every task attempt of the run's publishing stages, from Spark's event log: stage, index,
     attempt, host, speculative, and how it ended."""
     attempts = []
-    for log in (app_dir.parent / "events").iterdir():
+    for log in (app_dir.parent / "events").rglob("*"):
+        if not log.is_file() or log.name.startswith("appstatus"):
+            continue
         for line in log.read_text().splitlines():
             event = json.loads(line)
             if event.get("Event") == "SparkListenerTaskEnd":

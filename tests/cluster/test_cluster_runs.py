@@ -97,6 +97,8 @@ def task_attempts(app_dir: Path) -> list[dict]:
         if not log.is_file() or log.name.startswith("appstatus"):
             continue
         for line in log.read_text().splitlines():
+            if not line.startswith("{"):
+                continue
             event = json.loads(line)
             if event.get("Event") == "SparkListenerTaskEnd":
                 info = event["Task Info"]

@@ -55,7 +55,7 @@ def _new_publisher(spec: PublishSpec, plan: PartitionPlan) -> TransactionalPubli
                                   spec.owner_dir, spec.timeout_s)
 
 
-def _publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[TransactionalPublisher, bool]:
+def partition_publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[TransactionalPublisher, bool]:
     """The cached publisher for this partition, or a new initialised one. (publisher, fresh)."""
     tid = plan.transactional_id
     now = time.monotonic()
@@ -64,7 +64,7 @@ def _publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[TransactionalPub
     # close them, so that across all hosts there is about one live producer per input partition.
     for stale in [t for t, p in _PUBLISHERS.items()
                   if t != tid and (not p.still_owner() or now - p.last_used > spec.producer_idle_s)]:
-        _drop_publisher(stale)
+        drop_publisher(stale)
     publisher = _PUBLISHERS.get(tid)
     if publisher is not None:
         publisher.last_used = now
@@ -75,7 +75,7 @@ def _publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[TransactionalPub
     return publisher, True
 
 
-def _drop_publisher(tid: str) -> None:
+def drop_publisher(tid: str) -> None:
     publisher = _PUBLISHERS.pop(tid, None)
     if publisher is not None:
         publisher.close()
@@ -94,7 +94,7 @@ def publish_partition(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> I
     plan = spec.plans[index]
     result = TaskResult(index)
     if spec.guarantee == EXACTLY_ONCE:
-        _publish_transactional(spec, plan, batches, result)
+        publish_transactional(spec, plan, batches, result)
     else:
         _publish_plain(spec, plan, batches, result)
     _take_side_file(spec, result)  # if no path above took it (an early return)
@@ -148,14 +148,14 @@ def _dead_letters_of_range(spec: PublishSpec, plan: PartitionPlan, result: TaskR
     return dead
 
 
-def _publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
+def publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
                            result: TaskResult) -> None:
     """docs/architecture.md §3.4. The range's records are kept (collector.py), so that a new
     transaction after an abort or a fence replays them and then goes on with the rest of the input."""
     from confluent_kafka import TopicPartition
 
     tid = plan.transactional_id
-    publisher, fresh = _publisher(spec, plan)
+    publisher, fresh = partition_publisher(spec, plan)
     result.init_s = publisher.init_seconds if fresh else 0.0
     collector: RecordCollector | None = None
     input_done = False
@@ -209,7 +209,7 @@ def _publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iter
                 return
             continue  # publish the range again in a new transaction
         except FencedError as exc:
-            _drop_publisher(tid)
+            drop_publisher(tid)
             if fresh:
                 # Fenced during this task: another attempt of this range (a speculative copy, a
                 # retry on another host) initialised the id after us and owns the range now.
@@ -218,14 +218,14 @@ def _publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iter
             # Our cached producer was fenced by a producer elsewhere (another worker, another
             # host) since this worker's last batch: start afresh (which fences that one, if it
             # still lives) and publish the kept records, then the rest.
-            publisher, fresh = _publisher(spec, plan)
+            publisher, fresh = partition_publisher(spec, plan)
             result.init_s += publisher.init_seconds
             continue
         except BaseException:
             try:
                 publisher.abort()
             except Exception:   # the original error is the one to report
-                _drop_publisher(tid)
+                drop_publisher(tid)
             raise
     raise AbortableError(f"{tid}: gave up after {result.attempts} aborted attempts: {result.message}")
 

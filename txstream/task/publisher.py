@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterator
 
 from txstream.errors import AbortableError, FatalKafkaError, FencedError, classify_kafka, kafka_error_of
 
+LOCAL_FATAL = -150   # librdkafka's RD_KAFKA_RESP_ERR__FATAL (KafkaError._FATAL)
+
 
 class TransactionalPublisher:
     """Owns one producer for one transactional.id (one input partition of one app)."""
@@ -178,6 +180,8 @@ class TransactionalPublisher:
         if err is None:
             return exc
         classified = classify_kafka(err, f"{self.transactional_id}: {what}")
-        if isinstance(classified, FatalKafkaError):
+        # produce() on a producer already in a fatal state (fenced by the broker meanwhile)
+        # raises the local _FATAL code, not the fatal error itself.
+        if isinstance(classified, FatalKafkaError) or err.code() == LOCAL_FATAL:
             return FencedError(str(classified), err)
         return classified

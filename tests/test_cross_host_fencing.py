@@ -1,0 +1,131 @@
+"""A partition's producer cached on one host, fenced from another (docs/cluster.md, issue 13).
+
+On a cluster a partition's task lands on any executor; the owner markers that tell a worker its
+cached producer was fenced exist per host only. These drive the publishing protocol
+(task/publish.py) directly against a real broker, with a second producer of the same
+transactional.id playing the other host.
+"""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+from confluent_kafka import Consumer
+
+from tests.support.kafka import read_all
+from txstream.kafka.config import KafkaClients
+from txstream.task import publish
+from txstream.task.publisher import TransactionalPublisher
+from txstream.task.result import ALREADY_DONE, COMMITTED, TaskResult
+from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec, ReadSpec
+
+
+def _spec(bootstrap: str, app_id: str, output: str, owner_dir: Path, **extra) -> PublishSpec:
+    clients = KafkaClients(bootstrap)
+    read = ReadSpec(clients=clients, app_id=app_id, side_dir=f"txstream-test-{uuid.uuid4().hex[:8]}")
+    return PublishSpec(read=read, guarantee=EXACTLY_ONCE, transaction_timeout_s=10, owner_dir=str(owner_dir),
+                       output_topic=output, **extra)
+
+
+def _rows(first: int, last: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"key": f"k{i}".encode(), "value": f"v{i}".encode(), "offset": i}
+                                       for i in range(first, last)])
+
+
+def _group_metadata(bootstrap: str, app_id: str):
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": app_id})
+    return consumer, consumer.consumer_group_metadata()
+
+
+def _batch(spec: PublishSpec, batch_id: int, plan: PartitionPlan, metadata) -> PublishSpec:
+    return spec.with_batch(batch_id, [plan], metadata)
+
+
+def test_a_cached_producer_fenced_from_another_host_republishes_instead_of_failing(
+        bootstrap_servers, make_topic, tmp_path):
+    source, output = make_topic("xh-in", 1), make_topic("xh-out", 1)
+    app_id = f"xh-{uuid.uuid4().hex[:8]}"
+    tid = f"{app_id}-{source}-0"
+    spec = _spec(bootstrap_servers, app_id, output, tmp_path / "host-a")
+    member, metadata = _group_metadata(bootstrap_servers, app_id)
+    try:
+        first = PartitionPlan(source, 0, 0, 5, None, tid)
+        result = TaskResult(0)
+        publish.publish_transactional(_batch(spec, 1, first, metadata), first, iter([_rows(0, 5)]), result)
+        assert result.status == COMMITTED and publish.cached_publishers() == [tid]
+        # Host B (its own owner markers) runs the partition's next task: init_transactions fences A's.
+        other = TransactionalPublisher(spec.producer_config(transactional=True), tid, str(tmp_path / "host-b"), 10)
+        other.init()
+        other.close()
+        second = PartitionPlan(source, 0, 5, 20_005, 5, tid)
+        result = TaskResult(0)
+
+        def rows():   # enough batches for the broker's "fenced" to arrive while producing
+            for first in range(5, 20_005, 500):
+                yield _rows(first, first + 500)
+
+        publish.publish_transactional(_batch(spec, 2, second, metadata), second, rows(), result)
+        # Host A's cached producer learns of the fence from the broker (at produce or commit),
+        # starts afresh, publishes the kept records and goes on: a second attempt, not a failed task.
+        assert (result.status, result.committed, result.attempts) == (COMMITTED, 20_005, 2), result
+    finally:
+        for tid_ in publish.cached_publishers():
+            publish.drop_publisher(tid_)
+        member.close()
+    values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
+    assert values == sorted(f"v{i}".encode() for i in range(20_005))
+
+
+def test_an_attempt_fenced_by_a_racing_attempt_waits_for_its_commit(bootstrap_servers, make_topic, tmp_path):
+    """Speculation: attempt A (fresh producer) is fenced by attempt B of the same range, which
+    commits it. A must not report first (Spark would kill B); it reports the range as done."""
+    source, output = make_topic("race-in", 1), make_topic("race-out", 1)
+    app_id = f"race-{uuid.uuid4().hex[:8]}"
+    tid = f"{app_id}-{source}-0"
+    spec = _spec(bootstrap_servers, app_id, output, tmp_path / "host-a")
+    member, metadata = _group_metadata(bootstrap_servers, app_id)
+    plan = PartitionPlan(source, 0, 0, 5, None, tid)
+    batch_spec = _batch(spec, 1, plan, metadata)
+
+    def attempt_b() -> None:
+        from confluent_kafka import TopicPartition
+
+        b = TransactionalPublisher(spec.producer_config(transactional=True), tid, str(tmp_path / "host-b"), 10)
+        b.init()
+        b.begin()
+        for i in range(5):
+            b.producer.produce(output, f"v{i}".encode(), f"k{i}".encode())
+        b.send_offsets([TopicPartition(source, 0, 5)], metadata)
+        b.commit()
+        b.close()
+
+    def input_of_a():
+        yield _rows(0, 5)
+        attempt_b()   # B starts, fences A, and commits the range while A is still producing
+
+    try:
+        result = TaskResult(0)
+        publish.publish_transactional(batch_spec, plan, input_of_a(), result)
+        assert (result.status, result.committed) == (ALREADY_DONE, 5), result
+    finally:
+        for tid_ in publish.cached_publishers():
+            publish.drop_publisher(tid_)
+        member.close()
+    values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
+    assert values == sorted(f"v{i}".encode() for i in range(5)), "the range was published more than once"
+
+
+def test_idle_cached_producers_are_closed(bootstrap_servers, make_topic, tmp_path):
+    source = make_topic("idle-in", 2)
+    app_id = f"idle-{uuid.uuid4().hex[:8]}"
+    spec = _spec(bootstrap_servers, app_id, source, tmp_path / "owners", producer_idle_s=0.0)
+    plans = [PartitionPlan(source, p, 0, 1, None, f"{app_id}-{source}-{p}") for p in (0, 1)]
+    try:
+        publish.partition_publisher(spec, plans[0])
+        assert publish.cached_publishers() == [plans[0].transactional_id]
+        publish.partition_publisher(spec, plans[1])   # partition 0's producer has been idle longer than 0 s
+        assert publish.cached_publishers() == [plans[1].transactional_id]
+    finally:
+        for tid in publish.cached_publishers():
+            publish.drop_publisher(tid)

@@ -140,9 +140,26 @@ def test_poison_records_go_to_the_dead_letter_topic(bootstrap_servers, make_topi
 
     report = audit(bootstrap_servers, source, output, dead_letter=dead, app_id=driver.settings.app_id)
     assert report.clean and report.totals["dead_lettered"] == len(poison), report.table()
+    # The readers' side files (raw undecodable records among them) were in the executors' local
+    # directory, and the publishers that took them removed them: nothing is left there.
+    assert _side_files_left(driver) == [], "side files left in the executor's local directory"
     print(f"\n[dead letters] records in {report.totals['consumed']}  out {report.totals['outputs']}  "
           f"dead-lettered {report.totals['dead_lettered']}  duplicates {report.totals['duplicates']}  "
           f"missing 0")
+
+
+def _side_files_left(driver) -> list[str]:
+    name = driver.specs.side_dir
+
+    def listing(_):
+        import os
+
+        from txstream.task.sidefile import run_directory
+
+        where = run_directory(name)
+        return sorted(os.listdir(where)) if where.is_dir() else []
+
+    return driver.spark.sparkContext.range(0, 1, 1, 1).flatMap(listing).collect()
 
 
 class EnrichOrdersNoDeadLetters(EnrichOrders):

@@ -78,3 +78,11 @@ def test_defaults_file_syntax(tmp_path: Path) -> None:
     path = tmp_path / "spark-defaults.conf"
     path.write_text("# comment\n! also\n\nspark.a   1\nspark.b=2\nspark.c : 3\nspark.d\n")
     assert read_defaults(path) == {"spark.a": "1", "spark.b": "2", "spark.c": "3", "spark.d": ""}
+
+
+def test_loopback_bootstrap_addresses_are_recognised() -> None:
+    from txstream.driver.preflight import loopback_hosts
+
+    assert loopback_hosts("localhost:9092,10.0.0.5:9092,127.0.0.2:9093,[::1]:9094") == [
+        "localhost:9092", "127.0.0.2:9093", "[::1]:9094"]
+    assert loopback_hosts("kafka-1:9092") == []

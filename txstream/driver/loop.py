@@ -160,8 +160,12 @@ class Driver:
             threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
                              daemon=True).start()
             return
-        from txstream.driver.preflight import check_executors, describe
+        from txstream.driver.preflight import check_executors, describe, loopback_hosts
         from txstream.spark.shipping import ship_processor_code
+
+        for host in loopback_hosts(s.bootstrap_servers):
+            self.echo(f"warning: the bootstrap address {host} is a loopback address; each executor on another "
+                      "host would reach its own (the preflight checks which cluster they reach)")
 
         archive, module = ship_processor_code(self.spark, type(s.processor))
         if archive is not None:

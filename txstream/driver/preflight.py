@@ -19,6 +19,16 @@ from txstream.task import probe as probe_module
 PROBE_HOLD_S = 0.5
 
 
+def loopback_hosts(bootstrap: str) -> list[str]:
+    """The bootstrap addresses that name this host's loopback (localhost, 127.x, ::1)."""
+    hosts = []
+    for server in bootstrap.split(","):
+        host = server.strip().rpartition(":")[0].strip("[]")
+        if host in ("localhost", "::1") or host.startswith("127."):
+            hosts.append(server.strip())
+    return hosts
+
+
 def _plain(config: dict[str, Any]) -> dict[str, Any]:
     """Kafka client settings an executor can be sent (no logger objects or callbacks)."""
     return {k: v for k, v in config.items() if isinstance(v, (str, int, float, bool))}

@@ -161,8 +161,12 @@ def test_spark_submit_runs_the_app_on_the_cluster(spark_standalone, hosts_kafka,
     settings = {**spark_standalone.driver_conf(cores_max=2), "spark.pyspark.python": f"{GOOD_ENV}/bin/python",
                 "spark.pyspark.driver.python": sys.executable}
     master = settings.pop("spark.master")
+    import pyspark
+
+    # spark-submit as a user runs it: with SPARK_HOME (here the pip-installed pyspark's).
     app = SubmittedApp(hosts_kafka, source, sink, PARTITIONS, processor=PROCESSOR, cap=h.scale(1_000, 5_000),
-                       master=master, cwd=app_dir, submit_conf=settings)
+                       master=master, cwd=app_dir, submit_conf=settings,
+                       env_extra={"SPARK_HOME": str(Path(pyspark.__file__).parent)})
     try:
         code = app.start(until_caught_up=True).wait(600)
         log = app.log_text()

@@ -27,6 +27,7 @@ from tests.conftest import MULTI_HOST
 from tests.support.hosts import SimulatedHosts, namespaces_available
 from tests.support.spark_standalone import SparkStandalone
 from txstream.local.cluster import LocalKafkaCluster, free_port_block
+from txstream.local.paths import cache_dir
 
 GOOD_ENV = "/tmp/txs-env"
 SPLIT_ENV = "/tmp/txs-env-b"
@@ -49,11 +50,13 @@ def simulated_hosts() -> Iterator[SimulatedHosts]:
         assert not hosts.leftovers(), f"left behind: {hosts.leftovers()}"
 
 
-def _environment_without_txstream(where: Path) -> Path:
+def _environment_without_txstream() -> Path:
     """A virtual environment that sees the project's libraries but not txstream: the project's
     site-packages through a .pth line (whose own .pth files, the editable txstream among them,
-    are not processed)."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    are not processed). Outside /tmp, which the hosts do not share."""
+    where = cache_dir() / "test-envs" / f"without-txstream-{sys.version_info[0]}{sys.version_info[1]}"
+    if not (where / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(where)], check=True)
     site = next(where.glob("lib/python*/site-packages"))
     (site / "project-libraries.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     check = subprocess.run([str(where / "bin" / "python"), "-c", "import pyspark, pyarrow, confluent_kafka; "
@@ -68,7 +71,7 @@ def spark_standalone(simulated_hosts: SimulatedHosts, tmp_path_factory: pytest.T
                      request: pytest.FixtureRequest) -> Iterator[SparkStandalone]:
     base = tmp_path_factory.mktemp("spark-standalone")
     venv = Path(sys.prefix)
-    lacking = _environment_without_txstream(base / "env-without-txstream")
+    lacking = _environment_without_txstream()
     cluster = SparkStandalone(simulated_hosts, base / "logs", workers=2, cores_per_worker=1,
                               tmp_links=[{GOOD_ENV: str(venv), SPLIT_ENV: str(venv)},
                                          {GOOD_ENV: str(venv), SPLIT_ENV: str(lacking)}])

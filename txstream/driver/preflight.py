@@ -10,6 +10,7 @@ whether its local directory is writable; this module compares each answer with t
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -17,6 +18,9 @@ from txstream.errors import ExecutorEnvironmentError, from_spark, one_line
 from txstream.task import probe as probe_module
 
 PROBE_HOLD_S = 0.5
+# Spark's words for a failed task: "Lost task 1.3 in stage 0.0 (TID 7) (10.0.0.6 executor 2): <why>"
+# (read for the message only; what the failure is was decided by its type above).
+_SPARK_TASK_FAILURE = re.compile(r"Lost task [\d.]+ in stage [\d.]+ \(TID \d+\) \(([^)]*)\): ([^\n]*)")
 
 
 def loopback_hosts(bootstrap: str) -> list[str]:
@@ -75,8 +79,10 @@ def check_executors(spark, admin_config: dict[str, Any], processor_module: str |
         answers = context.parallelize(range(slots), slots).mapPartitions(body).collect()
     except Exception as exc:
         cause = from_spark(exc)
+        where = _SPARK_TASK_FAILURE.search(str(exc))
+        detail = f"{where.group(1)}: {where.group(2).strip()[:300]}" if where else one_line(cause)
         raise ExecutorEnvironmentError(
-            f"the executor preflight could not run its probe on the executors ({one_line(cause)}); "
+            f"the executor preflight could not run its probe on the executors ({detail}); "
             "their Python environment cannot start Spark's Python workers (is pyspark installed there, at the "
             "driver's Python version? docs/cluster.md)") from exc
     finally:

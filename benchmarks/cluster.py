@@ -51,7 +51,7 @@ def run_one(setting: str, clusters: dict, bootstrap: str, source: str, records: 
     out = f"bench-cl-out-{uuid.uuid4().hex[:8]}"
     dlq = out + "-dlq"
     create_topics(bootstrap, [out, dlq], partitions)
-    argv = [sys.executable, "-m", "txstream.cli", "run", PROCESSOR, "-b", bootstrap, "--app-id",
+    argv = [sys.executable, "-m", "txstream.cli", "run", PROCESSOR, "--bootstrap-servers", bootstrap, "--app-id",
             f"bench-cl-{uuid.uuid4().hex[:8]}", "--input", source, "--output", out, "--dead-letter-topic", dlq,
             "--until-caught-up"]
     if setting == "local[2]":

@@ -36,7 +36,7 @@ def kafka_options(fn: Callable[..., Any] | None = None, *, as_properties: bool =
             return command(*args, clients=KafkaClients.from_properties(bootstrap_servers, props), **kwargs)
 
         options = [
-            click.option("--bootstrap-servers", envvar=BOOTSTRAP_ENV, default="localhost:9092", show_default=True,
+            click.option("-b", "--bootstrap-servers", envvar=BOOTSTRAP_ENV, default="localhost:9092", show_default=True,
                          help=f"Kafka bootstrap servers [env: {BOOTSTRAP_ENV}]."),
             click.option("--command-config", type=click.Path(dir_okay=False), default=None, metavar="FILE",
                          help="Client properties file (key=value lines, as Kafka's tools take), "

@@ -123,7 +123,7 @@ class SparkStandalone:
             try:
                 if condition(self.status()):
                     return
-            except OSError as exc:
+            except (OSError, ValueError) as exc:   # not listening yet, or its HTML page before the JSON one
                 last = exc
             time.sleep(0.2)
         raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what} ({last})\n{self.logs()}")

@@ -11,6 +11,7 @@ loopback and to these namespaces.
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import shutil
@@ -20,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from txstream.local.processes import die_with_parent
 
 _COUNTER = itertools.count()
 
@@ -73,7 +76,8 @@ class Host:
                   "echo ready && exec sleep infinity")
         self.holder = subprocess.Popen(
             ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--uts", "--propagation", "private",
-             "--", "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             "--", "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=die_with_parent)
         line = self.holder.stdout.readline() if self.holder.stdout else ""
         if line.strip() != "ready":
             raise RuntimeError(f"host {self.name} did not start: {self.holder.stderr.read() if self.holder.stderr else ''}")
@@ -90,7 +94,7 @@ class Host:
             assert link.startswith("/tmp/"), link
             self.run(["ln", "-sfn", target, link], check=True)
         proc = subprocess.Popen([*self._enter(), *argv], env=env, stdout=stdout, stderr=stderr,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
         self.processes.append(proc)
         return proc
 
@@ -136,6 +140,7 @@ class SimulatedHosts:
         self.gateway = f"10.77.{self.subnet}.1"
         self.hosts: list[Host] = []
         self._closed = False
+        atexit.register(self.close)   # also when the test process ends without a teardown
         _ip("link", "add", self.bridge, "type", "bridge")
         try:
             _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import uuid
 
 from txstream.settings import RunSettings
@@ -18,7 +17,8 @@ class TaskSpecs:
         # own local directory, one per run.
         self.side_dir = f"txstream-{s.app_id}-{uuid.uuid4().hex[:12]}"
         # Owner markers of cached producers (task/publisher.py), shared by the run's workers.
-        self.owner_dir = os.path.join(tempfile.gettempdir(), "txstream-owners", s.app_id)
+        # (relative: each host's own temporary directory).
+        self.owner_dir = os.path.join("txstream-owners", s.app_id)
         self.read = ReadSpec(clients=s.clients, app_id=s.app_id, side_dir=self.side_dir,
                              key_schema=s.key_schema, value_schema=s.value_schema,
                              lenient_trailing_bytes=s.lenient_trailing_bytes)

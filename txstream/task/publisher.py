@@ -14,6 +14,7 @@ commit: `producing()` and the calls below turn that into FencedError like any ot
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -39,7 +40,9 @@ class TransactionalPublisher:
         self.producer = Producer(self._config)
         self.renewals = 0   # producers replaced because they could not abort
         self.init_seconds = 0.0
-        self._owner_path = Path(owner_dir) / transactional_id if owner_dir else None
+        # A relative owner_dir is under this host's temporary directory (the driver's may not
+        # exist here).
+        self._owner_path = Path(tempfile.gettempdir(), owner_dir, transactional_id) if owner_dir else None
         self._token = f"{os.getpid()}-{uuid.uuid4().hex}"
         self.in_transaction = False
         self.last_used = time.monotonic()
@@ -62,10 +65,15 @@ class TransactionalPublisher:
         self._retry(lambda: self.producer.init_transactions(self.timeout_s), "init_transactions")
         self.init_seconds = time.perf_counter() - started
         if self._owner_path is not None:
-            self._owner_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._owner_path.with_suffix(f".{self._token}")
-            tmp.write_text(self._token)
-            os.replace(tmp, self._owner_path)
+            try:
+                self._owner_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self._owner_path.with_suffix(f".{self._token}")
+                tmp.write_text(self._token)
+                os.replace(tmp, self._owner_path)
+            except OSError:
+                # The markers only spare a fenced producer's discovery at commit time (which
+                # the protocol handles): no marker, no harm.
+                self._owner_path = None
 
     def still_owner(self) -> bool:
         """False when another worker on this machine initialised this id after us."""

@@ -129,3 +129,27 @@ def test_idle_cached_producers_are_closed(bootstrap_servers, make_topic, tmp_pat
     finally:
         for tid in publish.cached_publishers():
             publish.drop_publisher(tid)
+
+
+def test_a_producer_fenced_on_the_same_host_is_replaced_before_use(bootstrap_servers, make_topic, tmp_path):
+    """Another worker of this host initialised the id (its owner marker says so): the cached
+    producer is dropped before the task begins, so the range needs one transaction, not two."""
+    source, output = make_topic("sh-in", 1), make_topic("sh-out", 1)
+    app_id = f"sh-{uuid.uuid4().hex[:8]}"
+    tid = f"{app_id}-{source}-0"
+    spec = _spec(bootstrap_servers, app_id, output, tmp_path / "host-a")
+    member, metadata = _group_metadata(bootstrap_servers, app_id)
+    try:
+        first = PartitionPlan(source, 0, 0, 5, None, tid)
+        publish.publish_transactional(_batch(spec, 1, first, metadata), first, iter([_rows(0, 5)]), TaskResult(0))
+        other = TransactionalPublisher(spec.producer_config(transactional=True), tid, spec.owner_dir, 10)
+        other.init()   # same host: same owner markers
+        other.close()
+        second = PartitionPlan(source, 0, 5, 10, 5, tid)
+        result = TaskResult(0)
+        publish.publish_transactional(_batch(spec, 2, second, metadata), second, iter([_rows(5, 10)]), result)
+        assert (result.status, result.attempts) == (COMMITTED, 1), result
+    finally:
+        for tid_ in publish.cached_publishers():
+            publish.drop_publisher(tid_)
+        member.close()

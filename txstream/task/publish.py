@@ -63,7 +63,7 @@ def partition_publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[Transac
     # while (their partitions' tasks run elsewhere now), are dead weight (threads, sockets):
     # close them, so that across all hosts there is about one live producer per input partition.
     for stale in [t for t, p in _PUBLISHERS.items()
-                  if t != tid and (not p.still_owner() or now - p.last_used > spec.producer_idle_s)]:
+                  if not p.still_owner() or (t != tid and now - p.last_used > spec.producer_idle_s)]:
         drop_publisher(stale)
     publisher = _PUBLISHERS.get(tid)
     if publisher is not None:

@@ -6,6 +6,7 @@ Kafka from its Maven Central jars, started once per run and stopped at the end. 
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +44,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.chaos)
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_processes(item):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Under CI (TXSTREAM_CI=1) an integration or chaos test that skips is a failure: CI must run
+    every test against the real broker, Spark and hosts."""
+    outcome = yield
+    report = outcome.get_result()
+    if (report.skipped and os.environ.get("TXSTREAM_CI") == "1"
+            and (item.get_closest_marker("integration") or item.get_closest_marker("chaos"))):
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} was skipped under CI: {report.longrepr}"
 
 
 @pytest.fixture(autouse=True)

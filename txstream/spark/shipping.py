@@ -47,26 +47,24 @@ def _siblings(directory: Path) -> list[tuple[Path, str]]:
 
 def code_to_ship(processor_class: type) -> tuple[list[tuple[Path, str]], str | None]:
     """(files with their names inside the archive, the module name executors import) for the
-    processor's code; ([], None) when it is installed code or txstream's own."""
-    module = sys.modules.get(processor_class.__module__)
+    processor's code; no files when it is installed code or txstream's own (executors import
+    it from their installation)."""
+    name = processor_class.__module__
+    module = sys.modules.get(name)
     file = Path(getattr(module, "__file__", "") or "")
-    if not file.name or _installed(file.resolve()):
-        return [], None
-    if processor_class.__module__.startswith("txstream_user_"):
+    if name.startswith("txstream_user_") and file.name:
         # Loaded from a path (settings.load_processor): importable on executors by its stem.
         return _siblings(file.resolve().parent), file.stem
-    top = processor_class.__module__.split(".")[0]
-    if top == "txstream":
-        return [], None
-    spec = importlib.util.find_spec(top)
-    if spec is None:
-        return [], None
+    top = name.split(".")[0]
+    spec = importlib.util.find_spec(top) if file.name and top != "txstream" else None
+    if spec is None or _installed(file.resolve()):
+        return [], name
     if spec.submodule_search_locations:
         root = Path(next(iter(spec.submodule_search_locations))).resolve()
         if _installed(root):
-            return [], None
-        return [(f, f"{top}/{f.relative_to(root)}") for f in _package_files(root)], processor_class.__module__
-    return [(file.resolve(), file.name)], processor_class.__module__
+            return [], name
+        return [(f, f"{top}/{f.relative_to(root)}") for f in _package_files(root)], name
+    return [(file.resolve(), file.name)], name
 
 
 def build_archive(files: list[tuple[Path, str]], directory: str | None = None) -> Path:
@@ -89,8 +87,7 @@ def ship_processor_code(spark, processor_class: type) -> tuple[Path | None, str 
     Returns (the archive or None, the module executors import)."""
     files, module = code_to_ship(processor_class)
     if not files:
-        return None, module or (processor_class.__module__ if not processor_class.__module__.startswith(
-            "txstream_user_") else None)
+        return None, module
     archive = build_archive(files)
     spark.sparkContext.addPyFile(str(archive))
     return archive, module

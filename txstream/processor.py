@@ -1,6 +1,7 @@
 """The class users subclass: what to read, what to write, and the transform in between."""
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -15,8 +16,9 @@ class Processor:
     The transform returns the columns of Spark's Kafka sink: `value` (required), and optionally
     `key`, `topic` (fan-out to several topics), `partition`, `headers`. Keep the input's
     `offset` column in the output to stamp exact per-record lineage (it is not published as a
-    column). The transform must be narrow (no shuffle): each input partition's output is
-    published by its own transaction.
+    column). A narrow transform (no shuffle) publishes each input partition's output in that
+    partition's own transaction; a wide one (groupBy, shuffled joins, distinct) publishes each
+    batch through output units (docs/wide-transforms.md) and must be deterministic.
     """
 
     input_topics: ClassVar[list[str]] = []
@@ -35,6 +37,15 @@ class Processor:
     trigger_interval: ClassVar[float] = 0.0            # seconds between batch starts
     lineage: ClassVar[bool] = True                     # stamp source topic/partition/offset headers
     one_to_one: ClassVar[bool] = False                 # every input yields one output (for audits)
+
+    # Wide transforms: "units" (K output units, each its own transaction) or "single-transaction"
+    # (the whole batch in one transaction of the driver); K (None: the input partitions).
+    wide_mode: ClassVar[str] = "units"
+    output_units: ClassVar[int | None] = None
+    allow_nondeterministic: ClassVar[bool] = False
+    # The batch's time, logged with its plan: the same on every re-run of the batch. Use it
+    # (F.lit(self.batch_timestamp)) where a wide transform would use current_timestamp().
+    batch_timestamp: datetime | None = None
 
     producer_config: ClassVar[dict[str, Any]] = {}     # librdkafka properties
     consumer_config: ClassVar[dict[str, Any]] = {}

@@ -58,6 +58,11 @@ class RunSettings:
     spark_ui_port: int | None = None     # None: the UI only on a cluster master (spark/session.py)
     metrics_address: str = "0.0.0.0"
     log_format: str = "human"
+    # Wide transforms (docs/wide-transforms.md): how a batch is published, into how many units,
+    # and whether a non-deterministic transform is accepted knowingly.
+    wide_mode: str = "units"
+    output_units: int | None = None       # None: the number of input partitions
+    allow_nondeterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:
@@ -181,6 +186,13 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     consumer_config = clients.user_properties("consumer")
     check_against_guarantee(guarantee, producer_config, consumer_config)
     timeout_ms = int(producer_config.get("transaction.timeout.ms", 60_000))
+    from txstream.driver.wide import check_wide_settings
+
+    # Wide transforms: the command line's, else the processor's.
+    extra["wide_mode"] = extra.get("wide_mode") or cls.wide_mode
+    extra["output_units"] = extra.get("output_units") or cls.output_units
+    extra["allow_nondeterministic"] = bool(extra.get("allow_nondeterministic")) or cls.allow_nondeterministic
+    check_wide_settings(extra["wide_mode"], extra["output_units"])
     return RunSettings(
         processor=cls(),
         bootstrap_servers=bootstrap_servers,

@@ -154,13 +154,22 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
 @click.option("--log-format", type=click.Choice(["human", "json"]), default="human", show_default=True,
               help="json: one JSON object per batch and per event (assignment, retry, dead letter, ...).")
+@click.option("--wide-mode", type=click.Choice(["units", "single-transaction"]), default=None,
+              help="How a wide transform's batch is published: K output units, each its own transaction, or "
+                   "all of it in one transaction [default: the processor's, else units].")
+@click.option("--output-units", type=click.IntRange(min=1), default=None,
+              help="K, the output units of a wide transform [default: the number of input partitions].")
+@click.option("--allow-nondeterministic", is_flag=True, default=None,
+              help="Run a wide transform that is not deterministic (rand, current_timestamp, first, ...) "
+                   "knowingly: a re-run batch may then differ (docs/wide-transforms.md).")
 def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tuple[str, ...], output: str | None,
         dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str | None,
         max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
-        metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str) -> None:
+        metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str,
+        wide_mode: str | None, output_units: int | None, allow_nondeterministic: bool | None) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
     import logging
 
@@ -182,7 +191,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
                      "output_key": output_key_schema},
             until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
             batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
-            metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port)
+            metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
+            wide_mode=wide_mode, output_units=output_units, allow_nondeterministic=allow_nondeterministic)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:

@@ -39,23 +39,29 @@ def check_output(out, settings: RunSettings) -> None:
     if "partition" in fields and not isinstance(fields["partition"], (T.IntegerType, T.LongType, T.ShortType)):
         raise TransformError(f"The output `partition` column is {fields['partition'].simpleString()}; it must be int.")
 
+def wide_parts(frame) -> list[str]:
+    """The exchanges (shuffles) and partition merges of the frame's physical plan: empty for a
+    narrow transform, whose task i can publish range i."""
+    plan_text = frame._jdf.queryExecution().executedPlan().toString()
+    shuffles = [line.strip() for line in plan_text.splitlines()
+                if "Exchange" in line and "BroadcastExchange" not in line]
+    merges = [line.strip() for line in plan_text.splitlines() if "Coalesce" in line and "coalesce(" not in line]
+    return shuffles + merges
+
+
 def check_narrow(frame) -> None:
-    """Refuse a plan with a shuffle or a merge of partitions: task i must publish range i.
+    """Refuse a plan with a shuffle or a merge of partitions in a run that chose the narrow
+    protocol: task i must publish range i.
 
     Checked on the very DataFrame the batch collects, whose physical plan Spark then reuses
     (planning it twice per batch cost ~0.1-0.2 s of driver time). Checked every batch, not
     only at start: a join whose static side outgrows Spark's broadcast threshold turns into
     a shuffled join without the processor changing."""
-    plan_text = frame._jdf.queryExecution().executedPlan().toString()
-    shuffles = [line.strip() for line in plan_text.splitlines()
-                if "Exchange" in line and "BroadcastExchange" not in line]
-    merges = [line.strip() for line in plan_text.splitlines() if "Coalesce" in line and "coalesce(" not in line]
-    if shuffles or merges:
+    parts = wide_parts(frame)
+    if parts:
         raise TransformError(
-            "The transform is wide: its physical plan has "
-            + "; ".join((shuffles + merges)[:3])
-            + ". txstream publishes each input partition's output in that partition's own "
-            "transaction, so transforms must be narrow: select, where/filter, withColumn, "
-            "explode, UDFs, and joins with broadcast (small, static) tables are allowed; "
-            "groupBy/agg, distinct, orderBy, repartition/coalesce, limit and shuffled joins are not "
-            "(yet).")
+            "The transform turned wide after the run started: its physical plan now has "
+            + "; ".join(parts[:3])
+            + ". The run chose the narrow protocol at start (one transaction per input partition); "
+            "restart it and txstream chooses the wide protocol (docs/wide-transforms.md), or keep "
+            "the join's static side under spark.sql.autoBroadcastJoinThreshold.")

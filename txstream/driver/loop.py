@@ -13,13 +13,14 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream import faults
-from txstream.driver.checks import check_narrow, check_output
+from txstream.driver.checks import check_narrow, check_output, wide_parts
 from txstream.driver.commits import DriverCommits
 from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
@@ -107,6 +108,7 @@ class Driver:
         self.poison = PoisonIsolator(self, self.echo, settings.dead_letter_topic)
         self._cap_warned = False
         self.input_partitions = 0
+        self.wide = None   # driver/wide.py, when the transform is wide
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -115,14 +117,14 @@ class Driver:
 
         return admin_client(self.settings.clients)
 
-    def _frame(self, plans: list[PartitionPlan]):
+    def _frame(self, plans: list[PartitionPlan], accounts: Any = None):
         assert self.spark is not None
-        return range_frame(self.spark, self.specs.for_reading(self.batch_id, plans))
+        return range_frame(self.spark, self.specs.for_reading(self.batch_id, plans), accounts)
 
-    def output_frame(self, plans: list[PartitionPlan]):
+    def output_frame(self, plans: list[PartitionPlan], accounts: Any = None):
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (the plan's narrowness is checked by `check_narrow` on what is collected)."""
-        out = self.settings.processor.transform(self._frame(plans))
+        out = self.settings.processor.transform(self._frame(plans, accounts))
         check_output(out, self.settings)
         return out.select(*[c for c in SINK_COLUMNS if c in out.columns])
 
@@ -141,12 +143,31 @@ class Driver:
         self.input_partitions = sum(known[t] for t in s.input_topics)
 
     def validate(self) -> None:
-        """Refuse a wide transform or an unpublishable output before anything is read."""
-        topic = self.settings.input_topics[0]
+        """Refuse an unpublishable output before anything is read, and choose the protocol from
+        the physical plan: narrow (one transaction per input partition) or wide (units, or one
+        transaction per batch: driver/wide.py), said in the run's first lines."""
+        s = self.settings
+        topic = s.input_topics[0]
         # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even
         # for groupBy, and the check below would miss a wide transform.
-        dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(self.settings.app_id, topic, p)) for p in (0, 1)]
-        check_narrow(self.output_frame(dry))
+        dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
+        s.processor.batch_timestamp = datetime.now(timezone.utc)
+        frame = self.output_frame(dry)
+        parts = wide_parts(frame)
+        if not parts:
+            self.echo("protocol: narrow (each input partition's output and offsets in one transaction)")
+            return
+        from txstream.driver.determinism import check_deterministic
+        from txstream.driver.wide import WideBatches
+
+        self.echo(f"the transform is wide ({parts[0]})")
+        loose = check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
+                                    s.allow_nondeterministic)
+        for part in loose:
+            self.echo(f"warning: not deterministic (allowed): {part}")
+        self.wide = WideBatches(self, s.wide_mode, s.output_units or self.input_partitions or 1,
+                                s.allow_nondeterministic)
+        self.echo(self.wide.describe())
 
     def _start_spark(self) -> None:
         """The session (spark/setup.py decides master and settings). Locally the Python workers are
@@ -212,6 +233,8 @@ class Driver:
                 self._start_spark()
             s.processor.setup(self.spark)
             self.validate()
+            if self.wide is not None:
+                self.wide.start()
             self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
                                               self._wait_for_batch, self._on_group_change)
             self.commits = DriverCommits(s.guarantee, self.membership)
@@ -228,7 +251,10 @@ class Driver:
                     if s.until_caught_up and self._caught_up(owned, committed):
                         self.telemetry.event("caught_up", self.summary("caught up"), **self.totals)
                         return 0
-                    plans = planner.plan(owned, committed, self.cap()) if owned else []
+                    if self.wide is not None:
+                        plans = self.wide.next_plans(owned, planner, self.cap()) if owned else []
+                    else:
+                        plans = planner.plan(owned, committed, self.cap()) if owned else []
                 except Exception as exc:
                     # A broker restarting or a coordinator moving: plan again shortly.
                     self._failed("planning", exc)
@@ -274,6 +300,8 @@ class Driver:
         error = understand(exc)
         if decide(error) is Decision.ISOLATE:
             try:
+                if self.wide is not None:
+                    self.wide.abandon(plans)
                 if self.poison.isolate(plans):
                     self._failures = 0
                     return
@@ -332,6 +360,11 @@ class Driver:
                 "Declare a dead_letter_topic on the processor (or --dead-letter-topic) to set such "
                 "records aside; nothing from this record on was published.")
         record = self._raw_record(plan, offset, message)
+        if self.wide is not None:
+            self.wide.dead_letter(plan, record)
+            self.telemetry.event("dead_letter", None, topic=plan.topic, partition=plan.partition, offset=offset,
+                                 stage="transform", count=1, error=message)
+            return
         current = self.membership.committed([TopicPartition(plan.topic, plan.partition)])
         spec = self.specs.for_publishing(self.batch_id, [plan], self.membership.group_metadata())
         status = publish_dead_letter(spec, replace(plan, committed=current.get((plan.topic, plan.partition))),
@@ -372,18 +405,34 @@ class Driver:
 
     def run_batch(self, plans: list[PartitionPlan], commits: DriverCommits) -> BatchReport:
         assert self.membership is not None
+        if self.wide is not None:
+            return self.wide.run_batch(plans)
         self.batch_id += 1
         started = time.monotonic()
         commits.before_batch(plans)
         spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata())
         frame = self.output_frame(plans).mapInArrow(functools.partial(publish_partition, spec), result_schema())
         check_narrow(frame)
-        outcome: dict[str, Any] = {}
-
-        job_group = f"txstream-{self.settings.app_id}-batch-{self.batch_id}"
         # What the Spark UI lists for the job: the batch a user finds in the batch lines.
         description = (f"txstream {self.settings.app_id} batch {self.batch_id} ({len(plans)} partitions, "
                        f"{sum(p.size for p in plans)} records)")
+        rows = self.run_job(lambda: [row.asDict() for row in frame.collect()], description)
+        commits.after_batch(plans, rows)
+        report = BatchReport(self.batch_id, plans, rows, time.monotonic() - started)
+        for row in rows:
+            report.statuses[row["status"]] = report.statuses.get(row["status"], 0) + 1
+        self._learn_rate(plans, rows)
+        self.totals["batches"] += 1
+        for key in ("records_in", "records_out", "dead_letters"):
+            self.totals[key] += report.total(key)
+        return report
+
+    def run_job(self, action: Callable[[], Any], description: str) -> Any:
+        """Run a batch's Spark job (`action`) in its own job group, watched: a "still running" line
+        now and then, and cancelled after batch_timeout_s (a hung task must not stall the run)."""
+        outcome: dict[str, Any] = {}
+        started = time.monotonic()
+        job_group = f"txstream-{self.settings.app_id}-batch-{self.batch_id}"
         sc = self.spark.sparkContext
 
         def work() -> None:
@@ -391,7 +440,7 @@ class Driver:
                 # Per-thread job group (Spark pins Python threads to JVM threads), so the
                 # watchdog below can cancel exactly this batch's job.
                 sc.setJobGroup(job_group, description, interruptOnCancel=True)
-                outcome["rows"] = [row.asDict() for row in frame.collect()]
+                outcome["rows"] = action()
             except BaseException as exc:
                 outcome["error"] = exc
 
@@ -423,16 +472,7 @@ class Driver:
                                    f"(batch_timeout_s); its transactions are aborted or fenced on re-plan") \
                     from outcome["error"]
             raise outcome["error"]
-        rows = outcome["rows"]
-        commits.after_batch(plans, rows)
-        report = BatchReport(self.batch_id, plans, rows, time.monotonic() - started)
-        for row in rows:
-            report.statuses[row["status"]] = report.statuses.get(row["status"], 0) + 1
-        self._learn_rate(plans, rows)
-        self.totals["batches"] += 1
-        for key in ("records_in", "records_out", "dead_letters"):
-            self.totals[key] += report.total(key)
-        return report
+        return outcome["rows"]
 
     def _job_progress(self) -> str:
         """What the batch's Spark job is doing, for the 'still running' line."""
@@ -504,6 +544,8 @@ class Driver:
     def close(self) -> None:
         for sig, previous in getattr(self, "_previous_handlers", {}).items():
             signal.signal(sig, previous)
+        if self.wide is not None:
+            self.wide.close()
         if self.membership is not None:
             self.membership.close()
             self.membership = None

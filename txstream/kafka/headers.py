@@ -35,3 +35,13 @@ PUBLICATION = "txstream.publication"
 # included): (publication, source offset, position) is unique by construction, so `verify`
 # catches any repeat, a verbatim copy of a committed record included.
 PUBLICATION_SEQ = "txstream.publication.seq"
+
+# Wide batches (docs/wide-transforms.md): an output record has no single source record; it
+# names the batch and the output unit that published it, which `verify` checks were published
+# once (one publication per batch and unit).
+BATCH = "txstream.batch"
+UNIT = "txstream.unit"
+
+
+def wide_lineage(batch_id: int, unit: int | str, publication: str) -> list[tuple[str, bytes]]:
+    return [(BATCH, str(batch_id).encode()), (UNIT, str(unit).encode()), (PUBLICATION, publication.encode())]

@@ -26,12 +26,15 @@ class RecordCollector:
     publication: str
     lineage: bool = True
     sent: list[tuple] = field(default_factory=list)
+    # The lineage headers every record of this collector carries; default: the source partition
+    # and the publication (a wide unit's name its batch and unit instead: task/units.py).
+    fixed_headers: list[tuple[str, bytes]] | None = None
 
     def __post_init__(self) -> None:
         topic, partition = self.source
-        self._lineage_fixed = [(headers.SOURCE_TOPIC, topic.encode()),
-                               (headers.SOURCE_PARTITION, str(partition).encode()),
-                               (headers.PUBLICATION, self.publication.encode())]
+        self._lineage_fixed = self.fixed_headers if self.fixed_headers is not None else [
+            (headers.SOURCE_TOPIC, topic.encode()), (headers.SOURCE_PARTITION, str(partition).encode()),
+            (headers.PUBLICATION, self.publication.encode())]
 
     def add_batch(self, batch: pa.RecordBatch) -> int:
         n = batch.num_rows

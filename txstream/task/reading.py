@@ -44,8 +44,12 @@ def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa
     ])
 
 
-def range_frame(spark, spec: ReadSpec):  # SparkSession -> DataFrame
+def range_frame(spark, spec: ReadSpec, accounts: Any = None):  # SparkSession -> DataFrame
     """The batch's input DataFrame: one Spark partition per planned range, read by task i.
+
+    `accounts`: a Spark accumulator (`ReadAccounts`) that takes each range's count and
+    undecodable records instead of the side file, when no publisher of the same task follows
+    (a wide batch: the output is shuffled to the units, docs/wide-transforms.md).
 
     A `mapInArrow` over `spark.range(n, numPartitions=n)` rather than a Python data source:
     partition i holds exactly the number i, so task i reads plan i, and Spark needs no Python
@@ -53,10 +57,10 @@ def range_frame(spark, spec: ReadSpec):  # SparkSession -> DataFrame
     batch and three more Python daemons at start-up)."""
     n = max(1, len(spec.plans))
     return spark.range(0, n, 1, n).mapInArrow(
-        functools.partial(read_planned_range, spec), input_struct(spec.key_schema, spec.value_schema))
+        functools.partial(read_planned_range, spec, accounts), input_struct(spec.key_schema, spec.value_schema))
 
 
-def read_planned_range(spec: ReadSpec, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Task i's reader: the records of plan i as Arrow batches, then the side file."""
     for id_batch in ids:
         for index in id_batch.column(0).to_pylist():
@@ -74,7 +78,11 @@ def read_planned_range(spec: ReadSpec, ids: Iterator[pa.RecordBatch]) -> Iterato
             from txstream import faults
 
             faults.maybe_fail("read.end", plan)
-            write_side_file(spec.side_dir, spec.batch_id, ReadResult(count, dead, time.perf_counter() - started))
+            result = ReadResult(count, dead, time.perf_counter() - started)
+            if accounts is not None:
+                accounts.add({(plan.topic, plan.partition, plan.start, plan.end): result})
+            else:
+                write_side_file(spec.side_dir, spec.batch_id, result)
 
 
 def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
@@ -237,3 +245,16 @@ class _Columns:
         keep = np.ones(n, bool)
         keep[list(errors)] = False
         return batch.filter(pa.array(keep)) if keep.any() else None
+
+
+class ReadAccounts:
+    """Spark AccumulatorParam (duck-typed, so this module imports no pyspark) of a wide batch's
+    reads: {(topic, partition, start, end): ReadResult}. Keyed by range, so a read stage that
+    Spark runs again (a lost shuffle file) replaces its entry instead of counting twice."""
+
+    def zero(self, _value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, first: dict, second: dict) -> dict:  # noqa: N802 (Spark's name)
+        first.update(second)
+        return first

@@ -1,0 +1,62 @@
+"""Wide processors for the tests (raw keys `k<n>`, as tests/chaos/harness.py seeds them), and the
+reconciliation their output must pass: per bucket, the counts and sums over every output record
+equal the input's."""
+from __future__ import annotations
+
+from collections import Counter
+
+from pyspark.sql import functions as F
+
+from txstream import Processor
+
+BUCKETS = 37
+
+
+def _n(batch):
+    return F.expr("cast(substring(cast(key as string), 2) as long)")
+
+
+class BucketTotals(Processor):
+    """Per batch: for each bucket (n mod 37), how many records and the sum of their n."""
+
+    def transform(self, batch):
+        n = _n(batch)
+        return (batch.select(n.alias("n")).withColumn("bucket", F.col("n") % BUCKETS)
+                .groupBy("bucket").agg(F.count("*").alias("c"), F.sum("n").alias("s"))
+                .select(F.col("bucket").cast("string").alias("key"), F.concat_ws(",", "c", "s").alias("value")))
+
+
+class RandomBuckets(BucketTotals):
+    """Not deterministic: the bucket of a record is drawn at random."""
+
+    def transform(self, batch):
+        return (batch.select(F.floor(F.rand() * BUCKETS).alias("bucket"))
+                .groupBy("bucket").agg(F.count("*").alias("c"))
+                .select(F.col("bucket").cast("string").alias("key"), F.col("c").cast("string").alias("value")))
+
+
+class SlyRandomBuckets(RandomBuckets):
+    """The same, let through knowingly: the markers catch the replay that differs."""
+
+    allow_nondeterministic = True
+
+
+def expected_totals(numbers: range | list[int]) -> dict[str, tuple[int, int]]:
+    counts: Counter = Counter()
+    sums: Counter = Counter()
+    for n in numbers:
+        counts[str(n % BUCKETS)] += 1
+        sums[str(n % BUCKETS)] += n
+    return {b: (counts[b], sums[b]) for b in counts}
+
+
+def output_totals(records: list) -> dict[str, tuple[int, int]]:
+    """Totals over every output record (tests/support/kafka.py Records)."""
+    counts: Counter = Counter()
+    sums: Counter = Counter()
+    for record in records:
+        key, value = record.key, record.value
+        c, s = (int(x) for x in value.decode().split(","))
+        counts[key.decode()] += c
+        sums[key.decode()] += s
+    return {b: (counts[b], sums[b]) for b in counts}

@@ -1,0 +1,495 @@
+"""Wide batches on the driver: the plan log, the output units, closing a batch
+(docs/wide-transforms.md). The narrow protocol (driver/loop.py, task/publish.py) is untouched.
+
+A batch b, in `units` mode:
+1. **Log the plan.** One transaction of the driver's producer (`<app>-driver`) commits, for each
+   input partition, its start offset with its share of b in the metadata (driver/planlog.py).
+   A pending logged plan is re-run as it is, never re-planned.
+2. **Units.** The transform's output is repartitioned into K units by the hash of its key (or of
+   all its columns); unit i is published by `<app>-unit-i` with its marker (task/units.py).
+3. **Close.** When every unit reports its marker at b, one transaction of the driver's producer
+   publishes the batch's undecodable records to the dead-letter topic and commits the input end
+   offsets (nothing pending in the metadata), under the member's group metadata.
+
+`single-transaction` mode: the driver collects the output (Arrow) and publishes it, the dead
+letters and the input end offsets in one transaction of its own producer: no units, no
+determinism needed, as fast as one producer; the oracle the units mode is tested against.
+
+Every write of the driver goes through one producer whose `init_transactions` fences an older
+driver of the same app: a driver another instance replaced can write neither log nor output.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import TopicPartition
+
+from txstream import faults
+from txstream.driver.planlog import LoggedPartition, PendingBatch, PlanShare, last_batch_id, pending_batch
+from txstream.errors import (
+    FencedError,
+    InfrastructureError,
+    PoisonRecordError,
+    TransformError,
+    UserError,
+)
+from txstream.task.publisher import TransactionalPublisher
+from txstream.task.reading import ReadAccounts
+from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, EMPTY, TaskResult, result_schema
+from txstream.task.spec import AT_MOST_ONCE, EXACTLY_ONCE, PartitionPlan
+from txstream.task.units import (
+    NONDETERMINISTIC,
+    UnitSpec,
+    markers_name,
+    publish_unit,
+    read_markers,
+    unit_transactional_id,
+)
+
+if TYPE_CHECKING:
+    from txstream.driver.loop import BatchReport, Driver
+
+UNITS, SINGLE_TRANSACTION = "units", "single-transaction"
+WIDE_MODES = (UNITS, SINGLE_TRANSACTION)
+
+
+class WideAppRunningError(UserError):
+    """A second instance of a wide app was started while the first runs."""
+
+
+class InstanceReplacedError(UserError):
+    """This instance's driver producer was fenced: a newer instance of the wide app took over."""
+
+
+class NondeterministicTransformError(UserError):
+    """A unit's replay published rows that differ from the committed attempt's."""
+
+
+@dataclass
+class WideBatch:
+    batch_id: int
+    units: int
+    timestamp_ms: int
+    plans: list[PartitionPlan]
+    recovered: bool   # re-running a logged plan found pending at start or after a failure
+
+    @property
+    def plan_id(self) -> str:
+        text = ";".join(f"{p.topic}:{p.partition}:{p.start}:{p.end}" for p in self.plans)
+        return hashlib.sha1(f"{self.batch_id};{self.units};{self.timestamp_ms};{text}".encode()).hexdigest()[:12]
+
+
+class WideBatches:
+    """The wide protocol for one run (driver side)."""
+
+    def __init__(self, driver: Driver, mode: str, units: int, allow_nondeterministic: bool) -> None:
+        self.driver = driver
+        self.settings = driver.settings
+        self.mode = mode
+        self.units = units
+        self.allow_nondeterministic = allow_nondeterministic
+        self.current: WideBatch | None = None
+        self._publisher: TransactionalPublisher | None = None
+        self._markers_metadata: Any = None
+        self._waiting_noted = False
+        self.echo = driver.echo
+
+    # -- start ------------------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        if self.mode == SINGLE_TRANSACTION:
+            return ("protocol: wide, single transaction (the driver publishes each batch's output and "
+                    "its input offsets in one transaction)")
+        return (f"protocol: wide, {self.units} output units (<app>-unit-0..{self.units - 1}, markers in "
+                f"{markers_name(self.settings.app_id)}; docs/wide-transforms.md)")
+
+    def start(self) -> None:
+        """Refuse a second live instance; create the markers topic; fence an older driver."""
+        s = self.settings
+        self._refuse_second_instance()
+        if s.guarantee != EXACTLY_ONCE:
+            return
+        if self.mode == UNITS:
+            self._ensure_markers_topic()
+            from confluent_kafka import Consumer
+
+            # A consumer of the markers group that never subscribes: its metadata has generation
+            # -1 and no member id, which the broker accepts for the group nobody joins.
+            consumer = Consumer(s.clients.consumer(markers_name(s.app_id), **{"enable.auto.commit": False}))
+            self._markers_metadata = consumer.consumer_group_metadata()
+            consumer.close()
+        self._publisher = TransactionalPublisher(self.driver.specs.publish.producer_config(transactional=True),
+                                                 f"{s.app_id}-driver", None, self.driver.specs.publish.timeout_s)
+        self._publisher.init()
+
+    def _refuse_second_instance(self, session_s: float = 10.0) -> None:
+        """A wide app runs as one instance. Members of its group that do not go away within a
+        session timeout (a crashed instance's do) belong to a live instance: refuse."""
+        from confluent_kafka.admin import AdminClient
+
+        s = self.settings
+        admin: AdminClient = self.driver.admin
+        deadline = time.monotonic() + session_s + 5
+        noted = False
+        while True:
+            description = admin.describe_consumer_groups([s.app_id])[s.app_id].result(30)
+            members = list(description.members or [])
+            if not members:
+                return
+            if time.monotonic() > deadline:
+                who = ", ".join(f"{m.client_id or m.member_id} on {m.host}" for m in members[:3])
+                raise WideAppRunningError(
+                    f"{s.app_id} is a wide app and already runs ({who}). A wide app runs as one instance: "
+                    "its batches span all input partitions. Stop that instance first (a crashed one drops "
+                    "out of the group within its session timeout).")
+            if not noted:
+                self.echo(f"the group {s.app_id} has {len(members)} member(s); waiting up to {session_s:.0f}s "
+                          "for them to leave (a wide app runs as one instance)")
+                noted = True
+            time.sleep(1.0)
+
+    def _ensure_markers_topic(self) -> None:
+        from confluent_kafka.admin import NewPartitions, NewTopic
+
+        from txstream.kafka.offsets import cluster_topics
+
+        name = markers_name(self.settings.app_id)
+        admin = self.driver.admin
+        known = cluster_topics(admin, timeout=30)
+        if name not in known:
+            brokers = len(admin.list_topics(timeout=30).brokers)
+            topic = NewTopic(name, self.units, min(3, brokers), config={"retention.ms": "3600000"})
+            try:
+                admin.create_topics([topic])[name].result(30)
+                self.echo(f"created the markers topic {name} ({self.units} partitions; it holds no records, "
+                          "only the units' committed offsets refer to it)")
+            except Exception as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
+                    raise
+        elif known[name] < self.units:
+            admin.create_partitions([NewPartitions(name, self.units)])[name].result(30)
+        _wait_for_partitions(admin, name, self.units)
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def read_log(self, owned: list[TopicPartition]) -> dict[tuple[str, int], LoggedPartition]:
+        from txstream.kafka.retry import retriable
+
+        consumer = self.driver.membership.consumer
+        wanted = [TopicPartition(p.topic, p.partition) for p in owned]
+        answer = retriable(lambda: consumer.committed(wanted, timeout=30), 30)
+        return {(tp.topic, tp.partition): LoggedPartition(tp.offset if tp.offset >= 0 else None,
+                                                          PlanShare.decode(tp.metadata)) for tp in answer}
+
+    def next_plans(self, owned: list[TopicPartition], planner: Any, cap: int) -> list[PartitionPlan]:
+        """The logged batch that is not closed, else a new one (logged before it runs); [] when
+        there is nothing to do or not every input partition is this instance's."""
+        total = self.driver.input_partitions
+        if len(owned) < total:
+            if not self._waiting_noted:
+                self.echo(f"waiting to own all {total} input partitions (this instance has {len(owned)}): "
+                          "a wide batch spans them all")
+                self._waiting_noted = True
+            return []
+        self._waiting_noted = False
+        log = self.read_log(owned)
+        pending = pending_batch(log)
+        if pending is not None:
+            self.current = self._from_log(pending)
+            return self.current.plans
+        committed = {key: entry.committed for key, entry in log.items()}
+        plans = planner.plan(owned, committed, cap)
+        if not plans:
+            return []
+        batch_id = last_batch_id(log) + 1
+        units = self.units if self.mode == UNITS else 1
+        if self.mode == UNITS and self.settings.guarantee == EXACTLY_ONCE:
+            markers = read_markers(self.settings.clients, self.settings.app_id, units)
+            batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
+        batch = WideBatch(batch_id, units, int(time.time() * 1000), _wide_plans(plans), recovered=False)
+        if self.settings.guarantee == EXACTLY_ONCE and self.mode == UNITS:
+            # Logged before it runs: after any crash, exactly this batch runs again.
+            self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=PlanShare(
+                batch_id, p.end, units, batch.timestamp_ms).encode()) for p in batch.plans], "log the plan")
+            faults.maybe_fail("driver.after_plan_log", batch_id)
+        self.current = batch
+        return batch.plans
+
+    def _from_log(self, pending: PendingBatch) -> WideBatch:
+        plans = [PartitionPlan(t, p, start, end, start, "") for (t, p), (start, end) in sorted(pending.ranges.items())]
+        batch = WideBatch(pending.batch_id, pending.units, pending.timestamp_ms, plans, recovered=True)
+        self.echo(f"batch {batch.batch_id}: re-running its logged plan ({sum(p.size for p in plans)} records over "
+                  f"{len(plans)} partitions, {batch.units} units): a previous attempt did not close it")
+        return batch
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def run_batch(self, plans: list[PartitionPlan]) -> BatchReport:
+        from txstream.driver.loop import BatchReport
+
+        driver = self.driver
+        batch = self.current
+        if batch is None or batch.plans != plans:
+            # Plans from the poison isolator: a new batch of its own, logged like any other.
+            batch = self._new_batch_for(plans)
+        driver.batch_id = batch.batch_id
+        started = time.monotonic()
+        s = self.settings
+        s.processor.batch_timestamp = datetime.fromtimestamp(batch.timestamp_ms / 1000, tz=timezone.utc)
+        accounts = driver.spark.sparkContext.accumulator({}, ReadAccounts())
+        out = driver.output_frame(batch.plans, accounts=accounts)
+        out = out.select(*[c for c in out.columns if c != "offset"])
+        if s.guarantee == AT_MOST_ONCE:
+            self._commit_plain(batch)
+        description = (f"txstream {s.app_id} batch {batch.batch_id} ({len(batch.plans)} partitions, "
+                       f"{sum(p.size for p in batch.plans)} records, wide: {self.mode})")
+        if self.mode == SINGLE_TRANSACTION:
+            rows = self._run_single(batch, out, accounts, description)
+        else:
+            rows = self._run_units(batch, out, accounts, description)
+        report = BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started)
+        for row in rows:
+            report.statuses[row["status"]] = report.statuses.get(row["status"], 0) + 1
+        driver.totals["batches"] += 1
+        for key in ("records_in", "records_out", "dead_letters"):
+            driver.totals[key] += report.total(key)
+        self.current = None
+        return report
+
+    def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
+        driver, s = self.driver, self.settings
+        key_routed = "key" in out.columns
+        route = ["key"] if key_routed else list(out.columns)
+        spec = UnitSpec(publish=driver.specs.publish, batch_id=batch.batch_id, units=batch.units,
+                        plan_id=batch.plan_id, routing="key" if key_routed else "all columns",
+                        markers_metadata=self._markers_metadata)
+        frame = out.repartition(batch.units, *route).mapInArrow(functools.partial(publish_unit, spec), result_schema())
+        rows = driver.run_job(lambda: [r.asDict() for r in frame.collect()], description)
+        by_status: dict[str, list[dict]] = {}
+        for row in rows:
+            by_status.setdefault(row["status"], []).append(row)
+        odd = [r for r in rows if r["status"] not in (COMMITTED, ALREADY_DONE, EMPTY, ACKED, NONDETERMINISTIC)]
+        if odd:
+            raise InfrastructureError(f"batch {batch.batch_id}: unit {odd[0]['index']} ended {odd[0]['status']} "
+                                      f"({odd[0]['message']}); the logged batch runs again")
+        for row in by_status.get(NONDETERMINISTIC, []):
+            if not self.allow_nondeterministic:
+                raise NondeterministicTransformError(
+                    f"batch {batch.batch_id}: {row['message']}. The transform is not deterministic; the "
+                    "units published before and after the failure may overlap or miss rows. Make the "
+                    "transform deterministic (docs/wide-transforms.md §4); the batch stays open until then.")
+            self.echo(f"warning: batch {batch.batch_id}: {row['message']} (allow_nondeterministic)")
+        read = self._read_accounts(batch, accounts)
+        faults.maybe_fail("driver.before_close", batch.batch_id)
+        started = time.perf_counter()
+        if s.guarantee == EXACTLY_ONCE:
+            self._close(batch, read["dead"], records=None)
+        elif s.guarantee != AT_MOST_ONCE:
+            self._publish_dead_plain(batch, read["dead"])
+            self._commit_plain(batch)
+        close = TaskResult(-1, status=COMMITTED, records_in=read["records"], dead_letters=len(read["dead"]),
+                           read_s=read["read_s"], commit_s=time.perf_counter() - started)
+        return rows + [close.__dict__]
+
+    def _run_single(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
+        """All of the batch's output, its dead letters and its input offsets: one transaction."""
+        driver = self.driver
+        table = driver.run_job(out.toArrow, description)
+        read = self._read_accounts(batch, accounts)
+        started = time.perf_counter()
+        if self.settings.guarantee == EXACTLY_ONCE:
+            produced = self._close(batch, read["dead"], records=table)
+        else:
+            produced = self._publish_dead_plain(batch, read["dead"], records=table)
+            self._commit_plain(batch)
+        result = TaskResult(0, status=COMMITTED, records_in=read["records"], records_out=produced,
+                            dead_letters=len(read["dead"]), read_s=read["read_s"],
+                            commit_s=time.perf_counter() - started, attempts=1)
+        return [result.__dict__]
+
+    def _read_accounts(self, batch: WideBatch, accounts: Any) -> dict[str, Any]:
+        """The readers' counts and undecodable records (a Spark accumulator: per planned range, so
+        a stage Spark re-ran counts once)."""
+        values = accounts.value
+        dead = [record for (topic, partition, start, end), result in sorted(values.items())
+                for record in [(topic, partition, r) for r in result.dead_letters]]
+        if dead and not self.settings.dead_letter_topic:
+            topic, partition, (_k, _v, _h, _ts, offset, stage, error) = dead[0]
+            raise PoisonRecordError(
+                f"record {topic}[{partition}]@{offset} failed at {stage}: {error}. {len(dead)} record(s) of batch "
+                f"{batch.batch_id} failed; declare a dead_letter_topic on the processor (or --dead-letter-topic) "
+                "to set such records aside. The batch stays open (its input offsets are not committed) until then.")
+        return {"records": sum(r.records for r in values.values()), "dead": dead,
+                "read_s": max((r.read_seconds for r in values.values()), default=0.0)}
+
+    # -- the driver's transactions ------------------------------------------------------------------
+
+    def _close(self, batch: WideBatch, dead: list[tuple], records: Any) -> int:
+        """One transaction: `records` (single-transaction mode), the dead letters, and the input end
+        offsets with nothing pending in the log. Returns the records produced."""
+        offsets = [TopicPartition(p.topic, p.partition, p.end,
+                                  metadata=PlanShare(batch.batch_id, p.end, batch.units, batch.timestamp_ms).encode())
+                   for p in batch.plans]
+        return self._commit(offsets, f"close batch {batch.batch_id}", dead=dead, records=records, batch=batch)
+
+    def _commit(self, offsets: list[TopicPartition], what: str, dead: list[tuple] = (),
+                records: Any = None, batch: WideBatch | None = None) -> int:
+
+        publisher = self._publisher
+        assert publisher is not None
+        membership = self.driver.membership
+        spec = self.driver.specs.publish
+        for attempt in range(3):
+            produced = 0
+            try:
+                publisher.begin()
+                with publisher.producing():
+                    if records is not None or dead:
+                        collector = _driver_collector(spec, publisher.producer, batch)
+                        if records is not None:
+                            for chunk in records.to_batches():
+                                produced += collector.add_batch(chunk)
+                        for topic, partition, record in dead:
+                            collector.source = (topic, partition)
+                            collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
+                publisher.send_offsets(offsets, membership.group_metadata())
+                publisher.commit()
+                return produced
+            except FencedError as exc:
+                raise InstanceReplacedError(
+                    f"{self.settings.app_id}: another instance of this wide app started and fenced this one's "
+                    f"driver ({exc}); this instance stops (a wide app runs as one instance)") from exc
+            except Exception as exc:
+                try:
+                    publisher.abort()
+                except FencedError:
+                    raise InstanceReplacedError(f"{self.settings.app_id}: fenced by a newer instance") from exc
+                if attempt == 2:
+                    raise InfrastructureError(f"{what}: {exc}") from exc
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    def _commit_plain(self, batch: WideBatch) -> None:
+        self.driver.membership.commit([TopicPartition(p.topic, p.partition, p.end) for p in batch.plans])
+
+    def _publish_dead_plain(self, batch: WideBatch, dead: list[tuple], records: Any = None) -> int:
+        from confluent_kafka import Producer
+
+        spec = self.driver.specs.publish
+        producer = Producer(spec.producer_config(transactional=False))
+        collector = _driver_collector(spec, producer, batch)
+        produced = 0
+        if records is not None:
+            for chunk in records.to_batches():
+                produced += collector.add_batch(chunk)
+        for topic, partition, record in dead:
+            collector.source = (topic, partition)
+            collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
+        if producer.flush(spec.timeout_s):
+            raise InfrastructureError(f"batch {batch.batch_id}: output not acknowledged; its offsets are not committed")
+        return produced
+
+    # -- poison isolation ---------------------------------------------------------------------------
+
+    def abandon(self, plans: list[PartitionPlan]) -> None:
+        """Before the poison isolator re-plans a failed batch: fence every unit (no attempt of it
+        can commit after this), check none committed it, and clear the pending plan from the log.
+        If a unit did commit, the batch cannot be replaced: the run stops."""
+        batch = self.current
+        if batch is None or self.settings.guarantee != EXACTLY_ONCE or self.mode != UNITS:
+            return
+        spec = self.driver.specs.publish
+        for unit in range(batch.units):
+            fence = TransactionalPublisher(spec.producer_config(transactional=True),
+                                           unit_transactional_id(self.settings.app_id, unit), None, spec.timeout_s)
+            try:
+                fence.init()
+            finally:
+                fence.close()
+        markers = read_markers(self.settings.clients, self.settings.app_id, batch.units)
+        done = [i for i, m in markers.items() if m.done_through >= batch.batch_id]
+        if done:
+            raise PoisonRecordError(
+                f"a record of batch {batch.batch_id} failed in the transform after unit(s) {done[:5]} of the batch "
+                "were published, so the batch cannot be re-planned without it. Fix the transform (the failure is "
+                "after the shuffle) and restart: the batch completes as logged.")
+        self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=PlanShare(
+            batch.batch_id, p.start, batch.units, batch.timestamp_ms).encode()) for p in batch.plans],
+            f"abandon batch {batch.batch_id}")
+        self.current = None
+
+    def _new_batch_for(self, plans: list[PartitionPlan]) -> WideBatch:
+        log = self.read_log([TopicPartition(p.topic, p.partition) for p in plans])
+        batch_id = last_batch_id(log) + 1
+        if self.mode == UNITS and self.settings.guarantee == EXACTLY_ONCE:
+            markers = read_markers(self.settings.clients, self.settings.app_id, self.units)
+            batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
+            batch = WideBatch(batch_id, self.units, int(time.time() * 1000), _wide_plans(plans), False)
+            self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=PlanShare(
+                batch_id, p.end, batch.units, batch.timestamp_ms).encode()) for p in batch.plans], "log the plan")
+            return batch
+        return WideBatch(batch_id, 1 if self.mode != UNITS else self.units, int(time.time() * 1000),
+                         _wide_plans(plans), False)
+
+    def dead_letter(self, plan: PartitionPlan, record: tuple) -> None:
+        """The poison record to the dead-letter topic and its partition's offset past it: one
+        transaction of the driver's producer (nothing pending in the log)."""
+        offset = record[4]
+        units = self.units if self.mode == UNITS else 1
+        log = self.read_log([TopicPartition(plan.topic, plan.partition)])
+        share = PlanShare(last_batch_id(log), offset + 1, units, int(time.time() * 1000))
+        tp = TopicPartition(plan.topic, plan.partition, offset + 1, metadata=share.encode())
+        if self.settings.guarantee == EXACTLY_ONCE:
+            self._commit([tp], "dead-letter a poison record", dead=[(plan.topic, plan.partition, record)])
+        else:
+            self._publish_dead_plain(WideBatch(share.batch_id, units, 0, [plan], False),
+                                     [(plan.topic, plan.partition, record)])
+            self.driver.membership.commit([tp])
+
+    def close(self) -> None:
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None
+
+
+def _wide_plans(plans: list[PartitionPlan]) -> list[PartitionPlan]:
+    return [replace(p, transactional_id="") for p in plans]
+
+
+def _driver_collector(spec: Any, producer: Any, batch: WideBatch | None) -> Any:
+    import uuid
+
+    from txstream.kafka import headers
+    from txstream.serde.avro import AvroCodec
+    from txstream.task.collector import RecordCollector
+
+    publication = uuid.uuid4().hex
+    return RecordCollector(
+        producer=producer, default_topic=spec.output_topic,
+        value_codec=AvroCodec(spec.output_value_schema) if spec.output_value_schema else None,
+        key_codec=AvroCodec(spec.output_key_schema) if spec.output_key_schema else None,
+        source=("", -1), publication=publication, lineage=spec.lineage,
+        fixed_headers=headers.wide_lineage(batch.batch_id if batch else 0, "single", publication))
+
+
+def _wait_for_partitions(admin: Any, topic: str, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is not None and meta.error is None and len(meta.partitions) >= count \
+                and all(p.leader >= 0 for p in meta.partitions.values()):
+            return
+        time.sleep(0.2)
+    raise InfrastructureError(f"the markers topic {topic} has no leader for all {count} partitions after {timeout:.0f}s")
+
+
+def check_wide_settings(mode: str, units: int | None) -> None:
+    if mode not in WIDE_MODES:
+        raise TransformError(f"wide mode must be one of {', '.join(WIDE_MODES)}, got {mode!r}")
+    if units is not None and units < 1:
+        raise TransformError("output units must be at least 1")

@@ -3,6 +3,7 @@ reconciliation their output must pass: per bucket, the counts and sums over ever
 equal the input's."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from pyspark.sql import functions as F
@@ -22,8 +23,8 @@ class BucketTotals(Processor):
     def transform(self, batch):
         n = _n(batch)
         return (batch.select(n.alias("n")).withColumn("bucket", F.col("n") % BUCKETS)
-                .groupBy("bucket").agg(F.count("*").alias("c"), F.sum("n").alias("s"))
-                .select(F.col("bucket").cast("string").alias("key"), F.concat_ws(",", "c", "s").alias("value")))
+                .groupBy("bucket").agg(F.count("*").alias("count"), F.sum("n").alias("sum"))
+                .select(F.col("bucket").cast("string").alias("key"), F.to_json(F.struct("count", "sum")).alias("value")))
 
 
 class RandomBuckets(BucketTotals):
@@ -31,8 +32,8 @@ class RandomBuckets(BucketTotals):
 
     def transform(self, batch):
         return (batch.select(F.floor(F.rand() * BUCKETS).alias("bucket"))
-                .groupBy("bucket").agg(F.count("*").alias("c"))
-                .select(F.col("bucket").cast("string").alias("key"), F.col("c").cast("string").alias("value")))
+                .groupBy("bucket").agg(F.count("*").alias("count"))
+                .select(F.col("bucket").cast("string").alias("key"), F.to_json(F.struct("count")).alias("value")))
 
 
 class SlyRandomBuckets(RandomBuckets):
@@ -55,8 +56,8 @@ def output_totals(records: list) -> dict[str, tuple[int, int]]:
     counts: Counter = Counter()
     sums: Counter = Counter()
     for record in records:
-        key, value = record.key, record.value
-        c, s = (int(x) for x in value.decode().split(","))
+        key, value = record.key, json.loads(record.value)
+        c, s = int(value["count"]), int(value.get("sum", 0))
         counts[key.decode()] += c
         sums[key.decode()] += s
     return {b: (counts[b], sums[b]) for b in counts}

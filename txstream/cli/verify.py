@@ -30,17 +30,21 @@ class _ExitTwo(click.ClickException):
               help="The processor emits exactly one record per input record: report gaps "
                    "(no output, no dead letter), and second outputs without a publication id "
                    "as duplicates.")
+@click.option("--count-field", default=None, metavar="FIELD",
+              help="A wide app's output values are JSON with this count field (an aggregate's count): per "
+                   "batch, its sum must equal the input records the batch read (not dead-lettered).")
 @kafka_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds to wait for the broker, and the longest stall allowed while reading.")
 def verify(inputs: tuple[str, ...], outputs: tuple[str, ...], dead_letter: str | None,
-           app_id: str | None, one_to_one: bool, clients: KafkaClients, as_json: bool,
+           app_id: str | None, one_to_one: bool, count_field: str | None, clients: KafkaClients, as_json: bool,
            timeout: float) -> None:
     """Audit an app's output against its input: duplicates and gaps per source partition.
 
     Reads every topic with isolation.level=read_committed up to its last stable offset and
-    follows each output's lineage headers back to its source record. Exit status: 0 clean,
+    follows each output's lineage headers back to its source record; a wide app's output (with
+    --app-id) is audited per batch and unit against the batch records. Exit status: 0 clean,
     1 duplicates or gaps found, 2 usage or connection error.
     """
     from txstream.errors import TxstreamError
@@ -48,7 +52,7 @@ def verify(inputs: tuple[str, ...], outputs: tuple[str, ...], dead_letter: str |
 
     try:
         report = audit(clients, list(inputs), list(outputs), dead_letter=dead_letter,
-                       app_id=app_id, one_to_one=one_to_one, timeout=timeout)
+                       app_id=app_id, one_to_one=one_to_one, timeout=timeout, count_field=count_field)
     except TxstreamError as exc:   # AuditError, KafkaUnreachable, OffsetsError: one line
         raise _ExitTwo(str(exc)) from None
     if as_json:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -114,8 +115,8 @@ class WideBatches:
         self._refuse_second_instance()
         if s.guarantee != EXACTLY_ONCE:
             return
+        self._ensure_markers_topic()
         if self.mode == UNITS:
-            self._ensure_markers_topic()
             from confluent_kafka import Consumer
 
             # A consumer of the markers group that never subscribes: its metadata has generation
@@ -163,11 +164,11 @@ class WideBatches:
         known = cluster_topics(admin, timeout=30)
         if name not in known:
             brokers = len(admin.list_topics(timeout=30).brokers)
-            topic = NewTopic(name, self.units, min(3, brokers), config={"retention.ms": "3600000"})
+            topic = NewTopic(name, self.units, min(3, brokers))
             try:
                 admin.create_topics([topic])[name].result(30)
-                self.echo(f"created the markers topic {name} ({self.units} partitions; it holds no records, "
-                          "only the units' committed offsets refer to it)")
+                self.echo(f"created the markers topic {name} ({self.units} partitions: the units' markers are "
+                          "committed offsets of its partitions; it holds one record per closed batch)")
             except Exception as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
                     raise
@@ -288,7 +289,9 @@ class WideBatches:
         faults.maybe_fail("driver.before_close", batch.batch_id)
         started = time.perf_counter()
         if s.guarantee == EXACTLY_ONCE:
-            self._close(batch, read["dead"], records=None)
+            markers = read_markers(s.clients, s.app_id, batch.units)
+            published = {i: m.rows for i, m in markers.items() if m.done_through == batch.batch_id}
+            self._close(batch, read["dead"], records=None, unit_records=published)
         elif s.guarantee != AT_MOST_ONCE:
             self._publish_dead_plain(batch, read["dead"])
             self._commit_plain(batch)
@@ -303,7 +306,7 @@ class WideBatches:
         read = self._read_accounts(batch, accounts)
         started = time.perf_counter()
         if self.settings.guarantee == EXACTLY_ONCE:
-            produced = self._close(batch, read["dead"], records=table)
+            produced = self._close(batch, read["dead"], records=table, unit_records=None)
         else:
             produced = self._publish_dead_plain(batch, read["dead"], records=table)
             self._commit_plain(batch)
@@ -329,16 +332,25 @@ class WideBatches:
 
     # -- the driver's transactions ------------------------------------------------------------------
 
-    def _close(self, batch: WideBatch, dead: list[tuple], records: Any) -> int:
-        """One transaction: `records` (single-transaction mode), the dead letters, and the input end
+    def _close(self, batch: WideBatch, dead: list[tuple], records: Any, unit_records: dict[int, int] | None) -> int:
+        """One transaction: `records` (single-transaction mode), the dead letters, the batch's
+        record in the markers topic (what `txstream verify` reconciles), and the input end
         offsets with nothing pending in the log. Returns the records produced."""
         offsets = [TopicPartition(p.topic, p.partition, p.end,
                                   metadata=PlanShare(batch.batch_id, p.end, batch.units, batch.timestamp_ms).encode())
                    for p in batch.plans]
-        return self._commit(offsets, f"close batch {batch.batch_id}", dead=dead, records=records, batch=batch)
+        return self._commit(offsets, f"close batch {batch.batch_id}", dead=dead, records=records, batch=batch,
+                            unit_records=unit_records)
+
+    def _batch_record(self, batch: WideBatch, unit_records: dict[int, int], dead: int) -> bytes:
+        return json.dumps({
+            "batch": batch.batch_id, "plan": batch.plan_id, "time_ms": batch.timestamp_ms, "mode": self.mode,
+            "units": batch.units, "ranges": [[p.topic, p.partition, p.start, p.end] for p in batch.plans],
+            "unit_records": {str(k): v for k, v in sorted(unit_records.items())}, "dead_letters": dead,
+        }, separators=(",", ":")).encode()
 
     def _commit(self, offsets: list[TopicPartition], what: str, dead: list[tuple] = (),
-                records: Any = None, batch: WideBatch | None = None) -> int:
+                records: Any = None, batch: WideBatch | None = None, unit_records: dict[int, int] | None = None) -> int:
 
         publisher = self._publisher
         assert publisher is not None
@@ -357,6 +369,11 @@ class WideBatches:
                         for topic, partition, record in dead:
                             collector.source = (topic, partition)
                             collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
+                    if batch is not None and (unit_records is not None or records is not None):
+                        counts = unit_records if unit_records is not None else {0: produced}
+                        publisher.producer.produce(markers_name(self.settings.app_id),
+                                                   self._batch_record(batch, counts, len(dead)),
+                                                   str(batch.batch_id).encode(), partition=0)
                 publisher.send_offsets(offsets, membership.group_metadata())
                 publisher.commit()
                 return produced
@@ -474,7 +491,7 @@ def _driver_collector(spec: Any, producer: Any, batch: WideBatch | None) -> Any:
         value_codec=AvroCodec(spec.output_value_schema) if spec.output_value_schema else None,
         key_codec=AvroCodec(spec.output_key_schema) if spec.output_key_schema else None,
         source=("", -1), publication=publication, lineage=spec.lineage,
-        fixed_headers=headers.wide_lineage(batch.batch_id if batch else 0, "single", publication))
+        fixed_headers=headers.wide_lineage(batch.batch_id if batch else 0, 0, publication))
 
 
 def _wait_for_partitions(admin: Any, topic: str, count: int, timeout: float = 30.0) -> None:

@@ -26,6 +26,7 @@ from txstream.kafka import headers as hdr
 from txstream.kafka.config import KafkaClients, as_clients
 from txstream.kafka.offsets import admin_client, cluster_topics, committed_offsets, list_offsets, watermarks
 from txstream.kafka.scan import scan
+from txstream.tools.verify_wide import WideAudit
 
 SAMPLES = 20  # offsets listed per partition and problem kind; counts are always complete
 # Big fetches: an audit reads whole topics.
@@ -77,6 +78,8 @@ class AuditReport:
     open_transactions: list[str] = field(default_factory=list)
     seconds: float = 0.0
     records_read: int = 0
+    # A wide app's output: per batch and unit (tools/verify_wide.py); None when there is none.
+    wide: WideAudit | None = None
 
     @property
     def totals(self) -> dict[str, int]:
@@ -88,10 +91,13 @@ class AuditReport:
     @property
     def clean(self) -> bool:
         t = self.totals
-        return t["duplicates"] == 0 and t["gaps"] == 0
+        return t["duplicates"] == 0 and t["gaps"] == 0 and (self.wide is None or self.wide.clean)
 
     def to_dict(self) -> dict:
+        wide, self.wide = self.wide, None
         data = asdict(self)
+        self.wide = wide
+        data["wide"] = wide.to_dict() if wide is not None else None
         data["unexpected_elsewhere_samples"] = [list(s) for s in self.unexpected_elsewhere_samples]
         data["totals"] = self.totals
         data["clean"] = self.clean
@@ -130,6 +136,8 @@ class AuditReport:
         if self.open_transactions:
             out.append(f"note: transactions still open on {', '.join(self.open_transactions)}; "
                        "audited up to their last stable offset")
+        if self.wide is not None:
+            out += self.wide.lines()
         if self.without_lineage:
             out.append(f"note: {self.without_lineage} output/dead-letter record(s) carry no lineage "
                        "headers and were not audited")
@@ -139,6 +147,8 @@ class AuditReport:
         verdict = ("CLEAN: every audited source record was published at most once"
                    + (" and exactly once (or dead-lettered)" if self.one_to_one else "")
                    if self.clean else "NOT CLEAN: duplicates or gaps found")
+        if self.wide is not None and self.clean:
+            verdict += "; every (batch, unit) of the wide output was published once"
         out.append(f"{verdict}. {self.records_read} records read in {self.seconds:.1f}s.")
         return "\n".join(out)
 
@@ -155,7 +165,7 @@ def _as_list(value: str | Iterable[str] | None) -> list[str]:
 
 def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str | Iterable[str],
           dead_letter: str | Iterable[str] | None = None, app_id: str | None = None,
-          one_to_one: bool = False, timeout: float = 30.0) -> AuditReport:
+          one_to_one: bool = False, timeout: float = 30.0, count_field: str | None = None) -> AuditReport:
     """Audit `outputs` (and `dead_letter`) against `inputs`; see the module docstring.
 
     `timeout` bounds each broker round trip and the longest stall while reading.
@@ -239,6 +249,9 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
     pub_key, seq_key = hdr.PUBLICATION, hdr.PUBLICATION_SEQ
     first_seq: dict[tuple[str, int], dict[int, bytes | None]] = {k: {} for k in rows}
     more_seqs: dict[tuple[str, int], dict[int, set]] = {k: {} for k in rows}
+    wide = WideAudit(count_field)
+    wide_lineage = WideAudit.lineage
+    dead_offsets: dict[tuple[str, int], set[int]] = {k: set() for k in rows}
 
     def on_output(msgs: list) -> None:
         for msg in msgs:
@@ -246,6 +259,11 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
                 continue  # published after the snapshot
             headers = msg.headers()
             src = source_of(headers)
+            if src is None and msg.topic() not in dead_set:
+                unit = wide_lineage(headers)
+                if unit is not None:
+                    wide.add(unit, msg.value())
+                    continue
             if src is None:
                 report.without_lineage += 1
                 continue
@@ -264,6 +282,7 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
                 continue
             if msg.topic() in dead_set:
                 row.dead_lettered += 1
+                dead_offsets[key].add(offset)
             else:
                 row.outputs += 1
             pub = seq = None
@@ -283,6 +302,25 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
                 dup[key].add(offset)
 
     report.records_read += _read(clients, out_ranges, on_output, timeout)
+
+    # A wide app's batch records (driver/wide.py writes one per closed batch, in the closing
+    # transaction): read up to the snapshot's committed offsets' moment.
+    markers = f"{app_id}.units" if app_id else None
+    if markers and markers in known:
+        marks_units = watermarks(admin, [(markers, 0)], timeout)[(markers, 0)]
+
+        def on_batch(msgs: list) -> None:
+            for msg in msgs:
+                wide.add_batch(msg.value())
+
+        report.records_read += _read(clients, {(markers, 0): (marks_units.earliest, marks_units.last_stable)},
+                                     on_batch, timeout)
+        # Batches closed after the snapshot of the committed offsets are not the audit's.
+        wide.batches = {b: r for b, r in wide.batches.items()
+                        if all(committed.get((t, p), -1) >= e for t, p, _s, e in r["ranges"] if (t, p) in rows)}
+    if wide.records or wide.batches:
+        wide.finish(visible, dead_offsets, committed)
+        report.wide = wide
 
     for key, row in rows.items():
         row.duplicates = len(dup[key])

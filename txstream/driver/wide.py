@@ -45,6 +45,7 @@ from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, EMPTY, TaskResu
 from txstream.task.spec import AT_MOST_ONCE, EXACTLY_ONCE, PartitionPlan
 from txstream.task.units import (
     NONDETERMINISTIC,
+    VALUES_DIFFER,
     UnitSpec,
     markers_name,
     publish_unit,
@@ -128,17 +129,20 @@ class WideBatches:
                                                  f"{s.app_id}-driver", None, self.driver.specs.publish.timeout_s)
         self._publisher.init()
 
-    def _refuse_second_instance(self, session_s: float = 10.0) -> None:
+    def _refuse_second_instance(self) -> None:
         """A wide app runs as one instance. Members of its group that do not go away within a
         session timeout (a crashed instance's do) belong to a live instance: refuse."""
         from confluent_kafka.admin import AdminClient
 
+        from txstream.kafka.retry import retriable
+
         s = self.settings
+        session_s = int(s.consumer_config.get("session.timeout.ms", 10_000)) / 1000
         admin: AdminClient = self.driver.admin
         deadline = time.monotonic() + session_s + 5
         noted = False
         while True:
-            description = admin.describe_consumer_groups([s.app_id])[s.app_id].result(30)
+            description = retriable(lambda: admin.describe_consumer_groups([s.app_id])[s.app_id].result(30), 60)
             members = list(description.members or [])
             if not members:
                 return
@@ -274,7 +278,7 @@ class WideBatches:
         by_status: dict[str, list[dict]] = {}
         for row in rows:
             by_status.setdefault(row["status"], []).append(row)
-        odd = [r for r in rows if r["status"] not in (COMMITTED, ALREADY_DONE, EMPTY, ACKED, NONDETERMINISTIC)]
+        odd = [r for r in rows if r["status"] not in (COMMITTED, ALREADY_DONE, EMPTY, ACKED, NONDETERMINISTIC, VALUES_DIFFER)]
         if odd:
             raise InfrastructureError(f"batch {batch.batch_id}: unit {odd[0]['index']} ended {odd[0]['status']} "
                                       f"({odd[0]['message']}); the logged batch runs again")
@@ -285,6 +289,8 @@ class WideBatches:
                     "units published before and after the failure may overlap or miss rows. Make the "
                     "transform deterministic (docs/wide-transforms.md §4); the batch stays open until then.")
             self.echo(f"warning: batch {batch.batch_id}: {row['message']} (allow_nondeterministic)")
+        for row in by_status.get(VALUES_DIFFER, []):
+            self.echo(f"note: batch {batch.batch_id}: {row['message']}")
         read = self._read_accounts(batch, accounts)
         faults.maybe_fail("driver.before_close", batch.batch_id)
         started = time.perf_counter()

@@ -32,6 +32,7 @@ from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, EMPTY, FENCED, 
 from txstream.task.spec import EXACTLY_ONCE, PublishSpec
 
 NONDETERMINISTIC = "nondeterministic"   # a replay's rows differ from the committed attempt's
+VALUES_DIFFER = "values-differ"         # same rows and routing, other values (skipped all the same)
 
 _UNIT_PUBLISHERS: dict[str, TransactionalPublisher] = {}
 _MARKER_READERS: dict[str, Any] = {}
@@ -61,7 +62,8 @@ class Marker:
     offset: int | None
     plan_id: str = ""
     rows: int = -1
-    content: str = ""
+    content: str = ""       # digest of what routed the records (topic and key)
+    values: str = ""        # digest of the values
 
     @property
     def done_through(self) -> int:
@@ -69,7 +71,7 @@ class Marker:
         return (self.offset or 1) - 1
 
     def metadata(self) -> str:
-        return f"p={self.plan_id};r={self.rows};h={self.content}"
+        return f"p={self.plan_id};r={self.rows};h={self.content};v={self.values}"
 
     @staticmethod
     def parse(offset: int | None, metadata: str | None) -> Marker:
@@ -78,7 +80,7 @@ class Marker:
             rows = int(fields.get("r", -1))
         except ValueError:
             rows = -1
-        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""))
+        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""))
 
 
 @dataclass(frozen=True)
@@ -117,16 +119,18 @@ def read_markers(spec_or_clients: Any, app_id: str, units: int, timeout: float =
     return {tp.partition: Marker.parse(tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in answer}
 
 
-def content_hash(sent: list[tuple]) -> str:
-    """An order-free digest of a unit's records: what routed them (topic and key, or the value
-    when there is no key). Rows of a shuffle reach a task in no fixed order, and a sum of
-    doubles may differ in its last bit between attempts, so neither order nor aggregated values
-    take part: the digest checks that each attempt of a unit holds the same records."""
-    total = 0
+def content_hash(sent: list[tuple]) -> tuple[str, str]:
+    """Order-free digests of a unit's records (rows of a shuffle reach a task in no fixed order):
+    of what routed them to this unit (topic and key, or the value when there is no key), and of
+    their values. A routing difference on a replay breaks exactly-once (a record could be in two
+    units, or none); a value difference alone does not, and a sum of doubles may differ in its
+    last bit between attempts (the order of addition), so it is only reported."""
+    routed_total = values_total = 0
     for topic, value, key, _partition, _headers in sent:
         routed = key if key is not None else value
-        total += (zlib.crc32(topic.encode()) << 32) | zlib.crc32(routed or b"")
-    return f"{total % (1 << 64):016x}"
+        routed_total += (zlib.crc32(topic.encode()) << 32) | zlib.crc32(routed or b"")
+        values_total += (zlib.crc32(value or b"") << 32) | zlib.crc32(value or b"", 7)
+    return f"{routed_total % (1 << 64):016x}", f"{values_total % (1 << 64):016x}"
 
 
 def publish_unit(spec: UnitSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -184,12 +188,17 @@ def _check_replay(spec: UnitSpec, marker: Marker, collector: RecordCollector, re
     the transform is not deterministic (docs/wide-transforms.md §4)."""
     if marker.done_through != spec.batch_id or marker.rows < 0:
         return
-    rows, digest = len(collector.sent), content_hash(collector.sent)
+    rows, (digest, values) = len(collector.sent), content_hash(collector.sent)
     if marker.plan_id != spec.plan_id or marker.rows != rows or marker.content != digest:
         result.status = NONDETERMINISTIC
         result.message = (f"unit {result.index} of batch {spec.batch_id} replayed with {rows} records "
                           f"(digest {digest}, plan {spec.plan_id}); the committed attempt published "
                           f"{marker.rows} (digest {marker.content}, plan {marker.plan_id})")
+    elif marker.values and marker.values != values:
+        result.status = VALUES_DIFFER
+        result.message = (f"unit {result.index} of batch {spec.batch_id} replayed with different values for the "
+                          "same keys than the committed attempt published (routing unchanged: published once; "
+                          "floating-point sums can differ in their last bit between attempts)")
 
 
 def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult) -> None:
@@ -225,7 +234,7 @@ def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBat
                     collector.replay()
             result.produce_s += time.perf_counter() - started
             started = time.perf_counter()
-            marker = Marker(spec.batch_id + 1, spec.plan_id, len(collector.sent), content_hash(collector.sent))
+            marker = Marker(spec.batch_id + 1, spec.plan_id, len(collector.sent), *content_hash(collector.sent))
             publisher.send_offsets([TopicPartition(markers_name(spec.app_id), unit, marker.offset,
                                                    metadata=marker.metadata())], spec.markers_metadata)
             faults.maybe_fail("publish.before_commit", unit)

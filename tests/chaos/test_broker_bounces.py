@@ -147,3 +147,72 @@ def test_broker_bounces(cluster):
         feeder.stop_event.set()
         checker.stop_event.set()
         app.destroy_all()
+
+
+@pytest.mark.timeout(3600 if h.SOAK else 1800)
+def test_wide_broker_bounces(cluster):
+    """A wide app (groupBy per batch, 3 output units) through SIGKILL and clean bounces of the
+    input's leader, a unit's transaction coordinator and the remaining node: the aggregated
+    output reconciles exactly with the input and `verify` is clean per batch and unit."""
+    from tests.support.kafka import read_all
+    from tests.support.wide_processors import expected_totals, output_totals
+    from txstream.tools.verify import audit
+
+    bootstrap = cluster.bootstrap_servers
+    seeded = h.scale(10_000, 100_000)
+    suffix = f"{int(time.time())}"
+    source, sink = f"wb-in-{suffix}", f"wb-out-{suffix}"
+    _topics(cluster, source, sink)
+    h.seed(bootstrap, source, PARTITIONS, seeded)
+    app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+                processor="tests/support/wide_processors.py:BucketTotals",
+                extra=["--output-units", "3", "-X", "producer.message.timeout.ms=55000",
+                       "-X", "consumer.session.timeout.ms=30000", "--batch-timeout", "120"])
+    feeder = h.Feeder(bootstrap, source, PARTITIONS, h.scale(200, 1_000), first=seeded)
+    bounces, exits, restarts = [], [], []
+    began = time.monotonic()
+    try:
+        feeder.start()
+        run = app.start(until_caught_up=False)
+
+        def progress(after: str) -> None:
+            nonlocal run
+            baseline = app.baseline()
+            deadline = time.monotonic() + 300
+            while not h.wait_for(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
+                                 f"progress after {after}", interval=0.2, run=run):
+                exits.append(f"exit {run.poll()} after {after}")
+                run.destroy()
+                run = app.start(until_caught_up=False)
+
+        progress("start")
+        leader = cluster.leader_of(source, 0)
+        coordinator = cluster.transaction_coordinator(f"{app.app_id}-unit-0")
+        order = [(leader, "leader", True), (coordinator, "unit-0 coordinator", False)]
+        order += [(n.node_id, "the remaining node", True) for n in cluster.nodes if n.node_id not in (leader, coordinator)]
+        for node_id, role, hard in order:
+            took = _bounce(cluster, node_id, hard, restarts)
+            bounces.append(f"{'SIGKILL' if hard else 'clean'} bounce of node {node_id} ({role}) {took:.0f}s")
+            print(bounces[-1], flush=True)
+            progress(bounces[-1])
+        feeder.finish()
+        assert not feeder.errors, feeder.errors
+        total = feeder.next
+        target = sum(h.end_offsets(bootstrap, source, PARTITIONS).values())
+        while not h.wait_for(lambda: (app.committed_total() or 0) >= target, 300,
+                             f"the run to catch up to {target}", interval=0.5, run=run):
+            exits.append(f"exit {run.poll()} while catching up")
+            run.destroy()
+            run = app.start(until_caught_up=False)
+        assert run.terminate() == 0, run.tail()
+        got, want = output_totals(read_all(bootstrap, sink, timeout=300)), expected_totals(range(total))
+        wrong = {b: (got.get(b), want[b]) for b in want if got.get(b) != want[b]}
+        report = audit(bootstrap, source, sink, app_id=app.app_id, count_field="count", timeout=60)
+        print(f"wide broker bounces: {total} records in, {len(wrong)} buckets off, {len(bounces)} bounces, "
+              f"run exits {exits or 'none'}, {time.monotonic() - began:.0f}s", flush=True)
+        assert not wrong, f"totals do not reconcile (got, want): {dict(list(wrong.items())[:5])}"
+        assert report.clean and report.wide is not None, report.table()
+        assert not exits, f"the wide run did not ride out the bounces: {exits} ({bounces})\n{app.log_text()[-4000:]}"
+    finally:
+        feeder.stop_event.set()
+        app.destroy_all()

@@ -51,6 +51,7 @@ from txstream.task.units import (
     publish_unit,
     read_markers,
     unit_transactional_id,
+    wide_collector,
 )
 
 if TYPE_CHECKING:
@@ -211,19 +212,32 @@ class WideBatches:
         plans = planner.plan(owned, committed, cap)
         if not plans:
             return []
+        self.current = self._log_new_batch(log, plans)
+        return self.current.plans
+
+    @property
+    def plan_units(self) -> int:
+        return self.units if self.mode == UNITS else 1
+
+    @property
+    def _logs_plans(self) -> bool:
+        """Only the units mode under exactly-once re-runs a batch's plan (and so logs it)."""
+        return self.mode == UNITS and self.settings.guarantee == EXACTLY_ONCE
+
+    def _log_new_batch(self, log: dict[tuple[str, int], LoggedPartition], plans: list[PartitionPlan]) -> WideBatch:
+        """A new batch over `plans`: an id above every logged one and every unit's marker (so
+        markers left by an earlier life of the app never make it skip), logged before it runs."""
         batch_id = last_batch_id(log) + 1
-        units = self.units if self.mode == UNITS else 1
-        if self.mode == UNITS and self.settings.guarantee == EXACTLY_ONCE:
-            markers = read_markers(self.settings.clients, self.settings.app_id, units)
+        if self._logs_plans:
+            markers = read_markers(self.settings.clients, self.settings.app_id, self.plan_units)
             batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
-        batch = WideBatch(batch_id, units, int(time.time() * 1000), _wide_plans(plans), recovered=False)
-        if self.settings.guarantee == EXACTLY_ONCE and self.mode == UNITS:
+        batch = WideBatch(batch_id, self.plan_units, int(time.time() * 1000), _wide_plans(plans), recovered=False)
+        if self._logs_plans:
             # Logged before it runs: after any crash, exactly this batch runs again.
             self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=PlanShare(
-                batch_id, p.end, units, batch.timestamp_ms).encode()) for p in batch.plans], "log the plan")
+                batch_id, p.end, batch.units, batch.timestamp_ms).encode()) for p in batch.plans], "log the plan")
             faults.maybe_fail("driver.after_plan_log", batch_id)
-        self.current = batch
-        return batch.plans
+        return batch
 
     def _from_log(self, pending: PendingBatch) -> WideBatch:
         plans = [PartitionPlan(t, p, start, end, start, "") for (t, p), (start, end) in sorted(pending.ranges.items())]
@@ -325,8 +339,8 @@ class WideBatches:
         """The readers' counts and undecodable records (a Spark accumulator: per planned range, so
         a stage Spark re-ran counts once)."""
         values = accounts.value
-        dead = [record for (topic, partition, start, end), result in sorted(values.items())
-                for record in [(topic, partition, r) for r in result.dead_letters]]
+        dead = [(topic, partition, record) for (topic, partition, _start, _end), result in sorted(values.items())
+                for record in result.dead_letters]
         if dead and not self.settings.dead_letter_topic:
             topic, partition, (_k, _v, _h, _ts, offset, stage, error) = dead[0]
             raise PoisonRecordError(
@@ -368,13 +382,8 @@ class WideBatches:
                 publisher.begin()
                 with publisher.producing():
                     if records is not None or dead:
-                        collector = _driver_collector(spec, publisher.producer, batch)
-                        if records is not None:
-                            for chunk in records.to_batches():
-                                produced += collector.add_batch(chunk)
-                        for topic, partition, record in dead:
-                            collector.source = (topic, partition)
-                            collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
+                        collector = wide_collector(spec, publisher.producer, batch.batch_id if batch else 0, 0)
+                        produced = _produce(collector, spec, records, dead)
                     if batch is not None and (unit_records is not None or records is not None):
                         counts = unit_records if unit_records is not None else {0: produced}
                         publisher.producer.produce(markers_name(self.settings.app_id),
@@ -405,14 +414,7 @@ class WideBatches:
 
         spec = self.driver.specs.publish
         producer = Producer(spec.producer_config(transactional=False))
-        collector = _driver_collector(spec, producer, batch)
-        produced = 0
-        if records is not None:
-            for chunk in records.to_batches():
-                produced += collector.add_batch(chunk)
-        for topic, partition, record in dead:
-            collector.source = (topic, partition)
-            collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
+        produced = _produce(wide_collector(spec, producer, batch.batch_id, 0), spec, records, dead)
         if producer.flush(spec.timeout_s):
             raise InfrastructureError(f"batch {batch.batch_id}: output not acknowledged; its offsets are not committed")
         return produced
@@ -447,30 +449,19 @@ class WideBatches:
         self.current = None
 
     def _new_batch_for(self, plans: list[PartitionPlan]) -> WideBatch:
-        log = self.read_log([TopicPartition(p.topic, p.partition) for p in plans])
-        batch_id = last_batch_id(log) + 1
-        if self.mode == UNITS and self.settings.guarantee == EXACTLY_ONCE:
-            markers = read_markers(self.settings.clients, self.settings.app_id, self.units)
-            batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
-            batch = WideBatch(batch_id, self.units, int(time.time() * 1000), _wide_plans(plans), False)
-            self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=PlanShare(
-                batch_id, p.end, batch.units, batch.timestamp_ms).encode()) for p in batch.plans], "log the plan")
-            return batch
-        return WideBatch(batch_id, 1 if self.mode != UNITS else self.units, int(time.time() * 1000),
-                         _wide_plans(plans), False)
+        return self._log_new_batch(self.read_log([TopicPartition(p.topic, p.partition) for p in plans]), plans)
 
     def dead_letter(self, plan: PartitionPlan, record: tuple) -> None:
         """The poison record to the dead-letter topic and its partition's offset past it: one
         transaction of the driver's producer (nothing pending in the log)."""
         offset = record[4]
-        units = self.units if self.mode == UNITS else 1
         log = self.read_log([TopicPartition(plan.topic, plan.partition)])
-        share = PlanShare(last_batch_id(log), offset + 1, units, int(time.time() * 1000))
+        share = PlanShare(last_batch_id(log), offset + 1, self.plan_units, int(time.time() * 1000))
         tp = TopicPartition(plan.topic, plan.partition, offset + 1, metadata=share.encode())
         if self.settings.guarantee == EXACTLY_ONCE:
             self._commit([tp], "dead-letter a poison record", dead=[(plan.topic, plan.partition, record)])
         else:
-            self._publish_dead_plain(WideBatch(share.batch_id, units, 0, [plan], False),
+            self._publish_dead_plain(WideBatch(share.batch_id, self.plan_units, 0, [plan], False),
                                      [(plan.topic, plan.partition, record)])
             self.driver.membership.commit([tp])
 
@@ -484,20 +475,17 @@ def _wide_plans(plans: list[PartitionPlan]) -> list[PartitionPlan]:
     return [replace(p, transactional_id="") for p in plans]
 
 
-def _driver_collector(spec: Any, producer: Any, batch: WideBatch | None) -> Any:
-    import uuid
-
-    from txstream.kafka import headers
-    from txstream.serde.avro import AvroCodec
-    from txstream.task.collector import RecordCollector
-
-    publication = uuid.uuid4().hex
-    return RecordCollector(
-        producer=producer, default_topic=spec.output_topic,
-        value_codec=AvroCodec(spec.output_value_schema) if spec.output_value_schema else None,
-        key_codec=AvroCodec(spec.output_key_schema) if spec.output_key_schema else None,
-        source=("", -1), publication=publication, lineage=spec.lineage,
-        fixed_headers=headers.wide_lineage(batch.batch_id if batch else 0, 0, publication))
+def _produce(collector: Any, spec: Any, records: Any, dead: list[tuple]) -> int:
+    """The batch's output (an Arrow table, or None) and its dead letters, produced; returns the
+    output records produced."""
+    produced = 0
+    if records is not None:
+        for chunk in records.to_batches():
+            produced += collector.add_batch(chunk)
+    for topic, partition, record in dead:
+        collector.source = (topic, partition)
+        collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
+    return produced
 
 
 def _wait_for_partitions(admin: Any, topic: str, count: int, timeout: float = 30.0) -> None:

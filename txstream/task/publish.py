@@ -50,14 +50,18 @@ def committed_offset(spec: PublishSpec, topic: str, partition: int) -> int | Non
     return tp.offset if tp.offset >= 0 else None
 
 
-def _new_publisher(spec: PublishSpec, plan: PartitionPlan) -> TransactionalPublisher:
-    return TransactionalPublisher(spec.producer_config(transactional=True), plan.transactional_id,
-                                  spec.owner_dir, spec.timeout_s)
+def _new_publisher(spec: PublishSpec, tid: str) -> TransactionalPublisher:
+    return TransactionalPublisher(spec.producer_config(transactional=True), tid, spec.owner_dir, spec.timeout_s)
 
 
 def partition_publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[TransactionalPublisher, bool]:
     """The cached publisher for this partition, or a new initialised one. (publisher, fresh)."""
-    tid = plan.transactional_id
+    return cached_publisher(spec, plan.transactional_id)
+
+
+def cached_publisher(spec: PublishSpec, tid: str) -> tuple[TransactionalPublisher, bool]:
+    """This worker's publisher for `tid` (an input partition's, or a wide output unit's), or a new
+    initialised one. (publisher, fresh)."""
     now = time.monotonic()
     # Producers that another worker fenced since, or that no task of this worker used for a
     # while (their partitions' tasks run elsewhere now), are dead weight (threads, sockets):
@@ -69,7 +73,7 @@ def partition_publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[Transac
     if publisher is not None:
         publisher.last_used = now
         return publisher, False
-    publisher = _new_publisher(spec, plan)
+    publisher = _new_publisher(spec, tid)
     publisher.init()
     _PUBLISHERS[tid] = publisher
     return publisher, True
@@ -314,7 +318,7 @@ def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: tuple, m
             raise TaskError("the dead letter was not acknowledged; its offset is not committed")
         membership.commit(next_offset)
         return COMMITTED
-    publisher = _new_publisher(spec, plan)
+    publisher = _new_publisher(spec, plan.transactional_id)
     try:
         publisher.init()
         if committed_offset(spec, plan.topic, plan.partition) != offset:

@@ -26,15 +26,13 @@ from txstream.errors import AbortableError, FencedError, TaskError
 from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec
 from txstream.task.collector import RecordCollector
-from txstream.task.publish import _group_moved_codes, drop_publisher
-from txstream.task.publisher import TransactionalPublisher
+from txstream.task.publish import _group_moved_codes, cached_publisher, drop_publisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, EMPTY, FENCED, TaskResult
 from txstream.task.spec import EXACTLY_ONCE, PublishSpec
 
 NONDETERMINISTIC = "nondeterministic"   # a replay's rows differ from the committed attempt's
 VALUES_DIFFER = "values-differ"         # same rows and routing, other values (skipped all the same)
 
-_UNIT_PUBLISHERS: dict[str, TransactionalPublisher] = {}
 _MARKER_READERS: dict[str, Any] = {}
 _PLAIN: dict[str, Any] = {}
 _PLAIN_ERRORS: list[str] = []
@@ -99,7 +97,7 @@ class UnitSpec:
         return self.publish.app_id
 
 
-def read_markers(spec_or_clients: Any, app_id: str, units: int, timeout: float = 30.0) -> dict[int, Marker]:
+def read_markers(clients: Any, app_id: str, units: int, timeout: float = 30.0) -> dict[int, Marker]:
     """Every unit's marker, read stably (a marker pending in an open transaction is resolved
     first, as read_committed asks the broker for stable offsets)."""
     from confluent_kafka import TopicPartition
@@ -107,7 +105,7 @@ def read_markers(spec_or_clients: Any, app_id: str, units: int, timeout: float =
     from txstream.kafka.retry import retriable
 
     name = markers_name(app_id)
-    config = spec_or_clients.consumer(name, **{"isolation.level": "read_committed", "enable.auto.commit": False})
+    config = clients.consumer(name, **{"isolation.level": "read_committed", "enable.auto.commit": False})
     key = repr(sorted((k, str(v)) for k, v in config.items()))
     if key not in _MARKER_READERS:
         from confluent_kafka import Consumer
@@ -149,38 +147,20 @@ def publish_unit(spec: UnitSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[
     yield result.to_batch()
 
 
-def _collector(spec: UnitSpec, unit: int, producer: Any) -> RecordCollector:
-    p = spec.publish
+def wide_collector(p: PublishSpec, producer: Any, batch_id: int, unit: int) -> RecordCollector:
+    """A collector whose records name their batch and unit (a wide output record has no single
+    source record); used by the unit tasks and by the driver's transactions (driver/wide.py)."""
     publication = uuid.uuid4().hex
-    # Wide lineage: no single source record; the batch and the unit that published it.
     return RecordCollector(
         producer=producer, default_topic=p.output_topic,
         value_codec=AvroCodec(p.output_value_schema) if p.output_value_schema else None,
         key_codec=AvroCodec(p.output_key_schema) if p.output_key_schema else None,
         source=("", -1), publication=publication, lineage=p.lineage,
-        fixed_headers=headers.wide_lineage(spec.batch_id, unit, publication))
+        fixed_headers=headers.wide_lineage(batch_id, unit, publication))
 
 
-def _unit_publisher(spec: UnitSpec, unit: int) -> tuple[TransactionalPublisher, bool]:
-    tid = unit_transactional_id(spec.app_id, unit)
-    publisher = _UNIT_PUBLISHERS.get(tid)
-    if publisher is not None and publisher.still_owner():
-        publisher.last_used = time.monotonic()
-        return publisher, False
-    if publisher is not None:
-        _drop(tid)
-    publisher = TransactionalPublisher(spec.publish.producer_config(transactional=True), tid,
-                                       spec.publish.owner_dir, spec.publish.timeout_s)
-    publisher.init()
-    _UNIT_PUBLISHERS[tid] = publisher
-    return publisher, True
-
-
-def _drop(tid: str) -> None:
-    publisher = _UNIT_PUBLISHERS.pop(tid, None)
-    if publisher is not None:
-        publisher.close()
-    drop_publisher(tid)
+def _collector(spec: UnitSpec, unit: int, producer: Any) -> RecordCollector:
+    return wide_collector(spec.publish, producer, spec.batch_id, unit)
 
 
 def _check_replay(spec: UnitSpec, marker: Marker, collector: RecordCollector, result: TaskResult) -> None:
@@ -205,7 +185,7 @@ def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBat
     from confluent_kafka import TopicPartition
 
     tid = unit_transactional_id(spec.app_id, unit)
-    publisher, fresh = _unit_publisher(spec, unit)
+    publisher, fresh = cached_publisher(spec.publish, tid)
     result.init_s = publisher.init_seconds if fresh else 0.0
     collector: RecordCollector | None = None
     for attempt in range(1, 4):
@@ -251,19 +231,19 @@ def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBat
                                 f"commit ({exc}); something joined it") from exc
             continue
         except FencedError as exc:
-            _drop(tid)
+            drop_publisher(tid)
             if fresh:
                 # Another attempt of this unit initialised the id after us: it owns the unit.
                 result.status, result.message = _outcome_of_other_attempt(spec, unit, exc)
                 return
-            publisher, fresh = _unit_publisher(spec, unit)
+            publisher, fresh = cached_publisher(spec.publish, tid)
             result.init_s += publisher.init_seconds
             continue
         except BaseException:
             try:
                 publisher.abort()
             except Exception:
-                _drop(tid)
+                drop_publisher(tid)
             raise
     raise AbortableError(f"{tid}: gave up after {result.attempts} aborted attempts: {result.message}")
 

@@ -204,7 +204,7 @@ def test_wide_broker_bounces(cluster):
             exits.append(f"exit {run.poll()} while catching up")
             run.destroy()
             run = app.start(until_caught_up=False)
-        assert run.terminate() == 0, run.tail()
+        assert run.terminate() == 0, run.tail(120)
         got, want = output_totals(read_all(bootstrap, sink, timeout=300)), expected_totals(range(total))
         wrong = {b: (got.get(b), want[b]) for b in want if got.get(b) != want[b]}
         report = audit(bootstrap, source, sink, app_id=app.app_id, count_field="count", timeout=60)

@@ -90,9 +90,10 @@ def cluster_app(cluster: SparkStandalone, bootstrap: str, source: str, sink: str
 
 
 def task_attempts(app_dir: Path) -> list[dict]:
-    """Every task attempt of the run's publishing stages, from Spark's event log: stage, index,
-    attempt, host, speculative, and how it ended."""
-    attempts = []
+    """Every task attempt of the run's stages, from Spark's event log: stage, index, attempt,
+    host, speculative, and how it ended ("Running" when the log has its start and no end: an
+    attempt killed after the other copy won may not report its end before the app stops)."""
+    attempts: dict[tuple[int, int, int], dict] = {}
     for log in (app_dir.parent / "events").rglob("*"):
         if not log.is_file() or log.name.startswith("appstatus"):
             continue
@@ -100,12 +101,17 @@ def task_attempts(app_dir: Path) -> list[dict]:
             if not line.startswith("{"):
                 continue
             event = json.loads(line)
-            if event.get("Event") == "SparkListenerTaskEnd":
-                info = event["Task Info"]
-                attempts.append({"stage": event["Stage ID"], "index": info["Index"], "attempt": info["Attempt"],
-                                 "host": info["Host"], "speculative": info["Speculative"],
-                                 "end": event["Task End Reason"]["Reason"], "killed": info.get("Killed", False)})
-    return attempts
+            if event.get("Event") not in ("SparkListenerTaskStart", "SparkListenerTaskEnd"):
+                continue
+            info = event["Task Info"]
+            key = (event["Stage ID"], info["Index"], info["Attempt"])
+            ended = event["Event"] == "SparkListenerTaskEnd"
+            if ended or key not in attempts:
+                attempts[key] = {"stage": key[0], "index": key[1], "attempt": key[2], "host": info["Host"],
+                                 "speculative": info["Speculative"],
+                                 "end": event["Task End Reason"]["Reason"] if ended else "Running",
+                                 "killed": info.get("Killed", False)}
+    return list(attempts.values())
 
 
 def _started(cluster: SparkStandalone, app: h.App, run: h.Run) -> None:

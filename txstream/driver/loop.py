@@ -542,17 +542,22 @@ class Driver:
                 f"{t['dead_letters']} dead-lettered")
 
     def close(self) -> None:
-        for sig, previous in getattr(self, "_previous_handlers", {}).items():
-            signal.signal(sig, previous)
-        if self.wide is not None:
-            self.wide.close()
-        if self.membership is not None:
-            self.membership.close()
-            self.membership = None
-        if self.spark is not None and self._own_spark:
-            self.spark.stop()
-            self.spark = None
-        self.telemetry.close()
+        # The signal handlers stay until everything is closed: a SIGTERM that arrives while
+        # the driver leaves the group or stops Spark is the stop already under way, not a kill.
+        try:
+            if self.wide is not None:
+                self.wide.close()
+            if self.membership is not None:
+                self.membership.close()
+                self.membership = None
+            if self.spark is not None and self._own_spark:
+                self.spark.stop()
+                self.spark = None
+            self.telemetry.close()
+        finally:
+            for sig, previous in getattr(self, "_previous_handlers", {}).items():
+                signal.signal(sig, previous)
+            self._previous_handlers = {}
 
 
 __all__ = ["Driver", "TransformError", "BatchReport", "build_spark", "ALREADY_DONE", "FENCED", "STALE_PLAN"]

@@ -100,12 +100,14 @@ def throughput_section(path: Path, results: dict) -> list[str]:
             continue
         other = label.replace("txstream exactly-once vs ", "")
         parts.append(f"{other} {_x(row.get('records_per_s'))}")
+    ks_cpu = (ratios.get("txstream exactly-once vs Kafka Streams") or {}).get("cpu_s_per_m")
     if parts:
         lines += ["", "Other work (cores): CPU that other processes on the shared machine used during the run, "
                   "on average (2 cores in all).", "",
                   "txstream exactly-once's records/s divided by each other's: " + ", ".join(parts)
                   + " (> 1: txstream is faster). CPU per record against the hand-written loop: "
                   + _x((ratios.get("txstream exactly-once vs hand-written loop") or {}).get("cpu_s_per_m"), ".1f")
+                  + (f", against Kafka Streams: {_x(ks_cpu, '.1f')}" if ks_cpu is not None else "")
                   + "."]
     rows = [report.batch_row(e["label"], e["batches"]) for e in results["contenders"].values() if e.get("batches")]
     inside = {n: (e.get("batches") or {}).get("in_batch_records_per_s") for n, e in results["contenders"].items()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 TXS = "txstream-exactly-once"
 VERSUS = [("txstream-at-least-once", "at-least-once"), ("txstream-passthrough", "pass-through (no decode)"),
-          ("handwritten", "hand-written loop"), ("quix", "Quix Streams"), ("spark-ss", "Spark SS"),
-          ("ceiling", "the ceiling")]
+          ("handwritten", "hand-written loop"), ("kafka-streams", "Kafka Streams"), ("quix", "Quix Streams"),
+          ("spark-ss", "Spark SS"), ("ceiling", "the ceiling")]
 THROUGHPUT_KEYS = ["records_per_s", "steady_records_per_s", "cpu_s_per_m", "peak_rss_mb"]
 
 
@@ -135,7 +135,9 @@ def markdown(results: dict) -> str:
                  f"{v.get('confluent_kafka')} (librdkafka {v.get('librdkafka')}), {v.get('kafka_broker')}, "
                  f"quixstreams {v.get('quixstreams', 'n/a')} "
                  f"(with confluent-kafka {v.get('quix_confluent_kafka', 'n/a')}), "
-                 f"Spark connectors {v.get('spark_connectors', 'n/a')}; txstream at {results.get('git_at_start', '?')} "
+                 f"Spark connectors {v.get('spark_connectors', 'n/a')}, "
+                 f"Kafka Streams {v.get('kafka_streams', 'n/a')} (Java {v.get('kafka_streams_java', 'n/a')}); "
+                 f"txstream at {results.get('git_at_start', '?')} "
                  f"(start), {v.get('git', '?')} (end).")
     if results["mode"] == "throughput":
         inp = results.get("input", {})
@@ -239,7 +241,8 @@ def sweep_ratio_lines(results: dict) -> list[str]:
     """One line per comparison: txstream exactly-once / the other, at every point."""
     lines = []
     names = dict(sweep_names(results))
-    for other, what in (("txstream-at-least-once", "at-least-once"), ("handwritten", "hand-written loop")):
+    for other, what in (("txstream-at-least-once", "at-least-once"), ("handwritten", "hand-written loop"),
+                        ("kafka-streams", "Kafka Streams")):
         if other not in names or TXS not in names:
             continue
         for key, label in (("records_per_s", "records/s"), ("steady_records_per_s", "steady records/s"),

@@ -73,6 +73,7 @@ class Contender:
 def all_contenders() -> list[Contender]:
     from benchmarks.contenders.ceiling import KafkaCeiling
     from benchmarks.contenders.handwritten import HandWrittenLoop
+    from benchmarks.contenders.kafka_streams import KafkaStreams
     from benchmarks.contenders.quix import QuixStreams
     from benchmarks.contenders.spark_ss import SparkStructuredStreaming
     from benchmarks.contenders.txstream_engine import PASSTHROUGH, TxStream
@@ -82,4 +83,4 @@ def all_contenders() -> list[Contender]:
                      label="txstream pass-through (exactly-once, no decode)"),
             TxStream("exactly-once", name="txstream-exactly-once-metrics",
                      label="txstream exactly-once, /metrics served", extra_args=("--metrics-port", "0")),
-            HandWrittenLoop(), SparkStructuredStreaming(), QuixStreams(), KafkaCeiling()]
+            HandWrittenLoop(), SparkStructuredStreaming(), QuixStreams(), KafkaStreams(), KafkaCeiling()]

@@ -43,6 +43,9 @@ class Processor:
     wide_mode: ClassVar[str] = "units"
     output_units: ClassVar[int | None] = None
     allow_nondeterministic: ClassVar[bool] = False
+    # Narrow transforms: publishing tasks per batch, each one producer and one transaction for
+    # its share of the partitions (None: Spark's cores; docs/architecture.md §3.4).
+    task_slots: ClassVar[int | None] = None
     # The batch's time, logged with its plan: the same on every re-run of the batch. Use it
     # (F.lit(self.batch_timestamp)) where a wide transform would use current_timestamp().
     batch_timestamp: datetime | None = None

@@ -63,6 +63,8 @@ class RunSettings:
     wide_mode: str = "units"
     output_units: int | None = None       # None: the number of input partitions
     allow_nondeterministic: bool = False
+    # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
+    task_slots: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:
@@ -193,6 +195,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     extra["output_units"] = extra.get("output_units") or cls.output_units
     extra["allow_nondeterministic"] = bool(extra.get("allow_nondeterministic")) or cls.allow_nondeterministic
     check_wide_settings(extra["wide_mode"], extra["output_units"])
+    extra["task_slots"] = extra.get("task_slots") or cls.task_slots
     return RunSettings(
         processor=cls(),
         bootstrap_servers=bootstrap_servers,

@@ -159,6 +159,9 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
                    "all of it in one transaction [default: the processor's, else units].")
 @click.option("--output-units", type=click.IntRange(min=1), default=None,
               help="K, the output units of a wide transform [default: the number of input partitions].")
+@click.option("--task-slots", type=click.IntRange(min=1), default=None,
+              help="Publishing tasks per narrow batch; each publishes its share of the input partitions through "
+                   "one producer in one transaction [default: the processor's, else Spark's cores].")
 @click.option("--allow-nondeterministic", is_flag=True, default=None,
               help="Run a wide transform that is not deterministic (rand, current_timestamp, first, ...) "
                    "knowingly: a re-run batch may then differ (docs/wide-transforms.md).")
@@ -169,7 +172,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
         metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str,
-        wide_mode: str | None, output_units: int | None, allow_nondeterministic: bool | None) -> None:
+        wide_mode: str | None, output_units: int | None, allow_nondeterministic: bool | None,
+        task_slots: int | None) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
     import logging
 
@@ -192,7 +196,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
             batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
             metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
-            wide_mode=wide_mode, output_units=output_units, allow_nondeterministic=allow_nondeterministic)
+            wide_mode=wide_mode, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
+            task_slots=task_slots)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:

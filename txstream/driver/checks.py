@@ -39,17 +39,18 @@ def check_output(out, settings: RunSettings) -> None:
     if "partition" in fields and not isinstance(fields["partition"], (T.IntegerType, T.LongType, T.ShortType)):
         raise TransformError(f"The output `partition` column is {fields['partition'].simpleString()}; it must be int.")
 
-def wide_parts(frame) -> list[str]:
+def wide_parts(frame, own_coalesce: bool = False) -> list[str]:
     """The exchanges (shuffles) and partition merges of the frame's physical plan: empty for a
-    narrow transform, whose task i can publish range i."""
+    narrow transform, whose rows keep the reading task they came from. `own_coalesce`: the
+    topmost merge is the driver's own, grouping ranges into slots (driver/slots.py)."""
     plan_text = frame._jdf.queryExecution().executedPlan().toString()
     shuffles = [line.strip() for line in plan_text.splitlines()
                 if "Exchange" in line and "BroadcastExchange" not in line]
     merges = [line.strip() for line in plan_text.splitlines() if "Coalesce" in line and "coalesce(" not in line]
-    return shuffles + merges
+    return shuffles + merges[1 if own_coalesce else 0:]
 
 
-def check_narrow(frame) -> None:
+def check_narrow(frame, own_coalesce: bool = False) -> None:
     """Refuse a plan with a shuffle or a merge of partitions in a run that chose the narrow
     protocol: task i must publish range i.
 
@@ -57,7 +58,7 @@ def check_narrow(frame) -> None:
     (planning it twice per batch cost ~0.1-0.2 s of driver time). Checked every batch, not
     only at start: a join whose static side outgrows Spark's broadcast threshold turns into
     a shuffled join without the processor changing."""
-    parts = wide_parts(frame)
+    parts = wide_parts(frame, own_coalesce)
     if parts:
         raise TransformError(
             "The transform turned wide after the run started: its physical plan now has "

@@ -26,6 +26,7 @@ from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
 from txstream.driver.planning import Planner, transactional_id
 from txstream.driver.poison import PoisonIsolator
+from txstream.driver.slots import SlotLayout, Slots
 from txstream.driver.specs import TaskSpecs
 from txstream.errors import (
     BatchTimeout,
@@ -43,7 +44,7 @@ from txstream.errors import (
 from txstream.settings import RunSettings
 from txstream.spark.session import build_spark, warm_python_workers
 from txstream.spark.setup import is_local
-from txstream.task.publish import publish_dead_letter, publish_partition
+from txstream.task.publish import RANGE_COLUMN, publish_dead_letter, publish_slot
 from txstream.task.reading import range_frame
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema
 from txstream.task.spec import PartitionPlan
@@ -100,6 +101,7 @@ class Driver:
         self.specs = TaskSpecs(settings)
         self.batch_id = 0
         self.membership: GroupMembership | None = None
+        self.slots: Slots | None = None
         self.targets: dict[tuple[str, int], int] = {}
         self.totals = {"records_in": 0, "records_out": 0, "dead_letters": 0, "batches": 0}
         self._rate: float | None = None    # records/s per partition, measured
@@ -117,14 +119,17 @@ class Driver:
 
         return admin_client(self.settings.clients)
 
-    def _frame(self, plans: list[PartitionPlan], accounts: Any = None):
+    def _frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None):
         assert self.spark is not None
-        return range_frame(self.spark, self.specs.for_reading(self.batch_id, plans), accounts)
+        spec = self.specs.for_reading(self.batch_id, plans)
+        if layout is not None:
+            spec = spec.with_batch(self.batch_id, plans, layout.layout, layout.width)
+        return range_frame(self.spark, spec, accounts)
 
-    def output_frame(self, plans: list[PartitionPlan], accounts: Any = None):
+    def output_frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None):
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (the plan's narrowness is checked by `check_narrow` on what is collected)."""
-        out = self.settings.processor.transform(self._frame(plans, accounts))
+        out = self.settings.processor.transform(self._frame(plans, accounts, layout))
         check_output(out, self.settings)
         return out.select(*[c for c in SINK_COLUMNS if c in out.columns])
 
@@ -235,6 +240,11 @@ class Driver:
             self.validate()
             if self.wide is not None:
                 self.wide.start()
+            else:
+                slots = s.task_slots or self.spark.sparkContext.defaultParallelism
+                self.slots = Slots(s.app_id, slots)
+                self.echo(f"{slots} task slots: a batch's ranges are published by one task per slot, through "
+                          "the slot's producer, in one transaction (driver/slots.py)")
             self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
                                               self._wait_for_batch, self._on_group_change)
             self.commits = DriverCommits(s.guarantee, self.membership)
@@ -255,6 +265,7 @@ class Driver:
                         plans = self.wide.next_plans(owned, planner, self.cap()) if owned else []
                     else:
                         plans = planner.plan(owned, committed, self.cap()) if owned else []
+                        plans = self.slots.assign(plans, [(t.topic, t.partition) for t in owned])
                 except Exception as exc:
                     # A broker restarting or a coordinator moving: plan again shortly.
                     self._failed("planning", exc)
@@ -410,12 +421,21 @@ class Driver:
         self.batch_id += 1
         started = time.monotonic()
         commits.before_batch(plans)
-        spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata())
-        frame = self.output_frame(plans).mapInArrow(functools.partial(publish_partition, spec), result_schema())
-        check_narrow(frame)
+        # One publishing task per slot (driver/slots.py): its ranges are read one after another
+        # in that task and published in one transaction; each row names its reading task.
+        layout = Slots.layout(plans)
+        spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata(),
+                                         layout.layout, layout.width)
+        from pyspark.sql import functions as F
+
+        out = self.output_frame(plans, layout=layout).withColumn(RANGE_COLUMN, F.spark_partition_id())
+        if layout.width > 1:
+            out = out.coalesce(layout.publishing_tasks)
+        frame = out.mapInArrow(functools.partial(publish_slot, spec), result_schema())
+        check_narrow(frame, own_coalesce=layout.width > 1)
         # What the Spark UI lists for the job: the batch a user finds in the batch lines.
-        description = (f"txstream {self.settings.app_id} batch {self.batch_id} ({len(plans)} partitions, "
-                       f"{sum(p.size for p in plans)} records)")
+        description = (f"txstream {self.settings.app_id} batch {self.batch_id} ({len(plans)} partitions in "
+                       f"{layout.publishing_tasks} slots, {sum(p.size for p in plans)} records)")
         rows = self.run_job(lambda: [row.asDict() for row in frame.collect()], description)
         commits.after_batch(plans, rows)
         report = BatchReport(self.batch_id, plans, rows, time.monotonic() - started)

@@ -31,5 +31,6 @@ class TaskSpecs:
     def for_reading(self, batch_id: int, plans: list[PartitionPlan]) -> ReadSpec:
         return self.read.with_batch(batch_id, plans)
 
-    def for_publishing(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None) -> PublishSpec:
-        return self.publish.with_batch(batch_id, plans, group_metadata)
+    def for_publishing(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None,
+                       layout: tuple[int, ...] = (), slot_width: int = 1) -> PublishSpec:
+        return self.publish.with_batch(batch_id, plans, group_metadata, layout, slot_width)

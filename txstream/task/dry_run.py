@@ -17,6 +17,8 @@ COUNT_SCHEMA = pa.schema([("rows", pa.int64())])
 
 
 def count_rows(spec: ReadSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from pyspark import TaskContext
+
     total = sum(batch.num_rows for batch in batches)
-    read_side_file(spec.side_dir, spec.batch_id)
+    read_side_file(spec.side_dir, spec.batch_id, spec.plan_at(TaskContext.get().partitionId()))
     yield pa.RecordBatch.from_pylist([{"rows": total}], schema=COUNT_SCHEMA)

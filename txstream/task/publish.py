@@ -11,14 +11,15 @@ import time
 import uuid
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from txstream import faults
-from txstream.errors import AbortableError, FencedError, PoisonRecordError, TaskError
+from txstream.errors import AbortableError, FencedError, InfrastructureError, PoisonRecordError, TaskError
 from txstream.serde.avro import AvroCodec
 from txstream.task.collector import RecordCollector
 from txstream.task.publisher import TransactionalPublisher
-from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult
+from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, RESULT_SCHEMA, STALE_PLAN, TaskResult
 from txstream.task.sidefile import read_side_file
 from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec
 
@@ -90,19 +91,56 @@ def cached_publishers() -> list[str]:
     return sorted(_PUBLISHERS)
 
 
-def publish_partition(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: docs/architecture.md §3.4 for this task's planned range."""
+# The column the driver adds after the transform: the reading task (Spark partition) a row
+# came from, so that a task publishing a slot of several ranges knows each row's source.
+RANGE_COLUMN = "_txstream_range"
+
+
+def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: docs/architecture.md §3.4 for the ranges of this task's slot (one
+    producer, one transaction for all of them). Yields one result row per range."""
     from pyspark import TaskContext
 
-    index = TaskContext.get().partitionId()
-    plan = spec.plans[index]
-    result = TaskResult(index)
-    if spec.guarantee == EXACTLY_ONCE:
-        publish_transactional(spec, plan, batches, result)
+    indexes = spec.read.slot_plans(TaskContext.get().partitionId())
+    results = [TaskResult(i) for i in indexes]
+    if indexes:
+        plans = [spec.plans[i] for i in indexes]
+        pieces = _pieces_by_range(spec, indexes, batches)
+        if spec.guarantee == EXACTLY_ONCE:
+            publish_ranges(spec, plans, pieces, results)
+        else:
+            _publish_plain(spec, plans, pieces, results)
+        for result in results:
+            _take_side_file(spec, result)  # if no path above took it (an early return)
+        yield pa.RecordBatch.from_pylist([r.__dict__ for r in results], schema=RESULT_SCHEMA)
     else:
-        _publish_plain(spec, plan, batches, result)
-    _take_side_file(spec, result)  # if no path above took it (an early return)
-    yield result.to_batch()
+        for _ in batches:  # a slot of padding only: nothing can arrive
+            pass
+
+
+def _pieces_by_range(spec: PublishSpec, indexes: list[int],
+                     batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(position of the range in the slot, its rows) for each run of rows of one range. Rows
+    of a range arrive together (a task reads its ranges one after the other)."""
+    position = {plan: pos for pos, plan in enumerate(indexes)}
+    for batch in batches:
+        names = batch.schema.names
+        if RANGE_COLUMN not in names:
+            yield 0, batch   # a slot of one range (and direct callers)
+            continue
+        tasks = batch.column(names.index(RANGE_COLUMN)).to_numpy(zero_copy_only=False)
+        data = batch.select([n for n in names if n != RANGE_COLUMN])
+        bounds = [0, *(np.flatnonzero(np.diff(tasks)) + 1).tolist(), len(tasks)]
+        for first, last in zip(bounds, bounds[1:], strict=False):
+            if last == first:
+                continue
+            pos = position.get(spec.read.plan_at(int(tasks[first])))
+            if pos is None:
+                raise InfrastructureError(
+                    f"a row of reading task {int(tasks[first])} reached the publishing task of ranges "
+                    f"{indexes}: the transform changed how rows map to input partitions (a union, "
+                    "a coalesce?), which the narrow protocol cannot publish")
+            yield pos, data.slice(first, last - first)
 
 
 def _collector(spec: PublishSpec, plan: PartitionPlan, producer: Any) -> RecordCollector:
@@ -113,27 +151,51 @@ def _collector(spec: PublishSpec, plan: PartitionPlan, producer: Any) -> RecordC
         source=(plan.topic, plan.partition), publication=uuid.uuid4().hex, lineage=spec.lineage)
 
 
-def _produce_all(collector: RecordCollector, batches: Iterator[pa.RecordBatch], result: TaskResult,
-                 plan: PartitionPlan) -> None:
-    """Produce every output batch, timing the wait for upstream apart from encode+produce."""
+class _SlotOutput:
+    """The slot's collectors (one per range: each range's records name their source and form
+    one publication), sharing the slot's producer."""
+
+    def __init__(self, spec: PublishSpec, plans: list[PartitionPlan], producer: Any) -> None:
+        self.spec, self.plans, self.producer = spec, plans, producer
+        self.collectors: dict[int, RecordCollector] = {}
+
+    def of(self, pos: int) -> RecordCollector:
+        collector = self.collectors.get(pos)
+        if collector is None:
+            collector = self.collectors[pos] = _collector(self.spec, self.plans[pos], self.producer)
+        return collector
+
+    def replay(self, producer: Any) -> None:
+        self.producer = producer
+        for collector in self.collectors.values():
+            collector.producer = producer
+            collector.replay()
+
+
+def _produce_all(output: _SlotOutput, pieces: Iterator[tuple[int, pa.RecordBatch]],
+                 results: list[TaskResult]) -> None:
+    """Produce every output batch, timing the wait for upstream apart from encode+produce (the
+    slot's timings go to its first range's result)."""
     clock = time.perf_counter
-    iterator = iter(batches)
+    timing = results[0]
+    iterator = iter(pieces)
     while True:
         started = clock()
-        batch = next(iterator, None)
+        piece = next(iterator, None)
         got = clock()
-        result.upstream_s += got - started
-        if batch is None:
+        timing.upstream_s += got - started
+        if piece is None:
             return
-        result.records_out += collector.add_batch(batch)
-        result.produce_s += clock() - got
-        faults.maybe_fail("publish.mid_produce", plan)
+        pos, batch = piece
+        results[pos].records_out += output.of(pos).add_batch(batch)
+        timing.produce_s += clock() - got
+        faults.maybe_fail("publish.mid_produce", output.plans[pos])
 
 
 def _take_side_file(spec: PublishSpec, result: TaskResult) -> list[tuple[Any, ...]]:
-    """Consume the reader's side file of this task attempt (once): its counts go to `result`,
-    its undecodable records are returned."""
-    read = read_side_file(spec.read.side_dir, spec.read.batch_id)
+    """Consume the reader's side file of this task attempt's range `result.index` (once): its
+    counts go to `result`, its undecodable records are returned."""
+    read = read_side_file(spec.read.side_dir, spec.read.batch_id, result.index)
     if read is None:
         return []
     result.records_in, result.read_s = read.records, read.read_seconds
@@ -152,78 +214,99 @@ def _dead_letters_of_range(spec: PublishSpec, plan: PartitionPlan, result: TaskR
     return dead
 
 
+def _set(results: list[TaskResult], status: str, committed: list[int | None] | None = None, message: str = "") -> None:
+    for i, result in enumerate(results):
+        result.status = status
+        if committed is not None:
+            result.committed = committed[i] if committed[i] is not None else -1
+        if message:
+            result.message = message
+
+
 def publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
-                           result: TaskResult) -> None:
-    """docs/architecture.md §3.4. The range's records are kept (collector.py), so that a new
-    transaction after an abort or a fence replays them and then goes on with the rest of the input."""
+                          result: TaskResult) -> None:
+    """One range alone (a slot of one): publish_ranges."""
+    publish_ranges(spec, [plan], ((0, batch) for batch in batches), [result])
+
+
+def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterator[tuple[int, pa.RecordBatch]],
+                   results: list[TaskResult]) -> None:
+    """docs/architecture.md §3.4: a slot's ranges, one producer (the slot's transactional.id),
+    one transaction with every range's end offset. The records are kept (collector.py), so
+    that a new transaction after an abort or a fence replays them and goes on with the rest."""
     from confluent_kafka import TopicPartition
 
-    tid = plan.transactional_id
-    publisher, fresh = partition_publisher(spec, plan)
-    result.init_s = publisher.init_seconds if fresh else 0.0
-    collector: RecordCollector | None = None
+    tid = plans[0].transactional_id
+    if any(p.transactional_id != tid for p in plans):
+        raise InfrastructureError(f"one slot's ranges name several transactional.ids: {plans}")
+    publisher, fresh = cached_publisher(spec, tid)
+    results[0].init_s = publisher.init_seconds if fresh else 0.0
+    output: _SlotOutput | None = None
     input_done = False
-    dead: list[tuple[Any, ...]] | None = None   # the side file's records, once the input is done
-    dead_added = 0
+    dead: list[list[tuple[Any, ...]]] | None = None   # the side files' records, once the input is done
+    dead_added = [0] * len(plans)
     for attempt in range(1, 4):
-        result.attempts = attempt
-        # After init_transactions, nothing older can still commit: the committed offset is final.
-        current = committed_offset(spec, plan.topic, plan.partition)
-        if current is not None and current == plan.end:
-            result.status, result.committed = ALREADY_DONE, current
+        for result in results:
+            result.attempts = attempt
+        # After init_transactions, nothing older can still commit: the committed offsets are final.
+        current = committed_offsets(spec, plans)
+        if all(c is not None and c == p.end for c, p in zip(current, plans, strict=True)):
+            _set(results, ALREADY_DONE, current)
             return
-        if current != plan.committed:
-            result.status, result.committed = STALE_PLAN, current if current is not None else -1
-            result.message = f"committed offset is {current}, the plan expected {plan.committed}"
+        if any(c != p.committed for c, p in zip(current, plans, strict=True)):
+            moved = [f"{p.topic}[{p.partition}] {c} (planned {p.committed})"
+                     for c, p in zip(current, plans, strict=True) if c != p.committed]
+            _set(results, STALE_PLAN, current, f"committed offsets moved: {', '.join(moved)}")
             return
         try:
             publisher.begin()
-            faults.maybe_fail("publish.before_produce", plan)
+            faults.maybe_fail("publish.before_produce", plans[0])
             with publisher.producing():
-                if collector is None:
-                    collector = _collector(spec, plan, publisher.producer)
+                if output is None:
+                    output = _SlotOutput(spec, plans, publisher.producer)
                 else:
                     started = time.perf_counter()
-                    collector.producer = publisher.producer
-                    collector.replay()
-                    result.produce_s += time.perf_counter() - started
+                    output.replay(publisher.producer)
+                    results[0].produce_s += time.perf_counter() - started
                 if not input_done:
-                    _produce_all(collector, batches, result, plan)
+                    _produce_all(output, pieces, results)
                     input_done = True
                 if dead is None:
-                    dead = _dead_letters_of_range(spec, plan, result)
-                while dead_added < len(dead):
-                    dead_added += 1   # kept by the collector before it is produced: replayed if need be
-                    collector.add_dead_letter(spec.dead_letter_topic, dead[dead_added - 1], spec.app_id)
-                result.dead_letters = len(dead)
+                    dead = [_dead_letters_of_range(spec, p, r) for p, r in zip(plans, results, strict=True)]
+                for pos, records in enumerate(dead):
+                    while dead_added[pos] < len(records):
+                        dead_added[pos] += 1   # kept by the collector before it is produced: replayed if need be
+                        output.of(pos).add_dead_letter(spec.dead_letter_topic, records[dead_added[pos] - 1], spec.app_id)
+                    results[pos].dead_letters = len(records)
             started = time.perf_counter()
-            publisher.send_offsets([TopicPartition(plan.topic, plan.partition, plan.end)], spec.group_metadata)
-            faults.maybe_fail("publish.before_commit", plan)
+            publisher.send_offsets([TopicPartition(p.topic, p.partition, p.end) for p in plans], spec.group_metadata)
+            faults.maybe_fail("publish.before_commit", plans[0])
             publisher.commit()
-            result.commit_s += time.perf_counter() - started
-            faults.maybe_fail("publish.after_commit", plan)
-            result.status, result.committed = COMMITTED, plan.end
+            results[0].commit_s += time.perf_counter() - started
+            faults.maybe_fail("publish.after_commit", plans[0])
+            _set(results, COMMITTED, [p.end for p in plans])
             return
         except AbortableError as exc:
             publisher.abort()   # robust: a producer that cannot abort is replaced (publisher.py)
-            result.message = str(exc)
+            _set(results, results[0].status, message=str(exc))
             if exc.code in _group_moved_codes():
                 # The group rebalanced since planning: this plan's metadata is stale.
-                result.status = STALE_PLAN
+                _set(results, STALE_PLAN)
                 return
-            continue  # publish the range again in a new transaction
+            continue  # publish the ranges again in a new transaction
         except FencedError as exc:
             drop_publisher(tid)
             if fresh:
-                # Fenced during this task: another attempt of this range (a speculative copy, a
-                # retry on another host) initialised the id after us and owns the range now.
-                result.status, result.committed, result.message = _outcome_of_other_attempt(spec, plan, exc)
+                # Fenced during this task: another attempt of this slot (a speculative copy, a
+                # retry on another host) initialised the id after us and owns the ranges now.
+                status, committed, message = _outcome_of_other_attempt(spec, plans, exc)
+                _set(results, status, committed, message)
                 return
             # Our cached producer was fenced by a producer elsewhere (another worker, another
             # host) since this worker's last batch: start afresh (which fences that one, if it
             # still lives) and publish the kept records, then the rest.
-            publisher, fresh = partition_publisher(spec, plan)
-            result.init_s += publisher.init_seconds
+            publisher, fresh = cached_publisher(spec, tid)
+            results[0].init_s += publisher.init_seconds
             continue
         except BaseException:
             try:
@@ -231,27 +314,41 @@ def publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Itera
             except Exception:   # the original error is the one to report
                 drop_publisher(tid)
             raise
-    raise AbortableError(f"{tid}: gave up after {result.attempts} aborted attempts: {result.message}")
+    raise AbortableError(f"{tid}: gave up after {results[0].attempts} aborted attempts: {results[0].message}")
 
 
-def _outcome_of_other_attempt(spec: PublishSpec, plan: PartitionPlan, fence: FencedError) -> tuple[str, int, str]:
-    """What became of the range after another attempt fenced this one: wait (up to the
-    transaction timeout, the longest its transaction can stay open) until it committed the
-    range (ALREADY_DONE) or something else moved the offset (STALE_PLAN); else FENCED.
+def committed_offsets(spec: PublishSpec, plans: list[PartitionPlan]) -> list[int | None]:
+    """The group's committed offsets of the plans' partitions, read stably."""
+    from confluent_kafka import TopicPartition
+
+    from txstream.kafka.retry import retriable
+
+    timeout = spec.timeout_s
+    wanted = [TopicPartition(p.topic, p.partition) for p in plans]
+    found = retriable(lambda: _group_reader(spec).committed(wanted, timeout=timeout), timeout)
+    by_key = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
+    return [by_key.get((p.topic, p.partition)) for p in plans]
+
+
+def _outcome_of_other_attempt(spec: PublishSpec, plans: list[PartitionPlan],
+                              fence: FencedError) -> tuple[str, list[int | None], str]:
+    """What became of the slot's ranges after another attempt fenced this one: wait (up to the
+    transaction timeout, the longest its transaction can stay open) until it committed them
+    (ALREADY_DONE) or something else moved an offset (STALE_PLAN); else FENCED.
 
     Reporting at once would let Spark take this attempt's result as the task's and kill the
-    attempt that owns the range, perhaps before its commit (speculation): the range would then
-    be re-planned and read again. Waiting, the first result Spark sees is a finished range."""
+    attempt that owns the ranges, perhaps before its commit (speculation): the ranges would then
+    be re-planned and read again. Waiting, the first result Spark sees is a finished slot."""
     deadline = time.monotonic() + spec.transaction_timeout_s
-    current: int | None = plan.committed
+    current: list[int | None] = [p.committed for p in plans]
     while time.monotonic() < deadline:
-        current = committed_offset(spec, plan.topic, plan.partition)
-        if current == plan.end:
-            return ALREADY_DONE, current, f"fenced by another attempt, which committed the range: {fence}"
-        if current != plan.committed:
-            return STALE_PLAN, current if current is not None else -1, f"fenced; the offset moved to {current}"
+        current = committed_offsets(spec, plans)
+        if all(c == p.end for c, p in zip(current, plans, strict=True)):
+            return ALREADY_DONE, current, f"fenced by another attempt, which committed the ranges: {fence}"
+        if any(c != p.committed for c, p in zip(current, plans, strict=True)):
+            return STALE_PLAN, current, f"fenced; the offsets moved to {current}"
         time.sleep(0.2)
-    return FENCED, current if current is not None else -1, str(fence)
+    return FENCED, current, str(fence)
 
 
 def _group_moved_codes() -> set[int]:
@@ -271,8 +368,8 @@ def _plain_delivery(err, _msg) -> None:
         _PLAIN_ERRORS.append(str(err))
 
 
-def _publish_plain(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
-                   result: TaskResult) -> None:
+def _publish_plain(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterator[tuple[int, pa.RecordBatch]],
+                   results: list[TaskResult]) -> None:
     """at-least-once / at-most-once: idempotent producer, offsets are the driver's business."""
     from confluent_kafka import Producer
 
@@ -282,20 +379,24 @@ def _publish_plain(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.
         _PLAIN_PRODUCERS[key] = Producer({**config, "on_delivery": _plain_delivery})
     producer = _PLAIN_PRODUCERS[key]
     _PLAIN_ERRORS.clear()
-    collector = _collector(spec, plan, producer)
-    _produce_all(collector, batches, result, plan)
-    dead = _dead_letters_of_range(spec, plan, result)
-    for record in dead:
-        collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
-    result.dead_letters = len(dead)
+    output = _SlotOutput(spec, plans, producer)
+    _produce_all(output, pieces, results)
+    for pos, (plan, result) in enumerate(zip(plans, results, strict=True)):
+        dead = _dead_letters_of_range(spec, plan, result)
+        for record in dead:
+            output.of(pos).add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
+        result.dead_letters = len(dead)
     started = time.perf_counter()
     remaining = producer.flush(spec.timeout_s)
-    result.commit_s = time.perf_counter() - started  # waiting for the acknowledgements
+    results[0].commit_s = time.perf_counter() - started  # waiting for the acknowledgements
     if remaining or _PLAIN_ERRORS:
-        raise TaskError(f"output of {plan.topic}[{plan.partition}] was not acknowledged "
+        names = ", ".join(f"{p.topic}[{p.partition}]" for p in plans)
+        raise TaskError(f"output of {names} was not acknowledged "
                         f"({remaining} still queued after {spec.timeout_s:.0f}s; delivery "
                         f"errors: {_PLAIN_ERRORS[:3]}); its offsets are not committed")
-    result.status, result.attempts = ACKED, 1
+    _set(results, ACKED)
+    for result in results:
+        result.attempts = 1
 
 
 def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: tuple, membership: Any) -> str:

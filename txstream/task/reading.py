@@ -55,7 +55,7 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None):  # SparkSession ->
     partition i holds exactly the number i, so task i reads plan i, and Spark needs no Python
     process on the driver to plan the read (a data source costs three planning round trips per
     batch and three more Python daemons at start-up)."""
-    n = max(1, len(spec.plans))
+    n = max(1, len(spec.layout) or len(spec.plans))
     return spark.range(0, n, 1, n).mapInArrow(
         functools.partial(read_planned_range, spec, accounts), input_struct(spec.key_schema, spec.value_schema))
 
@@ -63,9 +63,10 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None):  # SparkSession ->
 def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Task i's reader: the records of plan i as Arrow batches, then the side file."""
     for id_batch in ids:
-        for index in id_batch.column(0).to_pylist():
-            if index >= len(spec.plans):
-                continue  # the dry plan of an empty spec
+        for task in id_batch.column(0).to_pylist():
+            index = spec.plan_at(task)
+            if index < 0:
+                continue  # a slot's padding, or the dry plan of an empty spec
             plan = spec.plans[index]
             started = time.perf_counter()
             dead: list[tuple[Any, ...]] = []
@@ -82,7 +83,7 @@ def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBat
             if accounts is not None:
                 accounts.add({(plan.topic, plan.partition, plan.start, plan.end): result})
             else:
-                write_side_file(spec.side_dir, spec.batch_id, result)
+                write_side_file(spec.side_dir, spec.batch_id, result, index)
 
 
 def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from txstream.task.probe import local_dirs
 
-_NAME = re.compile(r"b(\d+)-a(\d+)\.\w+$")
+_NAME = re.compile(r"b(\d+)-a(\d+)(?:-r\d+)?\.\w+$")
 
 
 def run_directory(side_dir: str) -> Path:
@@ -30,9 +30,10 @@ def run_directory(side_dir: str) -> Path:
     return Path(local_dirs()[0]) / side_dir
 
 
-def side_file(side_dir: str, batch_id: int, task_attempt: int, kind: str) -> Path:
-    """Where a task attempt's reader leaves dead letters and counts for its publisher."""
-    return run_directory(side_dir) / f"b{batch_id}-a{task_attempt}.{kind}"
+def side_file(side_dir: str, batch_id: int, task_attempt: int, kind: str, plan_index: int = 0) -> Path:
+    """Where a task attempt's reader leaves one range's dead letters and counts for its
+    publisher (a task reads several ranges when it publishes a slot of partitions)."""
+    return run_directory(side_dir) / f"b{batch_id}-a{task_attempt}-r{plan_index}.{kind}"
 
 
 def sweep(side_dir: str, batch_id: int) -> int:
@@ -71,8 +72,8 @@ class ReadResult:
     read_seconds: float
 
 
-def write_side_file(side_dir: str, batch_id: int, result: ReadResult) -> None:
-    path = side_file(side_dir, batch_id, current_task_attempt(), "read")
+def write_side_file(side_dir: str, batch_id: int, result: ReadResult, plan_index: int = 0) -> None:
+    path = side_file(side_dir, batch_id, current_task_attempt(), "read", plan_index)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as out:
@@ -80,9 +81,9 @@ def write_side_file(side_dir: str, batch_id: int, result: ReadResult) -> None:
     os.replace(tmp, path)
 
 
-def read_side_file(side_dir: str, batch_id: int) -> ReadResult | None:
-    """The reader's result for this task attempt, consumed: the file is removed."""
-    path = side_file(side_dir, batch_id, current_task_attempt(), "read")
+def read_side_file(side_dir: str, batch_id: int, plan_index: int = 0) -> ReadResult | None:
+    """The reader's result for one range of this task attempt, consumed: the file is removed."""
+    path = side_file(side_dir, batch_id, current_task_attempt(), "read", plan_index)
     try:
         with open(path, "rb") as src:
             result = pickle.load(src)

@@ -74,12 +74,28 @@ class ReadSpec:
     batch_id: int = 0
     chunk_records: int = 10_000          # records per Arrow batch handed to Spark
     idle_timeout_s: float = 60.0         # a range that makes no progress this long fails
+    # Reading task k reads plan layout[k] (-1: nothing, a slot's padding); empty: plan k.
+    # Publishing tasks cover `slot_width` consecutive reading tasks (driver/slots.py).
+    layout: tuple[int, ...] = ()
+    slot_width: int = 1
 
     def consumer_config(self) -> dict[str, Any]:
         return self.clients.consumer(self.app_id, **READER_DEFAULTS)
 
-    def with_batch(self, batch_id: int, plans: list[PartitionPlan]) -> ReadSpec:
-        return replace(self, batch_id=batch_id, plans=tuple(plans))
+    def with_batch(self, batch_id: int, plans: list[PartitionPlan], layout: tuple[int, ...] = (),
+                   slot_width: int = 1) -> ReadSpec:
+        return replace(self, batch_id=batch_id, plans=tuple(plans), layout=tuple(layout), slot_width=slot_width)
+
+    def plan_at(self, reading_task: int) -> int:
+        """The index of the plan reading task `reading_task` reads (-1: none)."""
+        if self.layout:
+            return self.layout[reading_task] if reading_task < len(self.layout) else -1
+        return reading_task if reading_task < len(self.plans) else -1
+
+    def slot_plans(self, slot_task: int) -> list[int]:
+        """The plan indexes publishing task `slot_task` covers, in reading order."""
+        first = slot_task * self.slot_width
+        return [i for i in (self.plan_at(k) for k in range(first, first + self.slot_width)) if i >= 0]
 
 
 @dataclass(frozen=True)
@@ -126,5 +142,7 @@ class PublishSpec:
             config = {k: v for k, v in config.items() if not k.startswith("transaction")}
         return config
 
-    def with_batch(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None) -> PublishSpec:
-        return replace(self, read=self.read.with_batch(batch_id, plans), group_metadata=group_metadata)
+    def with_batch(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None,
+                   layout: tuple[int, ...] = (), slot_width: int = 1) -> PublishSpec:
+        return replace(self, read=self.read.with_batch(batch_id, plans, layout, slot_width),
+                       group_metadata=group_metadata)

@@ -1,0 +1,80 @@
+"""Slots: how a narrow batch's ranges are grouped into publishing tasks (docs/architecture.md §3.4).
+
+One task per input partition paid, per partition and batch, a Spark task, two Python hand-offs,
+a producer (and its `init_transactions` whenever the task landed on another Python worker) and a
+transaction: a batch over 256 partitions took 11x as long as over 4 for the same records. Kafka
+Streams' exactly_once_v2 (KIP-447) answers the same problem with one producer per thread for
+all its partitions. Here: a batch has one publishing task per *slot* (by default as many slots as
+Spark has cores), a slot's ranges are read one after another inside its task and published
+through the slot's producer in one transaction with all their end offsets.
+
+Zombie fencing, the argument (docs/architecture.md §3.4 says it in full):
+- A partition's slot is its position among the partitions this instance owns, modulo the slot
+  count (fixed for the run). The owned set changes only with the group's generation, so within a
+  generation every attempt at a range (a retry, a speculative copy, a re-plan after a failed
+  batch) runs under the same `transactional.id`, and the later `init_transactions` fences the
+  earlier attempt, whose re-check then finds the range done.
+- Across generations (a rebalance, a restarted driver) a partition may move to another slot or
+  another instance: the earlier attempt's `send_offsets_to_transaction` carries the earlier
+  generation and is refused (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID), so its transaction
+  cannot commit those offsets; and what it committed before the new generation's plan is what
+  that plan starts from (offsets are read stably, KIP-447).
+- A slot's `transactional.id` is its first partition's, `<app>-<topic>-<partition>` (as when a
+  task published one partition): two instances of an app own different partitions, so their
+  slots never fence each other; and a restarted driver that owns what the dead one owned, with
+  the same slot count, re-initialises the same ids at once, which aborts what the dead one left
+  open (read_committed consumers would otherwise wait for its transaction timeout).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from txstream.driver.planning import transactional_id
+from txstream.task.spec import PartitionPlan
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Reading task k reads plan layout[k] (-1: padding); publishing task j covers reading
+    tasks [j * width, (j + 1) * width): Spark's `coalesce` without a shuffle groups a parent's
+    partitions into equal consecutive runs when they have no preferred hosts."""
+
+    layout: tuple[int, ...]
+    width: int
+
+    @property
+    def publishing_tasks(self) -> int:
+        return len(self.layout) // self.width if self.width else 0
+
+
+class Slots:
+    """The run's slots: which transactional.id publishes which partition."""
+
+    def __init__(self, app_id: str, count: int) -> None:
+        if count < 1:
+            raise ValueError(f"task slots must be at least 1, not {count}")
+        self.app_id, self.count = app_id, count
+
+    def assign(self, plans: list[PartitionPlan], owned: list[tuple[str, int]]) -> list[PartitionPlan]:
+        """The plans, each with its slot's transactional.id (its first owned partition's)."""
+        ordered = sorted(owned)
+        position = {key: i for i, key in enumerate(ordered)}
+        tids = []
+        for p in plans:
+            first = ordered[position[(p.topic, p.partition)] % self.count] if (p.topic, p.partition) in position \
+                else (p.topic, p.partition)
+            tids.append(transactional_id(self.app_id, *first))
+        return [replace(p, transactional_id=tid) for p, tid in zip(plans, tids, strict=True)]
+
+    @staticmethod
+    def layout(plans: list[PartitionPlan]) -> SlotLayout:
+        """Group the plans by transactional.id into equal-width runs of reading tasks."""
+        groups: dict[str, list[int]] = {}
+        for index, plan in enumerate(plans):
+            groups.setdefault(plan.transactional_id, []).append(index)
+        width = max((len(g) for g in groups.values()), default=1)
+        layout: list[int] = []
+        for tid in sorted(groups):
+            members = groups[tid]
+            layout += members + [-1] * (width - len(members))
+        return SlotLayout(tuple(layout), width)

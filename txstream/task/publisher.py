@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from typing import Any, Callable, Iterator
 from txstream.errors import AbortableError, FatalKafkaError, FencedError, classify_kafka, kafka_error_of
 
 LOCAL_FATAL = -150   # librdkafka's RD_KAFKA_RESP_ERR__FATAL (KafkaError._FATAL)
+SEND_OFFSETS_GRACE_S = 10.0   # beyond its own timeout, before a send_offsets call counts as hung
 
 
 class TransactionalPublisher:
@@ -101,8 +103,32 @@ class TransactionalPublisher:
         self.in_transaction = True
 
     def send_offsets(self, offsets: list, group_metadata: bytes) -> None:
-        self._call(lambda: self.producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout_s),
-                   "send_offsets_to_transaction")
+        """send_offsets_to_transaction, bounded by our own clock: librdkafka can block in it past
+        its timeout, for ever, when the group coordinator goes away (librdkafka#5456, #5511; seen
+        here when a broker was SIGKILLed under a wide run's driver). A call that does not return
+        is abandoned with its producer; a fresh producer's init_transactions aborts the open
+        transaction, and the caller publishes again (AbortableError)."""
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+        producer = self.producer
+
+        def call() -> None:
+            try:
+                producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout_s)
+            except BaseException as exc:  # handed to the caller's thread
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"send-offsets-{self.transactional_id}", daemon=True).start()
+        if not done.wait(self.timeout_s + SEND_OFFSETS_GRACE_S):
+            self.in_transaction = False
+            self._renew()
+            raise AbortableError(f"{self.transactional_id}: send_offsets_to_transaction did not return within "
+                                 f"{self.timeout_s + SEND_OFFSETS_GRACE_S:.0f}s (a librdkafka hang when the group "
+                                 "coordinator moves); the producer was replaced, its transaction aborted")
+        if "error" in outcome:
+            raise self._classify(outcome["error"], "send_offsets_to_transaction") from outcome["error"]
 
     def commit(self) -> None:
         """Commit; a retriable error retries the commit itself (its outcome is unknown)."""

@@ -149,7 +149,7 @@ class Driver:
 
     def validate(self) -> None:
         """Refuse an unpublishable output before anything is read, and choose the protocol from
-        the physical plan: narrow (one transaction per input partition) or wide (units, or one
+        the physical plan: narrow (one transaction per slot of input partitions) or wide (units, or one
         transaction per batch: driver/wide.py), said in the run's first lines."""
         s = self.settings
         topic = s.input_topics[0]
@@ -160,7 +160,7 @@ class Driver:
         frame = self.output_frame(dry)
         parts = wide_parts(frame)
         if not parts:
-            self.echo("protocol: narrow (each input partition's output and offsets in one transaction)")
+            self.echo("protocol: narrow (each slot's output and input offsets in one transaction)")
             return
         from txstream.driver.determinism import check_deterministic
         from txstream.driver.wide import WideBatches

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint soak install kafka-jars spark-archive host-tools bench clean
+.PHONY: demo test test-fast lint soak install kafka-jars spark-archive host-tools bench bench-quick clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +51,32 @@ lint: install
 soak: kafka-jars spark-archive
 	TXSTREAM_SOAK=1 $(PY) -m pytest tests/chaos/test_soak.py -s $(PYTEST_ARGS)
 
+# The whole benchmark suite (benchmarks/README.md), one step after another; a step that exits non-zero
+# stops make. Each step writes its own files under benchmarks/results/ and rewrites README.md's
+# generated section. BENCH_ARGS goes to the throughput table (e.g. BENCH_ARGS="--runs 1"),
+# LATENCY_ARGS to both latency runs, SWEEP_ARGS to the three sweeps, WIDE_ARGS to the wide benchmark.
+# About an hour on the 2-core machine the results come from.
 bench: kafka-jars spark-archive
 	$(PY) -m benchmarks $(BENCH_ARGS)
+	$(PY) -m benchmarks --latency --rate 2000 $(LATENCY_ARGS)
+	$(PY) -m benchmarks --latency --rate 20000 $(LATENCY_ARGS)
+	$(PY) -m benchmarks --sweep batch $(SWEEP_ARGS)
+	$(PY) -m benchmarks --sweep partitions $(SWEEP_ARGS)
+	$(PY) -m benchmarks --sweep record-size $(SWEEP_ARGS)
+	$(PY) -m benchmarks.wide $(WIDE_ARGS)
+
+# The same steps at smoke sizes, to check the plumbing (files named -quick; README.md prefers a full
+# run's files when there are any): 20000 records and 1 run per table and sweep point, two points per
+# sweep (10 KB records capped at 30 MB of input), 10 s latency windows after 3 s of warm-up, one
+# 20000-record wide round. About 20 minutes there.
+bench-quick: kafka-jars spark-archive
+	$(PY) -m benchmarks --quick $(BENCH_ARGS)
+	$(PY) -m benchmarks --latency --quick --rate 2000 $(LATENCY_ARGS)
+	$(PY) -m benchmarks --latency --quick --rate 20000 $(LATENCY_ARGS)
+	$(PY) -m benchmarks --sweep batch --quick --batch-sizes 1000,5000 $(SWEEP_ARGS)
+	$(PY) -m benchmarks --sweep partitions --quick --partition-counts 4,16 $(SWEEP_ARGS)
+	$(PY) -m benchmarks --sweep record-size --quick --value-sizes 100,10000 --max-input-mb 30 $(SWEEP_ARGS)
+	$(PY) -m benchmarks.wide --quick $(WIDE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

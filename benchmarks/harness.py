@@ -331,6 +331,7 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
 
     stop = threading.Event()
     rate = ctx["rate"]
+    produced = {"n": 0}  # records handed to the producer so far (void orders too)
 
     def produce_loop():
         producer = Producer(producer_config(bootstrap, **{"linger.ms": 0}))
@@ -347,6 +348,7 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
                     sent[key] = time.time()
                 producer.produce(in_topic, key=key, value=encode(ORDER_SCHEMA, order), timestamp=now_ms)
                 i += 1
+                produced["n"] = i
             producer.poll(0)
             time.sleep(0.005)
         producer.flush(30)
@@ -369,8 +371,12 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
         log(f"    first output after {time.monotonic() - started:.1f}s; warming up {ctx['warmup']}s")
         time.sleep(ctx["warmup"])
         window["start"] = time.time()
+        n0 = produced["n"]
         time.sleep(ctx["latency_seconds"])
         window["end"] = time.time()
+        # What the generator managed: on a busy machine it can fall short of --rate (it shares this
+        # process with the output consumer); then the contenders saw less than the rate asked for.
+        result["input_rate_achieved"] = (produced["n"] - n0) / (window["end"] - window["start"])
         expected_keys = [k for k, t in list(sent.items()) if window["start"] <= t < window["end"]]
         time.sleep(5.0)
         stop.set()
@@ -384,14 +390,39 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
         stop_process(proc)
         watcher.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    produced = len(expected_keys)
     if not latencies:
         return {"ok": False, "problem": "no output for records produced in the measurement window"}
     latencies.sort()
-    q = statistics.quantiles(latencies, n=100, method="inclusive")
-    result.update(ok=True, produced_in_window=produced, measured=len(latencies), p50_ms=q[49], p99_ms=q[98],
-                  max_ms=latencies[-1], mean_ms=statistics.fmean(latencies))
+    result.update(ok=True, produced_in_window=len(expected_keys), measured=len(latencies),
+                  p50_ms=percentile(latencies, 50), p90_ms=percentile(latencies, 90),
+                  p99_ms=percentile(latencies, 99), p999_ms=percentile(latencies, 99.9),
+                  max_ms=latencies[-1], mean_ms=statistics.fmean(latencies),
+                  percentiles_ms=percentile_vector(latencies))
     return result
+
+
+# The latency distribution kept in the JSON (enough for a CDF or a box plot): every whole
+# percentile, the tail in finer steps, and the extremes.
+PERCENTILES = (0, *range(1, 100), 99.5, 99.9, 100)
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """The q-th percentile (0..100) of sorted values, linear between closest ranks: the same as
+    statistics.quantiles(method="inclusive") at its cut points, and defined for one value."""
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def percentile_vector(ordered: list[float]) -> dict[str, float]:
+    """{"0": min, "1": p1, ..., "99": p99, "99.5": ..., "99.9": ..., "100": max}, ms rounded to 0.01."""
+    return {f"{q:g}": round(percentile(ordered, q), 2) for q in PERCENTILES}
+
+
+def rate_tag(rate: float) -> str:
+    """The rate in a results file name: 2000 -> "r2000", 2500.5 -> "r2500.5"."""
+    return f"r{int(rate)}" if float(rate).is_integer() else f"r{rate:g}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +510,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "partitions, record-size; own results files")
     ap.add_argument("--batch-sizes", default="1000,5000,20000,100000",
                     help="--sweep batch: txstream --max-records-per-partition values (default 1000,5000,20000,100000)")
-    ap.add_argument("--partition-counts", default="1,2,4,8", help="--sweep partitions: values (default 1,2,4,8)")
+    ap.add_argument("--partition-counts", default="4,16,64,256", help="--sweep partitions: values (default 4,16,64,256; 1024 works, slowly)")
     ap.add_argument("--value-sizes", default="100,1000,10000",
                     help="--sweep record-size: order value sizes in bytes, padded note (default 100,1000,10000)")
     ap.add_argument("--max-input-mb", type=float, default=300,
@@ -487,6 +518,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds before a run counts as failed (default 900, 300 with --quick)")
     ap.add_argument("--output-prefix", default=None, help="results file name prefix (default: timestamp)")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS,
+                    help="where the results files go (default benchmarks/results; README.md is only rewritten "
+                         "from the default)")
     ap.add_argument("--no-readme", action="store_true",
                     help="do not regenerate README.md's Performance section at the end")
     args = ap.parse_args(argv)
@@ -515,6 +549,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         except ValueError:
             ap.error(f"--{opt.replace('_', '-')} takes comma-separated integers")
     return args
+
+
+def any_ok(results: dict) -> bool:
+    """Whether at least one contender (at one point of a sweep) produced a verified result: an
+    invocation where every one of them is unavailable exits 1, so `make bench` stops there."""
+    groups = [p.get("contenders", {}) for p in results.get("points", [])] or [results.get("contenders", {})]
+    return any(e.get("status") == "ok" for g in groups for e in g.values())
 
 
 def _terminate(_sig, _frame):
@@ -548,9 +589,12 @@ def main(argv=None) -> int:
     if args.latency:
         contenders = [c for c in contenders if c.long_running]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    kind = ("-latency" if args.latency else "") + (f"-sweep-{args.sweep}" if args.sweep else "")
+    # Latency files carry their rate (<stamp>-latency-r20000[-quick]): runs at different rates are
+    # different kinds for benchmarks/readme.py, which reads the rate from the JSON's settings.
+    kind = (f"-latency-{rate_tag(args.rate)}" if args.latency else "") + (f"-sweep-{args.sweep}" if args.sweep else "")
     prefix = args.output_prefix or (stamp + kind + ("-quick" if args.quick else ""))
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    results_dir = args.results_dir.resolve()
+    results_dir.mkdir(parents=True, exist_ok=True)
     logdir = Path(tempfile.mkdtemp(prefix="txstream-bench-logs-"))
     cluster = None
     tmp_data = None
@@ -605,8 +649,11 @@ def main(argv=None) -> int:
                     entry["latency"] = res
                     if res.get("ok"):
                         entry["status"] = "ok"
+                        achieved = res.get("input_rate_achieved") or 0
                         log(f"   p50 {res['p50_ms']:.0f} ms, p99 {res['p99_ms']:.0f} ms "
-                            f"({res['measured']:,} records)")
+                            f"({res['measured']:,} records; input {achieved:,.0f} records/s"
+                            + (f", SHORT of the {args.rate:,.0f} asked for" if achieved < 0.95 * args.rate else "")
+                            + ")")
                     else:
                         entry["status"] = f"unavailable: {res['problem']}"
                         log(f"   {entry['status']}")
@@ -617,17 +664,22 @@ def main(argv=None) -> int:
             results["ratios"] = report.ratios(results)
         results["hardware"]["loadavg_at_end"] = os.getloadavg()
         results["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        paths = report.write_all(results, RESULTS, prefix)
+        paths = report.write_all(results, results_dir, prefix)
         print()
         print(report.markdown(results))
-        log("wrote " + ", ".join(str(p.relative_to(REPO)) for p in paths))
-        if not args.no_readme:
+        log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in paths))
+        if results_dir != RESULTS.resolve():
+            log(f"README.md left alone: results written to {results_dir}, not {RESULTS.relative_to(REPO)}")
+        elif not args.no_readme:
             try:
                 from benchmarks import readme
 
                 log(readme.update())
             except Exception as exc:  # the results stand without the README
                 log(f"README not updated: {type(exc).__name__}: {exc}")
+        if not any_ok(results):
+            log("FAILED: no contender produced a result (see the statuses above)")
+            return 1
         return 0
     finally:
         if ctx.get("bootstrap") and args.bootstrap_servers:

@@ -1,10 +1,12 @@
 """`python -m benchmarks.readme`: rewrite README.md's Performance figures from the result files.
 
 Everything between `<!-- bench:start -->` and `<!-- bench:end -->` in README.md is replaced by
-figures taken from the newest JSON of each kind under benchmarks/results/ (throughput, latency,
-and each sweep; a full run is preferred over a `--quick` one), with links to the files. Nothing
-is typed by hand. A README without the markers is left alone (the harness calls this at the end
-of every run). `--check` exits 1 when the section is not what the files say.
+figures taken from the newest JSON of each kind under benchmarks/results/ (throughput, latency at
+each rate, each sweep, and the wide groupBy benchmark of `python -m benchmarks.wide`; a full run is
+preferred over a `--quick` one), with links to the files. Nothing is typed by hand. A README
+without the markers is left alone (the harness calls this at the end of every run). `--check`
+exits 1 when the section is not what the files say; `--readme` and `--results` point it at other
+files (e.g. a copy of the README and a scratch results directory).
 """
 from __future__ import annotations
 
@@ -20,12 +22,47 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 README = REPO / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
-KINDS = ["throughput", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size"]
+# The order of the section; latency has one kind per rate ("latency@2000", "latency@20000"),
+# in ascending rate, where "latency" stands.
+KINDS = ["throughput", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size", "wide"]
 
 
-def kind_of(results: dict) -> str:
+def is_wide(results: dict, path: Path | None = None) -> bool:
+    """benchmarks/wide.py's files: "mode": "wide" since it writes one; older ones by their shape
+    (a list of runs, its processor and args) or name (<stamp>-wide[-quick].json)."""
+    if results.get("mode") == "wide":
+        return True
+    if "mode" in results:
+        return False
+    shaped = isinstance(results.get("runs"), list) and "args" in results and "processor" in results
+    return shaped or bool(path and path.stem.removesuffix("-quick").endswith("-wide"))
+
+
+def kind_of(results: dict, path: Path | None = None) -> str:
+    if is_wide(results, path):
+        return "wide"
     mode = results.get("mode", "throughput")
+    if mode == "latency":
+        return f"latency@{_rate(results)}"
     return f"sweep-{results.get('sweep')}" if mode == "sweep" else mode
+
+
+def _rate(results: dict) -> str:
+    rate = float((results.get("settings") or {}).get("rate") or 2000)
+    return str(int(rate)) if rate.is_integer() else f"{rate:g}"
+
+
+def is_quick(results: dict) -> bool:
+    return bool((results.get("settings") or results.get("args") or {}).get("quick"))
+
+
+def ordered_kinds(found) -> list[str]:
+    """KINDS with "latency" replaced by the latency kinds found, slowest rate first."""
+    rates = sorted((k for k in found if k.startswith("latency@")), key=lambda k: float(k.split("@", 1)[1]))
+    out: list[str] = []
+    for kind in KINDS:
+        out += rates if kind == "latency" else [kind]
+    return out
 
 
 def newest(directory: Path = RESULTS) -> dict[str, tuple[Path, dict]]:
@@ -38,8 +75,8 @@ def newest(directory: Path = RESULTS) -> dict[str, tuple[Path, dict]]:
             continue
         if not isinstance(results, dict) or "hardware" not in results:
             continue
-        kind = kind_of(results)
-        quick = bool((results.get("settings") or {}).get("quick"))
+        kind = kind_of(results, path)
+        quick = is_quick(results)
         rank = (not quick, results.get("started_at", ""), path.name)
         if kind not in best or rank > best[kind][0]:
             best[kind] = (rank, path, results)
@@ -125,15 +162,72 @@ def throughput_section(path: Path, results: dict) -> list[str]:
 def latency_section(path: Path, results: dict) -> list[str]:
     s = results["settings"]
     quick = " (a `--quick` smoke run)" if s.get("quick") else ""
-    cells = []
+    window = (f"{s['latency_seconds']:.0f} s window after {s['warmup']:.0f} s of warm-up"
+              if s.get("latency_seconds") is not None and s.get("warmup") is not None else "")
+    lines = [f"**Latency at {s['rate']:,.0f} records/s**{quick}: end-to-end, input produced at a steady "
+             f"{s['rate']:,.0f} records/s in {s['partitions']} partitions, read back read_committed"
+             + (f"; {window}" if window else "") + f"; {_machine(results)}; {_link(path)}.", "",
+             "| contender | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | records measured | input records/s |",
+             "|---|---|---|---|---|---|---|---|"]
     for e in results["contenders"].values():
         lat = e.get("latency") or {}
         if e.get("status") == "ok":
-            cells.append(f"{e['label']} p50 {_n(lat.get('p50_ms'))} ms / p99 {_n(lat.get('p99_ms'))} ms")
+            lines.append(f"| {e['label']} | {_n(lat.get('p50_ms'))} | {_n(lat.get('p90_ms'))} | "
+                         f"{_n(lat.get('p99_ms'))} | {_n(lat.get('p999_ms'))} | {_n(lat.get('max_ms'))} | "
+                         f"{_n(lat.get('measured'))} | {_n(lat.get('input_rate_achieved'))} |")
         else:
-            cells.append(f"{e['label']} {e.get('status', '?')[:100]}")
-    return [f"**Latency**{quick} at a steady {s['rate']:,.0f} records/s ({_machine(results)}; {_link(path)}): "
-            + "; ".join(cells) + "."]
+            lines.append(f"| {e['label']} | {e.get('status', '?').replace('|', '/')[:120]} | | | | | | |")
+    ratios = results.get("ratios") or {}
+    parts = [f"{label.replace('txstream exactly-once vs ', '')} {_x(row.get('p50_ms'))} / {_x(row.get('p99_ms'))}"
+             for label, row in ratios.items() if not label.startswith("each")
+             and (row.get("p50_ms") is not None or row.get("p99_ms") is not None)]
+    if parts:
+        lines += ["", "txstream exactly-once's p50 / p99 divided by each other's: " + ", ".join(parts)
+                  + " (> 1: txstream is slower)."]
+    ok = [e for e in results["contenders"].values() if e.get("status") == "ok"]
+    short = [e["label"] for e in ok
+             if (e.get("latency") or {}).get("input_rate_achieved", s["rate"]) < 0.95 * s["rate"]]
+    old = not any((e.get("latency") or {}).get("percentiles_ms") for e in ok)
+    notes = ["input records/s: what the harness's generator produced during the window (n/a in older files)"
+             + (f"; short of {s['rate']:,.0f} for {', '.join(short)}: the machine could not generate the rate "
+                "beside the contender, which then saw less input" if short else ""),
+             "p90 and p99.9 n/a: this file predates the stored distribution (p50, p99 and max only)" if old else
+             "the chart shows every contender's distribution (box p25–p75, whiskers p1–p99, and the share of "
+             "records slower than each latency)"]
+    lines += ["", "; ".join(notes)[0].upper() + "; ".join(notes)[1:] + "."]
+    return lines
+
+
+def wide_section(path: Path, results: dict) -> list[str]:
+    """benchmarks/wide.py: a per-batch groupBy(customer).agg(), txstream's two publication modes
+    next to Spark SS foreachBatch with Spark's Kafka sink."""
+    args = results.get("args") or {}
+    inp = results.get("input") or {}
+    labels = results.get("contenders") or {}
+    summary = results.get("summary") or {}
+    quick = " (a `--quick` smoke run)" if args.get("quick") else ""
+    git = (results.get("versions") or {}).get("git")
+    lines = [f"**Wide transform** (per-batch `groupBy(customer).agg()`, `python -m benchmarks.wide`){quick}: "
+             f"{inp.get('records', args.get('records', 0)):,} orders in {inp.get('partitions', args.get('partitions'))} "
+             f"partitions, batches of {inp.get('records_per_batch', 0):,} records, {args.get('runs')} round(s), "
+             f"median; {_machine(results | {'git_at_start': git})}; {_link(path)}.", "",
+             "| contender | records/s | in-batch records/s | batches | CPU s | peak RSS MB | other work (cores) "
+             "| vs units: records/s | vs units: in-batch |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, entry in summary.items():
+        label = labels.get(name, name)
+        if not entry.get("ok_runs"):
+            lines.append(f"| {label} | failed ({entry.get('failed_runs', 0)} run(s)) | | | | | | | |")
+            continue
+        lines.append(f"| {label} | {_n(entry.get('records_per_s'))} | {_n(entry.get('in_batch_records_per_s'))} | "
+                     f"{_n(entry.get('batches'), 'g')} | {_n(entry.get('cpu_s'), '.0f')} | "
+                     f"{_n(entry.get('peak_rss_mb'))} | {_n(entry.get('foreign_cores'), '.2f')} | "
+                     f"{_x(entry.get('vs_units_records_per_s'))} | {_x(entry.get('vs_units_in_batch'))} |")
+    for name, why in (results.get("unavailable") or {}).items():
+        lines.append(f"| {labels.get(name, name)} | unavailable: {str(why).replace('|', '/')[:120]} | | | | | | | |")
+    lines += ["", "records/s over wall time (Spark start-up included); in-batch = records / the batches' own "
+              "seconds; ratios against txstream's units mode (> 1: faster than it)."]
+    return lines
 
 
 SWEEP_TITLES = {"batch": "Records per batch", "partitions": "Partitions", "record-size": "Record size"}
@@ -186,15 +280,17 @@ def section(directory: Path = RESULTS) -> str:
            "numbers across files._", ""]
     if not found:
         out += ["No results yet: run `make bench`.", ""]
-    for kind in KINDS:
+    for kind in ordered_kinds(found):
         if kind not in found:
             continue
         path, results = found[kind]
         try:
             if kind == "throughput":
                 out += throughput_section(path, results)
-            elif kind == "latency":
+            elif kind.startswith("latency@"):
                 out += latency_section(path, results)
+            elif kind == "wide":
+                out += wide_section(path, results)
             else:
                 out += sweep_section(path, results)
         except Exception as exc:  # one odd file must not break the rest
@@ -226,11 +322,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.readme", description=__doc__)
     ap.add_argument("--check", action="store_true", help="only say whether the section is up to date")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing it")
+    ap.add_argument("--readme", type=Path, default=README, help="the README to rewrite (default: README.md)")
+    ap.add_argument("--results", type=Path, default=RESULTS,
+                    help="the results directory to read (default: benchmarks/results)")
     args = ap.parse_args(argv)
     if args.print:
-        print(section())
+        print(section(args.results))
         return 0
-    message = update(check=args.check)
+    message = update(readme=args.readme, directory=args.results, check=args.check)
     print(message)
     return 1 if "out of date" in message else 0
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 TXS = "txstream-exactly-once"
@@ -126,7 +127,8 @@ def markdown(results: dict) -> str:
     s = results["settings"]
     hw = results["hardware"]
     v = results.get("versions", {})
-    lines = [f"# txstream benchmark — {results['mode']} ({results['started_at']})", ""]
+    what = results["mode"] + (f" at {s['rate']:,.0f} records/s" if results["mode"] == "latency" else "")
+    lines = [f"# txstream benchmark — {what} ({results['started_at']})", ""]
     end = hw.get("loadavg_at_end")
     lines.append(f"Machine: {hw['cpu_model']}, {hw['logical_cores']} logical cores, {hw['memory_gib']} GiB; "
                  f"load average at start {hw['loadavg_at_start'][0]:.1f}" + (f", at end {end[0]:.1f}" if end else "")
@@ -169,14 +171,21 @@ def markdown(results: dict) -> str:
         lines.append(f"Steady input of {s['rate']:,.0f} records/s; latency = time a read_committed consumer sees "
                      f"the output record - time its input was produced; {s['latency_seconds']:.0f}s window "
                      f"after {s['warmup']:.0f}s of warm-up past the first output.")
-        lines += ["", "| contender | status | p50 ms | p99 ms | max ms | records measured / produced in window |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| contender | status | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms "
+                      "| records measured / produced in window | input records/s reached |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for e in results["contenders"].values():
             lat = e.get("latency") or {}
             status = e.get("status", "?").replace("|", "/")[:300]
-            lines.append(f"| {e['label']} | {status} | {_fmt(lat.get('p50_ms'))} | {_fmt(lat.get('p99_ms'))} | "
+            lines.append(f"| {e['label']} | {status} | {_fmt(lat.get('p50_ms'))} | {_fmt(lat.get('p90_ms'))} | "
+                         f"{_fmt(lat.get('p99_ms'))} | {_fmt(lat.get('p999_ms'))} | "
                          f"{_fmt(lat.get('max_ms'))} | {lat.get('measured', 'n/a')} / "
-                         f"{lat.get('produced_in_window', 'n/a')} |")
+                         f"{lat.get('produced_in_window', 'n/a')} | {_fmt(lat.get('input_rate_achieved'))} |")
+        lines += ["", "Input records/s reached: what the harness's generator produced during the window (void "
+                  "orders included); below the rate asked for, the machine could not generate it.", "",
+                  "The chart shows each contender's whole distribution (box p25–p75, whiskers p1–p99, "
+                  "the maximum as a circle; and the share of records slower than each latency), from the "
+                  "percentiles in the JSON (`latency.percentiles_ms`)."]
     lines += ["", "## txstream exactly-once vs the others", ""]
     for label, row in results.get("ratios", {}).items():
         if label.startswith("each"):
@@ -357,23 +366,20 @@ def chart(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if results["mode"] == "latency":
+        latency_chart(results, path)
+        return
     ok = [(n, e) for n, e in results["contenders"].items() if e.get("status") == "ok"]
-    if results["mode"] == "throughput":
-        metrics = [("records_per_s", "records/s (median, min–max)"), ("cpu_s_per_m", "CPU s per million records"),
-                   ("peak_rss_mb", "peak RSS of the process tree, MiB")]
-    else:
-        metrics = [("p50_ms", "latency p50, ms"), ("p99_ms", "latency p99, ms")]
+    metrics = [("records_per_s", "records/s (median, min–max)"), ("cpu_s_per_m", "CPU s per million records"),
+               ("peak_rss_mb", "peak RSS of the process tree, MiB")]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4.8))
     names = [e["label"].replace(" (", "\n(").replace(": ", ":\n") for _, e in ok]
     for ax, (key, title) in zip(axes, metrics, strict=True):
-        if results["mode"] == "throughput":
-            stats = [(e["summary"].get(key) or {"median": 0, "min": 0, "max": 0}) for _, e in ok]
-            med = [s["median"] for s in stats]
-            err = [[m - s["min"] for m, s in zip(med, stats, strict=True)],
-                   [s["max"] - m for m, s in zip(med, stats, strict=True)]]
-            ax.barh(names, med, xerr=err, color="#4c72b0", capsize=3)
-        else:
-            ax.barh(names, [e["latency"].get(key) or 0 for _, e in ok], color="#dd8452")
+        stats = [(e["summary"].get(key) or {"median": 0, "min": 0, "max": 0}) for _, e in ok]
+        med = [s["median"] for s in stats]
+        err = [[m - s["min"] for m, s in zip(med, stats, strict=True)],
+               [s["max"] - m for m, s in zip(med, stats, strict=True)]]
+        ax.barh(names, med, xerr=err, color="#4c72b0", capsize=3)
         ax.set_title(title, fontsize=10)
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=8)
@@ -382,6 +388,108 @@ def chart(results: dict, path: Path) -> None:
     s = results["settings"]
     fig.suptitle(f"txstream benchmark ({results['mode']}): {s['records']:,} records, {s['partitions']} partitions, "
                  f"{results['hardware']['logical_cores']} cores", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def latency_distribution(lat: dict) -> list[tuple[float, float]] | None:
+    """[(percentile, ms), ...] ascending, from a latency result's `percentiles_ms` (None in files
+    written before the harness kept it: those have p50, p99 and max only)."""
+    pct = lat.get("percentiles_ms")
+    if not pct:
+        return None
+    return sorted((float(q), float(ms)) for q, ms in pct.items())
+
+
+def _at(dist: list[tuple[float, float]], q: float) -> float:
+    """The latency at percentile q, interpolated between the stored ones."""
+    for (q0, v0), (q1, v1) in pairwise(dist):
+        if q0 <= q <= q1:
+            return v0 if q1 == q0 else v0 + (v1 - v0) * (q - q0) / (q1 - q0)
+    return dist[-1][1]
+
+
+def latency_chart(results: dict, path: Path) -> None:
+    """Each contender's end-to-end latency distribution: box plots on a log axis (box p25–p75,
+    whiskers p1–p99, maximum as a circle, p50 and p99 written out) and the share of records slower
+    than each latency (log-log, so p50, p90, p99 and p99.9 are evenly spaced)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ok = [e for e in results["contenders"].values() if e.get("status") == "ok" and e.get("latency")]
+    s = results["settings"]
+    n = max(1, len(ok))
+    fig, (box_ax, tail_ax) = plt.subplots(1, 2, figsize=(14, 1.9 + 0.75 * n),
+                                          gridspec_kw={"width_ratios": [1.25, 1]})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    names = [e["label"].replace(" (", "\n(").replace(": ", ":\n") for e in ok]
+    stats, missing = [], []
+    for i, e in enumerate(ok):
+        lat = e["latency"]
+        dist = latency_distribution(lat)
+        if dist:
+            stats.append({"label": names[i], "med": _at(dist, 50), "q1": _at(dist, 25), "q3": _at(dist, 75),
+                          "whislo": _at(dist, 1), "whishi": _at(dist, 99), "fliers": [dist[-1][1]]})
+        else:  # an old file: p50, p99 and max only
+            p50, p99 = lat.get("p50_ms") or 0, lat.get("p99_ms") or 0
+            stats.append({"label": names[i], "med": p50, "q1": p50, "q3": p50, "whislo": p50, "whishi": p99,
+                          "fliers": [lat["max_ms"]] if lat.get("max_ms") else []})
+            missing.append(e["label"])
+    if stats:
+        positions = list(range(len(stats), 0, -1))  # first contender on top
+        parts = box_ax.bxp(stats, positions=positions, orientation="horizontal", widths=0.55, patch_artist=True,
+                           showfliers=True, medianprops={"color": "black", "linewidth": 1.6},
+                           flierprops={"marker": "o", "markersize": 4, "markerfacecolor": "none"})
+        for i, box in enumerate(parts["boxes"]):
+            box.set_facecolor(colors[i % len(colors)])
+            box.set_alpha(0.55)
+        for pos, st in zip(positions, stats, strict=True):
+            box_ax.plot([st["whishi"]], [pos], marker="D", color="#c44e52", markersize=5, zorder=3)
+            box_ax.text(st["med"], pos + 0.3, f"p50 {st['med']:,.0f}", ha="center", va="bottom", fontsize=7)
+            box_ax.text(st["whishi"], pos - 0.17, f"p99 {st['whishi']:,.0f}", ha="center", va="top", fontsize=7,
+                        color="#c44e52")
+        box_ax.set_yticks(positions)
+        box_ax.set_yticklabels([st["label"] for st in stats], fontsize=8)
+        box_ax.set_ylim(0.4, len(stats) + 0.6)
+        box_ax.set_xscale("log")
+    box_ax.set_xlabel("end-to-end latency, ms (log)", fontsize=9)
+    box_ax.set_title("box p25–p75, line p50, whiskers p1–p99 (◆ p99), ○ max", fontsize=10)
+    box_ax.grid(axis="x", which="both", alpha=0.3)
+
+    for i, e in enumerate(ok):
+        dist = latency_distribution(e["latency"])
+        color = colors[i % len(colors)]
+        if not dist:
+            continue
+        tail = [(q, ms) for q, ms in dist if q < 100]
+        tail_ax.plot([ms for _, ms in tail], [100 - q for q, _ in tail], color=color, label=e["label"],
+                     linewidth=1.4)
+        for q, marker in ((50, "o"), (99, "D")):
+            tail_ax.plot([_at(dist, q)], [100 - q], marker=marker, color=color, markersize=5)
+    tail_ax.set_xscale("log")
+    tail_ax.set_yscale("log")
+    tail_ax.set_yticks([50, 10, 1, 0.1])
+    tail_ax.set_yticklabels(["p50 (50%)", "p90 (10%)", "p99 (1%)", "p99.9 (0.1%)"], fontsize=8)
+    tail_ax.minorticks_off()
+    tail_ax.set_ylim(0.08, 100)
+    for ax in (box_ax, tail_ax):  # 50, 100, 200, 500, 1,000 ... rather than 5 x 10^1
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(axis="x", labelsize=8)
+    tail_ax.set_xlabel("end-to-end latency, ms (log)", fontsize=9)
+    tail_ax.set_title("share of records slower than x (● p50, ◆ p99)", fontsize=10)
+    tail_ax.grid(which="both", alpha=0.3)
+    if any(latency_distribution(e["latency"]) for e in ok):
+        tail_ax.legend(fontsize=7, loc="lower left")
+    note = f"\n(no distribution stored for {', '.join(missing)}: p50, p99, max only)" if missing else ""
+    fig.suptitle(f"txstream benchmark (latency): steady {s['rate']:,.0f} records/s, {s['partitions']} partitions, "
+                 f"{s['latency_seconds']:.0f}s window after {s['warmup']:.0f}s warm-up, "
+                 f"{results['hardware']['logical_cores']} cores{note}", fontsize=11 if not missing else 9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -6,7 +6,8 @@
   batch. The hand-written loop commits every N x partitions records (the same records per offset
   commit as one txstream batch; its one transaction spans every partition), with the commit
   interval out of the way. One input topic for every point.
-- partitions: 1, 2, 4, 8 (`--partition-counts`); txstream exactly-once and the hand-written loop,
+- partitions: 4, 16, 64, 256 (`--partition-counts`); txstream exactly-once, Kafka Streams
+  (exactly_once_v2, the reference for partitions scaling: KIP-447) and the hand-written loop,
   each point on its own input topic with that many partitions (output topics too).
 - record-size: order values of about 100 B, 1 KB, 10 KB (`--value-sizes`; the optional `note` is
   padded, the enriched output is the same size at every point); txstream exactly-once,
@@ -24,7 +25,7 @@ from benchmarks.contenders.txstream_engine import TxStream
 
 DEFAULTS = {
     "batch": ["txstream-exactly-once", "txstream-at-least-once", "handwritten"],
-    "partitions": ["txstream-exactly-once", "handwritten"],
+    "partitions": ["txstream-exactly-once", "kafka-streams", "handwritten"],
     "record-size": ["txstream-exactly-once", "txstream-at-least-once", "handwritten"],
 }
 PARAMETER = {

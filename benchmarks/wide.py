@@ -4,6 +4,7 @@ publishing it next to Spark Structured Streaming with Spark's own Kafka sink.
     python -m benchmarks.wide --records 200000 --runs 2
     python -m benchmarks.wide --contender txstream-units --contender spark-ss-foreachbatch
     python -m benchmarks.wide --bootstrap-servers localhost:29092   # an existing broker
+    python -m benchmarks.wide --quick                                # smoke run: 20000 records, 1 round
 
 Contenders, all on one input topic (the enricher's Avro orders, benchmarks/common.py), each into
 its own fresh output topic, rounds interleaved (the order rotates each round):
@@ -23,7 +24,8 @@ Spark's `triggerExecution` per micro-batch). Every run's output is read back (re
 decoded (schemas/customer_totals.avsc): it must be non-empty, the `orders` fields must add up to
 the number of input orders with amount > 0, the `items` to their items, `amount` to their amounts
 (within the enricher's cent truncation), and every such order's customer must be there.
-Results: benchmarks/results/<timestamp>-wide.{json,md}.
+Results: benchmarks/results/<timestamp>-wide[-quick].{json,md} ("mode": "wide"); at the end README.md's
+generated section is rewritten (`python -m benchmarks.readme`; `--no-readme` skips it).
 """
 from __future__ import annotations
 
@@ -286,9 +288,11 @@ def _terminate(_sig, _frame):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.wide", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--records", type=int, default=None, help="input orders [default: 200000; 20000 with --quick]")
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--runs", type=int, default=2, help="rounds; every contender runs once per round")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="rounds; every contender runs once per round [default: 2; 1 with --quick]")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 20000 records, 1 round")
     parser.add_argument("--max-records-per-partition", type=int, default=20_000,
                         help="txstream's batch cap per partition; Spark's maxOffsetsPerTrigger is this x partitions "
                              "[default: 20000]")
@@ -297,7 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap-servers", default=None,
                         help="an existing Kafka cluster [default: start a local broker for the run]")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run counts as failed")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS,
+                        help="where the results files go [default: benchmarks/results; README.md is only rewritten "
+                             "from the default]")
+    parser.add_argument("--no-readme", action="store_true",
+                        help="do not regenerate README.md's Performance section at the end")
     args = parser.parse_args(argv)
+    if args.records is None:
+        args.records = 20_000 if args.quick else 200_000
+    if args.runs is None:
+        args.runs = 1 if args.quick else 2
     contenders = args.contender or list(CONTENDERS)
     signal.signal(signal.SIGTERM, _terminate)
     sys.path.insert(0, str(REPO))
@@ -307,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"logs: {logdir}")
     ctx: dict = {"args": args, "logdir": logdir, "topics": []}
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    meta: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "args": vars(args),
+    meta: dict = {"mode": "wide", "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "args": vars(args),
                   "contenders": {c: CONTENDERS[c] for c in contenders}, "master": MASTER,
                   "processor": PROCESSOR, "hardware": hardware(), "logs": str(logdir)}
     results: list[dict] = []
@@ -385,13 +399,23 @@ def main(argv: list[str] | None = None) -> int:
     meta["unavailable"] = unavailable
     summary = summarize(results, contenders)
     report = markdown(meta, results, summary, contenders, unavailable)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{stamp}-wide"
-    out.with_suffix(".json").write_text(json.dumps({**meta, "summary": summary, "runs": results}, indent=2,
-                                                   default=str))
-    out.with_suffix(".md").write_text(report)
+    results_dir = args.results_dir.resolve()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    out = results_dir / (f"{stamp}-wide" + ("-quick" if args.quick else ""))
+    Path(f"{out}.json").write_text(json.dumps({**meta, "summary": summary, "runs": results}, indent=2,
+                                              default=str))
+    Path(f"{out}.md").write_text(report)
     print(report)
     log(f"written: {out}.json, {out}.md")
+    if results_dir != RESULTS.resolve():
+        log(f"README.md left alone: results written to {results_dir}")
+    elif not args.no_readme:
+        try:
+            from benchmarks import readme
+
+            log(readme.update())
+        except Exception as exc:  # the results stand without the README
+            log(f"README not updated: {type(exc).__name__}: {exc}")
     return 0 if results and all(r.get("ok") for r in results) and not unavailable else 1
 
 

@@ -73,6 +73,7 @@ class Contender:
 def all_contenders() -> list[Contender]:
     from benchmarks.contenders.ceiling import KafkaCeiling
     from benchmarks.contenders.handwritten import HandWrittenLoop
+    from benchmarks.contenders.instances import Instances
     from benchmarks.contenders.kafka_streams import KafkaStreams
     from benchmarks.contenders.quix import QuixStreams
     from benchmarks.contenders.spark_ss import SparkStructuredStreaming
@@ -83,4 +84,10 @@ def all_contenders() -> list[Contender]:
                      label="txstream pass-through (exactly-once, no decode)"),
             TxStream("exactly-once", name="txstream-exactly-once-metrics",
                      label="txstream exactly-once, /metrics served", extra_args=("--metrics-port", "0")),
-            HandWrittenLoop(), SparkStructuredStreaming(), QuixStreams(), KafkaStreams(), KafkaCeiling()]
+            HandWrittenLoop(),
+            Instances(HandWrittenLoop(), 2, {"--transactional-id": "-{i}"}, name="handwritten-x2",
+                      label="hand-written confluent-kafka EOS loop, 2 instances"),
+            SparkStructuredStreaming(), QuixStreams(),
+            Instances(QuixStreams(), 2, {"--state-dir": "/{i}"}, name="quix-x2",
+                      label="Quix Streams exactly-once, 2 instances"),
+            KafkaStreams(), KafkaCeiling()]

@@ -102,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
         "batch.size": 262144,
     })
     producer.init_transactions()
-    consumer.subscribe([args.input])
     producer.begin_transaction()
 
     pending = 0
@@ -122,6 +121,30 @@ def main(argv: list[str] | None = None) -> int:
             pending = 0
         last_commit = time.monotonic()
 
+    # With more than one instance in the group (handwritten-x2) partitions move between them. What
+    # this instance produced for a partition must be committed with that partition's offset before
+    # it goes, while this member's generation is still current; a later commit would carry the
+    # output without the offset (the next owner repeats it) or be fenced. One instance: no
+    # revocation before close(), and nothing is pending then.
+    def on_assign(_consumer, partitions) -> None:
+        print(f"assigned partitions {sorted(tp.partition for tp in partitions)}", file=sys.stderr, flush=True)
+
+    def on_revoke(_consumer, partitions) -> None:
+        print(f"revoking partitions {sorted(tp.partition for tp in partitions)}"
+              f"{f', committing {pending} pending' if pending and not failed else ''}", file=sys.stderr, flush=True)
+        if not failed:
+            commit()
+
+    def on_lost(_consumer, partitions) -> None:  # another member may own them already: drop it all
+        nonlocal pending
+        print(f"lost partitions {sorted(tp.partition for tp in partitions)}, aborting {pending} pending",
+              file=sys.stderr, flush=True)
+        producer.abort_transaction()
+        producer.begin_transaction()
+        pending = 0
+
+    failed = False
+    consumer.subscribe([args.input], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
     try:
         while running:
             msgs = consumer.consume(num_messages=min(args.max_batch, 2000), timeout=poll_timeout)
@@ -154,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 commit()
         commit()
     except Exception:
+        failed = True
         try:
             producer.abort_transaction()
         except Exception:

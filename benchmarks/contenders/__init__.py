@@ -90,4 +90,20 @@ def all_contenders() -> list[Contender]:
             SparkStructuredStreaming(), QuixStreams(),
             Instances(QuixStreams(), 2, {"--state-dir": "/{i}"}, name="quix-x2",
                       label="Quix Streams exactly-once, 2 instances"),
-            KafkaStreams(), KafkaCeiling()]
+            KafkaStreams(), KafkaCeiling(), *_baselines(TxStream)]
+
+
+def _baselines(txstream_cls) -> list[Contender]:
+    """txstream-exactly-once-baseline: the same run with another commit's txstream, from a git
+    worktree named by TXSTREAM_BENCH_BASELINE (`git worktree add /tmp/base <commit>`)."""
+    from pathlib import Path
+
+    where = os.environ.get("TXSTREAM_BENCH_BASELINE")
+    if not where:
+        return []
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True,
+                            text=True).stdout.strip() or "?"
+    return [txstream_cls("exactly-once", name="txstream-exactly-once-baseline",
+                         label=f"txstream exactly-once at {commit} (baseline)", baseline=Path(where))]

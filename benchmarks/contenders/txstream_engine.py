@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from benchmarks.common import REPO
 from benchmarks.contenders import Contender, Job, Unavailable
@@ -27,8 +28,11 @@ class TxStream(Contender):
 
     def __init__(self, guarantee: str, processor: str = PROCESSOR, name: str | None = None,
                  label: str | None = None, max_records_per_partition: int | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), baseline: Path | None = None) -> None:
         self.guarantee = guarantee
+        # A git worktree of another commit (TXSTREAM_BENCH_BASELINE): the same run with that
+        # commit's txstream, side by side with this one's, for a change's measured effect.
+        self.baseline = baseline
         self.processor = processor
         self.name = name or f"txstream-{guarantee}"
         self.label = label or f"txstream {guarantee}"
@@ -70,6 +74,12 @@ class TxStream(Contender):
         if job.mode == "throughput":
             argv.append("--until-caught-up")
         argv += list(self.extra_args)
+        if self.baseline is not None:
+            # Its driver (and so Spark's JVM and Python workers) start in the worktree, whose
+            # txstream comes first on sys.path.
+            boot = (f"import os, runpy, sys; os.chdir({str(self.baseline)!r}); sys.path.insert(0, {str(self.baseline)!r}); "
+                    "runpy.run_module('benchmarks.contenders.txstream_run', run_name='__main__')")
+            argv = [sys.executable, "-c", boot, *argv[3:]]
         return argv, self.base_env()
 
     def fatal_in_log(self, text: str) -> str | None:

@@ -117,3 +117,57 @@ def test_aborted_transactions_and_control_records_in_the_input(bootstrap_servers
     high = consumer.get_watermark_offsets(TopicPartition(source, 0))[1]
     assert committed(bootstrap_servers, driver.settings.app_id, source, 1) == {0: high}
     assert high > 6 * 40 + 1
+
+
+def test_a_slot_publishes_its_ranges_in_one_transaction_each_range_naming_its_source(
+        driver_with_membership, bootstrap_servers) -> None:
+    """Two partitions in one slot (--task-slots 1): one producer, one transaction with both end
+    offsets; each output record still names the partition and offset its input came from, and
+    each range is its own publication."""
+    from txstream.driver.slots import Slots
+    from txstream.kafka import headers
+
+    driver, source, sink = driver_with_membership
+    commits = DriverCommits(driver.settings.guarantee, driver.membership)
+    ends = {p: hi for p, (_lo, hi) in
+            {p: Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"}).get_watermark_offsets(
+                TopicPartition(source, p)) for p in (0, 1)}.items()}
+    plans = Slots(driver.settings.app_id, 1).assign(_plans(driver, source, {0: None, 1: None}, ends),
+                                                     [(source, 0), (source, 1)])
+    assert {p.transactional_id for p in plans} == {transactional_id(driver.settings.app_id, source, 0)}
+    report = driver.run_batch(plans, commits)
+    assert [r["status"] for r in report.rows] == [COMMITTED, COMMITTED]
+    assert [r["records_in"] for r in report.rows] == [ends[0], ends[1]]
+    inputs = {(r.partition, r.offset): r.value for r in read_all(bootstrap_servers, source)}
+    outputs = read_all(bootstrap_servers, sink)
+    assert len(outputs) == sum(ends.values())
+    publications: dict[int, set[bytes]] = {0: set(), 1: set()}
+    for record in outputs:
+        partition = int(record.headers[headers.SOURCE_PARTITION])
+        offset = int(record.headers[headers.SOURCE_OFFSET])
+        assert inputs[(partition, offset)] == record.value, "an output names another input as its source"
+        publications[partition].add(record.headers[headers.PUBLICATION])
+    assert all(len(p) == 1 for p in publications.values()) and publications[0] != publications[1]
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 2) == ends
+
+
+def test_slots_name_their_producer_after_a_partition_the_instance_owns() -> None:
+    """The slot of a partition depends only on what the instance owns (fixed within a group
+    generation); two instances owning disjoint partitions never share a transactional.id."""
+    from txstream.driver.slots import Slots
+
+    def plan(p: int) -> PartitionPlan:
+        return PartitionPlan("t", p, 0, 10, None, "")
+
+    slots = Slots("app", 2)
+    everything = [("t", p) for p in range(5)]
+    tids = [p.transactional_id for p in slots.assign([plan(p) for p in range(5)], everything)]
+    assert tids == ["app-t-0", "app-t-1", "app-t-0", "app-t-1", "app-t-0"]
+    # Only some partitions have data this batch: the others keep their slots all the same.
+    assert [p.transactional_id for p in slots.assign([plan(3), plan(4)], everything)] == ["app-t-1", "app-t-0"]
+    first = {p.transactional_id for p in slots.assign([plan(p) for p in (0, 1)], [("t", 0), ("t", 1)])}
+    second = {p.transactional_id for p in slots.assign([plan(p) for p in (2, 3, 4)], [("t", 2), ("t", 3), ("t", 4)])}
+    assert not first & second
+    layout = Slots.layout(slots.assign([plan(p) for p in range(5)], everything))
+    assert layout.width == 3 and layout.publishing_tasks == 2
+    assert sorted(i for i in layout.layout if i >= 0) == list(range(5)) and layout.layout.count(-1) == 1

@@ -97,8 +97,9 @@ FAULTS = [
     ("kill-after-commit-before-driver-learns", "publish.after_commit=kill@3", 1),
     ("kill-in-driver-between-batches", "driver.between_batches=kill@1", 1),
     ("kill-mid-produce", "publish.mid_produce=kill@2", 1),
+    # Two batches of two slots (4 partitions on local[2]): four publishing tasks plus the retries.
     ("task-failures-spark-retries", "read.end=raise@1,publish.mid_produce=raise@2,"
-                                    "publish.before_commit=raise@4,publish.after_commit=raise@6", 0),
+                                    "publish.before_commit=raise@4,publish.after_commit=raise@3", 0),
 ]
 
 

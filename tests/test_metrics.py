@@ -176,7 +176,10 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
         assert total(s, "txstream_batch_duration_seconds_count", app=app) == batches
         committed_tx = total(s, "txstream_transactions_total", app=app, outcome="committed")
         assert committed_tx >= batches and total(s, "txstream_transactions_total", outcome="aborted") == 0
-        assert total(s, "txstream_stage_duration_seconds_count", stage="read") == committed_tx
+        # One transaction per slot (2 on local[2]), one reading per range (partition).
+        ranges = total(s, "txstream_task_results_total", app=app, status="committed")
+        assert total(s, "txstream_stage_duration_seconds_count", stage="read") == ranges
+        assert total(s, "txstream_stage_duration_seconds_count", stage="commit") == committed_tx <= ranges
         assert total(s, "txstream_fenced_producers_total", app=app) == 0
         assert total(s, "txstream_assigned_partitions", app=app) == partitions
         assert total(s, "txstream_rebalances_total", app=app) >= 1
@@ -236,7 +239,7 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
     # The Spark UI lists each batch's job as the batch lines name it.
     store = spark.sparkContext._jsc.sc().statusStore()
     [job] = spark.sparkContext.statusTracker().getJobIdsForGroup(f"txstream-{app}-batch-1")
-    assert store.job(job).description().get() == f"txstream {app} batch 1 ({partitions} partitions, 360 records)"
+    assert store.job(job).description().get() == f"txstream {app} batch 1 ({partitions} partitions in 2 slots, 360 records)"
     # `txstream status` with no instance running: the same offsets and publications, from Kafka.
     after = status(bootstrap_servers, app, output, None)
     assert after["state"] == "Empty" and after["members"] == [] and after["live"] is None

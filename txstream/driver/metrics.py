@@ -115,8 +115,9 @@ class Telemetry:
         self.stage_seconds = Histogram("txstream_stage_duration_seconds", "Time per stage per task "
                                        "(upstream: the publisher's wait for the transform's output, reading included)", ["app", "stage"],
                                        buckets=STAGE_BUCKETS, registry=r)
-        self.task_results = Counter("txstream_task_results", "Task outcomes (committed, acked, already-done, "
-                                    "stale-plan, fenced, empty)", ["app", "status"], registry=r)
+        self.task_results = Counter("txstream_task_results", "Outcomes per range, one per input partition of a "
+                                    "batch (committed, acked, already-done, stale-plan, fenced, empty)",
+                                    ["app", "status"], registry=r)
         self.transactions = Counter("txstream_transactions", "Kafka transactions of the tasks by outcome",
                                     ["app", "outcome"], registry=r)
         self.fenced = Counter("txstream_fenced_producers", "Task producers fenced by a newer one of their "
@@ -204,6 +205,10 @@ class Telemetry:
         positions: dict[tuple[str, int], int] = {}
         dead: list[tuple[str, int, int]] = []
         slowest = dict.fromkeys(STAGES, 0.0)
+        # A slot's ranges share one producer and one transaction (driver/slots.py): its rows
+        # count once for transactions and the publisher's stages (its first row has them), each
+        # for its own reading.
+        slots_seen: set[str] = set()
         for row in report.rows:
             plan = report.plans[int(row["index"])]
             topic, partition = plan.topic, str(plan.partition)
@@ -218,9 +223,13 @@ class Telemetry:
                 dead.append((plan.topic, plan.partition, n_dead))
             status = row["status"]
             self.task_results.labels(app, status).inc()
+            first_of_slot = plan.transactional_id not in slots_seen or not plan.transactional_id
+            slots_seen.add(plan.transactional_id)
             if status in (COMMITTED, ACKED):
                 for stage, seconds in _stage_seconds(row).items():
                     slowest[stage] = max(slowest[stage], seconds)
+                    if stage != "read" and not first_of_slot:
+                        continue
                     if stage != "init_transactions" or seconds > 0:  # a reused producer did not init
                         self._stages[stage].observe(seconds)
             positions[(plan.topic, plan.partition)] = (plan.end if status in (COMMITTED, ACKED, ALREADY_DONE)
@@ -229,9 +238,10 @@ class Telemetry:
                 # A task's publish loop begins a new transaction only after aborting the last
                 # (abortable error) or losing it to a fence (task/publish.py); a fenced task
                 # ends with its transaction aborted.
-                committed += status == COMMITTED
-                aborted += max(0, int(row["attempts"]) - 1) + (status == FENCED)
-            fenced += status == FENCED
+                if first_of_slot:
+                    committed += status == COMMITTED
+                    aborted += max(0, int(row["attempts"]) - 1) + (status == FENCED)
+            fenced += status == FENCED and first_of_slot
         self.batches.labels(app, g).inc()
         self.batch_seconds.labels(app).observe(report.seconds)
         self.last_batch.labels(app).set(time.time())

@@ -255,3 +255,44 @@ def warm_up_broker(bootstrap: str, timeout: float = 180.0) -> float:
         consumer.close()
     delete_topics(bootstrap, [topic])
     return time.monotonic() - started
+
+
+@dataclass
+class RunBroker:
+    """The broker a benchmark run uses: the cluster given with --bootstrap-servers, or a local
+    single-node Kafka started for the run in a temporary directory and destroyed by `stop()`."""
+
+    bootstrap: str
+    description: str
+    cluster: object | None = None
+    data_dir: str | None = None
+
+    @classmethod
+    def start(cls, bootstrap_servers: str | None, log, data_prefix: str, timeout: float = 180) -> RunBroker:
+        if bootstrap_servers:
+            return cls(bootstrap_servers, "external cluster (version not known to the harness)")
+        import tempfile
+
+        from txstream.local.cluster import KAFKA_VERSION, LocalKafkaCluster, free_port_block
+
+        data_dir = tempfile.mkdtemp(prefix=data_prefix)
+        cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=data_dir, die_with_parent=True)
+        broker = cls("", f"Apache Kafka {KAFKA_VERSION} (local, 1 KRaft node)", cluster, data_dir)
+        log("starting a local Kafka broker ...")
+        try:
+            broker.bootstrap = cluster.start(progress=lambda m: log("  " + m), timeout=timeout)
+        except BaseException:
+            broker.stop(log)
+            raise
+        return broker
+
+    def stop(self, log) -> None:
+        import shutil
+
+        if self.cluster is not None:
+            log("stopping the local Kafka broker")
+            self.cluster.destroy()
+            self.cluster = None
+        if self.data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None

@@ -20,7 +20,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import batchlog
-from benchmarks.common import BENCH_DIR, REPO, create_topics, delete_topics, digest, seed_input, warm_up_broker
+from benchmarks.common import (
+    BENCH_DIR,
+    REPO,
+    RunBroker,
+    create_topics,
+    delete_topics,
+    digest,
+    seed_input,
+    warm_up_broker,
+)
 from benchmarks.contenders import Contender, Job, Unavailable, all_contenders
 from benchmarks.measure import ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process, verify_output
 
@@ -596,8 +605,7 @@ def main(argv=None) -> int:
     results_dir = args.results_dir.resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
     logdir = Path(tempfile.mkdtemp(prefix="txstream-bench-logs-"))
-    cluster = None
-    tmp_data = None
+    run_broker: RunBroker | None = None
     ctx: dict = {"stamp": stamp, "partitions": args.partitions, "timeout": args.timeout, "logdir": logdir,
                  "topics": [], "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup": args.warmup}
     results: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -607,17 +615,8 @@ def main(argv=None) -> int:
                      | {"contenders": args.contender_names},
                      "hardware": hardware(), "logs": str(logdir), "git_at_start": git_state()}
     try:
-        if args.bootstrap_servers:
-            bootstrap = args.bootstrap_servers
-            broker = "external cluster (version not known to the harness)"
-        else:
-            from txstream.local.cluster import KAFKA_VERSION, LocalKafkaCluster, free_port_block
-
-            tmp_data = tempfile.mkdtemp(prefix="txstream-bench-kafka-")
-            cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=tmp_data, die_with_parent=True)
-            log("starting a local Kafka broker ...")
-            bootstrap = cluster.start(progress=lambda m: log("  " + m))
-            broker = f"Apache Kafka {KAFKA_VERSION} (local, 1 KRaft node)"
+        run_broker = RunBroker.start(args.bootstrap_servers, log, "txstream-bench-kafka-", timeout=120)
+        bootstrap, broker = run_broker.bootstrap, run_broker.description
         ctx["bootstrap"] = bootstrap
         log(f"broker: {bootstrap}; logs of each run under {logdir}")
         # Internal topics first, so that no contender pays for their creation (see warm_up_broker).
@@ -684,8 +683,5 @@ def main(argv=None) -> int:
     finally:
         if ctx.get("bootstrap") and args.bootstrap_servers:
             delete_topics(ctx["bootstrap"], ctx["topics"])
-        if cluster is not None:
-            log("stopping the local Kafka broker")
-            cluster.destroy()
-        if tmp_data:
-            shutil.rmtree(tmp_data, ignore_errors=True)
+        if run_broker is not None:
+            run_broker.stop(log)

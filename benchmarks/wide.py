@@ -49,6 +49,7 @@ from benchmarks.common import (
     ENRICHED_SCHEMA,
     ORDER_SCHEMA_PATH,
     REPO,
+    RunBroker,
     create_topics,
     decode,
     delete_topics,
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                   "processor": PROCESSOR, "hardware": hardware(), "logs": str(logdir)}
     results: list[dict] = []
     unavailable: dict[str, str] = {}
-    cluster = tmp_data = None
+    run_broker: RunBroker | None = None
     try:
         if "spark-ss-foreachbatch" in contenders:
             from benchmarks.contenders import Unavailable
@@ -338,17 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                 unavailable["spark-ss-foreachbatch"] = str(exc)
                 contenders = [c for c in contenders if c != "spark-ss-foreachbatch"]
                 log(f"spark-ss-foreachbatch unavailable: {exc}")
-        if args.bootstrap_servers:
-            bootstrap = args.bootstrap_servers
-            broker = "external cluster"
-        else:
-            from txstream.local.cluster import KAFKA_VERSION, LocalKafkaCluster, free_port_block
-
-            tmp_data = tempfile.mkdtemp(prefix="txstream-bench-wide-kafka-")
-            cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=tmp_data, die_with_parent=True)
-            log("starting a local Kafka broker ...")
-            bootstrap = cluster.start(progress=lambda m: log("  " + m), timeout=180)
-            broker = f"Apache Kafka {KAFKA_VERSION} (local, 1 KRaft node)"
+        run_broker = RunBroker.start(args.bootstrap_servers, log, "txstream-bench-wide-kafka-")
+        bootstrap, broker = run_broker.bootstrap, run_broker.description
         ctx["bootstrap"] = bootstrap
         meta["broker_warm_up_s"] = round(warm_up_broker(bootstrap), 1)
         log(f"broker {bootstrap} warmed up in {meta['broker_warm_up_s']}s")
@@ -389,11 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ctx.get("bootstrap") and args.bootstrap_servers:
             delete_topics(ctx["bootstrap"], ctx["topics"])
-        if cluster is not None:
-            log("stopping the local Kafka broker")
-            cluster.destroy()
-        if tmp_data:
-            shutil.rmtree(tmp_data, ignore_errors=True)
+        if run_broker is not None:
+            run_broker.stop(log)
     meta["hardware"]["loadavg_at_end"] = os.getloadavg()
     meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     meta["unavailable"] = unavailable

@@ -40,7 +40,7 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
             row(2, "stale-plan", records=0)]            # the group moved: publish nothing
     # Partition 2's input has an open transaction: 20 offsets past its last stable offset.
     marks = {("orders", p): Watermarks(0, 1250 + 20 * (p == 2), 1250) for p in range(3)}
-    t.batch(BatchReport(7, plans, rows, 1.5, {"committed": 1, "fenced": 1, "stale-plan": 1}), marks, "human line")
+    t.batch(BatchReport(7, plans, rows, 1.5), marks, "human line")
     part = {"guarantee": "exactly-once", "topic": "orders"}
     assert value(t, "txstream_records_in_total", partition="0", **part) == 100
     assert value(t, "txstream_records_out_total", partition="0", **part) == 97
@@ -74,7 +74,7 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
 def test_human_format_prints_the_lines_as_they_are() -> None:
     t, lines = telemetry()
     plans = [PartitionPlan("orders", 0, 0, 10, None, "app-orders-0")]
-    t.batch(BatchReport(1, plans, [row(0, "committed", records=10)], 0.2, {"committed": 1}),
+    t.batch(BatchReport(1, plans, [row(0, "committed", records=10)], 0.2),
             {("orders", 0): Watermarks(0, 10, 10)}, "batch 1  partitions 1 ...")
     t.event("retry", "batch 2 failed (x); retrying in 1.0s", error_type="BatchTimeout")
     t.event("dead_letter", None, topic="orders", partition=0, offset=4, stage="transform", count=1)

@@ -63,6 +63,7 @@ def check_narrow(frame, own_coalesce: bool = False) -> None:
         raise TransformError(
             "The transform turned wide after the run started: its physical plan now has "
             + "; ".join(parts[:3])
-            + ". The run chose the narrow protocol at start (one transaction per input partition); "
+            + ". The run chose the narrow protocol at start (one transaction per slot of input "
+            "partitions); "
             "restart it and txstream chooses the wide protocol (docs/wide-transforms.md), or keep "
             "the join's static side under spark.sql.autoBroadcastJoinThreshold.")

@@ -12,7 +12,8 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -63,7 +64,11 @@ class BatchReport:
     plans: list[PartitionPlan]
     rows: list[dict]
     seconds: float
-    statuses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def statuses(self) -> dict[str, int]:
+        """How many ranges ended how (committed, already-done, stale-plan, ...)."""
+        return dict(Counter(row["status"] for row in self.rows))
 
     def total(self, column: str) -> int:
         return sum(int(r[column]) for r in self.rows)
@@ -121,9 +126,8 @@ class Driver:
 
     def _frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None):
         assert self.spark is not None
-        spec = self.specs.for_reading(self.batch_id, plans)
-        if layout is not None:
-            spec = spec.with_batch(self.batch_id, plans, layout.layout, layout.width)
+        spec = (self.specs.for_reading(self.batch_id, plans) if layout is None
+                else self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width))
         return range_frame(self.spark, spec, accounts)
 
     def output_frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None):
@@ -438,10 +442,11 @@ class Driver:
                        f"{layout.publishing_tasks} slots, {sum(p.size for p in plans)} records)")
         rows = self.run_job(lambda: [row.asDict() for row in frame.collect()], description)
         commits.after_batch(plans, rows)
-        report = BatchReport(self.batch_id, plans, rows, time.monotonic() - started)
-        for row in rows:
-            report.statuses[row["status"]] = report.statuses.get(row["status"], 0) + 1
         self._learn_rate(plans, rows)
+        return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started))
+
+    def count_batch(self, report: BatchReport) -> BatchReport:
+        """Add a finished batch (narrow or wide) to the run's totals."""
         self.totals["batches"] += 1
         for key in ("records_in", "records_out", "dead_letters"):
             self.totals[key] += report.total(key)

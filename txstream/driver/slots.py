@@ -59,12 +59,12 @@ class Slots:
         """The plans, each with its slot's transactional.id (its first owned partition's)."""
         ordered = sorted(owned)
         position = {key: i for i, key in enumerate(ordered)}
-        tids = []
-        for p in plans:
-            first = ordered[position[(p.topic, p.partition)] % self.count] if (p.topic, p.partition) in position \
-                else (p.topic, p.partition)
-            tids.append(transactional_id(self.app_id, *first))
-        return [replace(p, transactional_id=tid) for p, tid in zip(plans, tids, strict=True)]
+
+        def first_of_slot(key: tuple[str, int]) -> tuple[str, int]:
+            return ordered[position[key] % self.count] if key in position else key
+
+        return [replace(p, transactional_id=transactional_id(self.app_id, *first_of_slot((p.topic, p.partition))))
+                for p in plans]
 
     @staticmethod
     def layout(plans: list[PartitionPlan]) -> SlotLayout:

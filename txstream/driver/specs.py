@@ -28,8 +28,9 @@ class TaskSpecs:
                                    output_value_schema=s.output_value_schema,
                                    dead_letter_topic=s.dead_letter_topic, lineage=s.lineage)
 
-    def for_reading(self, batch_id: int, plans: list[PartitionPlan]) -> ReadSpec:
-        return self.read.with_batch(batch_id, plans)
+    def for_reading(self, batch_id: int, plans: list[PartitionPlan], layout: tuple[int, ...] = (),
+                    slot_width: int = 1) -> ReadSpec:
+        return self.read.with_batch(batch_id, plans, layout, slot_width)
 
     def for_publishing(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None,
                        layout: tuple[int, ...] = (), slot_width: int = 1) -> PublishSpec:

@@ -271,14 +271,8 @@ class WideBatches:
             rows = self._run_single(batch, out, accounts, description)
         else:
             rows = self._run_units(batch, out, accounts, description)
-        report = BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started)
-        for row in rows:
-            report.statuses[row["status"]] = report.statuses.get(row["status"], 0) + 1
-        driver.totals["batches"] += 1
-        for key in ("records_in", "records_out", "dead_letters"):
-            driver.totals[key] += report.total(key)
         self.current = None
-        return report
+        return driver.count_batch(BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started))
 
     def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
         driver, s = self.driver, self.settings

@@ -42,4 +42,9 @@ class TaskResult:
     message: str = ""
 
     def to_batch(self) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pylist([self.__dict__], schema=RESULT_SCHEMA)
+        return results_batch([self])
+
+
+def results_batch(results: list[TaskResult]) -> pa.RecordBatch:
+    """The rows a task yields to the driver: one per range (or unit) it published."""
+    return pa.RecordBatch.from_pylist([r.__dict__ for r in results], schema=RESULT_SCHEMA)

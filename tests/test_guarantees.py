@@ -11,9 +11,10 @@ read_committed, shows what each mode promises and what it does not:
 - at-most-once: no input is in the output twice (no duplicate), and gaps did occur.
 
 The kill points differ per mode where that is what shows the difference:
-- at-least-once: `read.end=kill@7` = the third task of the second batch has read its range. With
-  two task slots, one task of that batch has then finished: its output is acknowledged but the
-  driver has not committed the batch's offsets, so the restart repeats that output.
+- at-least-once: `publish.after_commit=kill@3` = the first slot of the second batch has its
+  output acknowledged (two slots per batch), but the driver has not committed the batch's
+  offsets, so the restart repeats that output. (`read.end=kill@7`, used while a task published
+  one partition, only sometimes landed after a slot's acknowledgement.)
 - at-most-once: `publish.mid_produce=kill@1` = the first task of the first batch has produced part
   of its output. The driver committed the batch's end offsets before it ran, and two of its four
   tasks have not even started, so the restart skips their ranges.
@@ -44,7 +45,7 @@ CAP = 2_000
 # at a random moment after the first batch line), or None (run to the end, exit 0).
 SCHEDULES = {
     "exactly-once": ["publish.mid_produce=kill@3", "publish.before_commit=kill@2", "random", None],
-    "at-least-once": ["read.end=kill@7", "random", None],
+    "at-least-once": ["publish.after_commit=kill@3", "random", None],
     "at-most-once": ["publish.mid_produce=kill@1", "random", None],
 }
 

@@ -25,7 +25,7 @@ POINTS = (
     "publish.before_produce",   # transaction begun, nothing produced
     "publish.mid_produce",      # half of the range's output produced
     "publish.before_commit",    # all output and the offsets sent, commit not yet called
-    "publish.after_commit",     # committed, the driver has not heard of it
+    "publish.after_commit",     # committed (acknowledged, under the weaker guarantees), the driver has not heard of it
     "driver.between_batches",   # in the driver loop, after a batch, before the next plan
     "driver.after_plan_log",    # wide: the batch's plan is logged, nothing of it has run
     "driver.before_close",      # wide: every unit published, the input offsets not committed

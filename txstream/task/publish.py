@@ -19,7 +19,7 @@ from txstream.errors import AbortableError, FencedError, InfrastructureError, Po
 from txstream.serde.avro import AvroCodec
 from txstream.task.collector import RecordCollector
 from txstream.task.publisher import TransactionalPublisher
-from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, RESULT_SCHEMA, STALE_PLAN, TaskResult
+from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
 from txstream.task.sidefile import read_side_file
 from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec
 
@@ -38,17 +38,6 @@ def _group_reader(spec: PublishSpec) -> Any:
     if key not in _GROUP_READERS:
         _GROUP_READERS[key] = Consumer(config)
     return _GROUP_READERS[key]
-
-
-def committed_offset(spec: PublishSpec, topic: str, partition: int) -> int | None:
-    from confluent_kafka import TopicPartition
-
-    from txstream.kafka.retry import retriable
-
-    timeout = spec.timeout_s
-    tp = retriable(lambda: _group_reader(spec).committed([TopicPartition(topic, partition)], timeout=timeout),
-                   timeout)[0]
-    return tp.offset if tp.offset >= 0 else None
 
 
 def _new_publisher(spec: PublishSpec, tid: str) -> TransactionalPublisher:
@@ -112,7 +101,7 @@ def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
             _publish_plain(spec, plans, pieces, results)
         for result in results:
             _take_side_file(spec, result)  # if no path above took it (an early return)
-        yield pa.RecordBatch.from_pylist([r.__dict__ for r in results], schema=RESULT_SCHEMA)
+        yield results_batch(results)
     else:
         for _ in batches:  # a slot of padding only: nothing can arrive
             pass
@@ -397,6 +386,7 @@ def _publish_plain(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
     _set(results, ACKED)
     for result in results:
         result.attempts = 1
+    faults.maybe_fail("publish.after_commit", plans[0])   # acknowledged; the driver has not heard of it
 
 
 def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: tuple, membership: Any) -> str:
@@ -422,7 +412,7 @@ def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: tuple, m
     publisher = _new_publisher(spec, plan.transactional_id)
     try:
         publisher.init()
-        if committed_offset(spec, plan.topic, plan.partition) != offset:
+        if committed_offsets(spec, [plan])[0] != offset:
             return STALE_PLAN
         publisher.begin()
         _collector(spec, plan, publisher.producer).add_dead_letter(spec.dead_letter_topic, record, spec.app_id)

@@ -30,6 +30,7 @@ def test_the_driver_jvm_maps_the_class_archive(spark) -> None:
 
 
 def _worker_state(batches):  # a mapInArrow function
+    import gc
     import sys
 
     for _ in batches:
@@ -38,14 +39,18 @@ def _worker_state(batches):  # a mapInArrow function
         "jars": sum(1 for entry in sys.path if entry.endswith(".jar")),
         "preloaded": all(name in sys.modules
                          for name in ("pandas", "fastavro", "confluent_kafka", "txstream.task.publish")),
+        "frozen": gc.get_freeze_count(),
     }])
 
 
 def test_python_workers_start_with_the_engine_imported_and_no_jar_on_their_path(spark) -> None:
     """Forked from txstream.spark.worker_daemon: the imports are inherited, the spark-core jar is gone
-    (zipimport re-read its directory on every task's invalidate_caches)."""
-    rows = spark.range(0, 2, 1, 2).mapInArrow(_worker_state, "jars long, preloaded boolean").collect()
+    (zipimport re-read its directory on every task's invalidate_caches), and the inherited heap is
+    frozen (the collection Spark runs after each task skips it: task/worker_heap.py)."""
+    rows = spark.range(0, 2, 1, 2).mapInArrow(_worker_state, "jars long, preloaded boolean, frozen long").collect()
     assert rows and all(r.jars == 0 and r.preloaded for r in rows), rows
+    assert all(r.frozen > 50_000 for r in rows), rows   # the imports: ~80,000 objects
+    assert spark.conf.get("spark.python.unix.domain.socket.enabled") == "true"
 
 
 def test_the_spark_ui_is_off_locally_on_for_a_cluster_and_where_asked() -> None:

@@ -12,6 +12,7 @@ Set with `spark.python.daemon.module=txstream.spark.worker_daemon` (spark_sessio
 """
 from __future__ import annotations
 
+import gc
 import sys
 
 # Spark puts its spark-core jar (a zip of thousands of classes) on the workers' PYTHONPATH, and
@@ -34,4 +35,7 @@ import txstream.task.publish
 import txstream.task.reading  # noqa: F401
 
 if __name__ == "__main__":
+    # The daemon's loaded modules are the forked workers' heap: frozen, the full collection
+    # Spark runs in a reused worker after every task skips them (txstream/task/worker_heap.py).
+    gc.freeze()
     manager()

@@ -17,6 +17,7 @@ import pyarrow as pa
 from txstream import faults
 from txstream.errors import AbortableError, FencedError, InfrastructureError, PoisonRecordError, TaskError
 from txstream.serde.avro import AvroCodec
+from txstream.task import worker_heap
 from txstream.task.collector import RecordCollector
 from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
@@ -88,6 +89,7 @@ RANGE_COLUMN = "_txstream_range"
 def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: docs/architecture.md §3.4 for the ranges of this task's slot (one
     producer, one transaction for all of them). Yields one result row per range."""
+    worker_heap.settle()
     from pyspark import TaskContext
 
     indexes = spec.read.slot_plans(TaskContext.get().partitionId())

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstream.serde.avro import AvroCodec, arrow_type
+from txstream.task import worker_heap
 from txstream.task.sidefile import ReadResult, write_side_file
 from txstream.task.spec import PartitionPlan, ReadSpec
 
@@ -62,6 +63,7 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None):  # SparkSession ->
 
 def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Task i's reader: the records of plan i as Arrow batches, then the side file."""
+    worker_heap.settle()
     for id_batch in ids:
         for task in id_batch.column(0).to_pylist():
             index = spec.plan_at(task)

@@ -25,6 +25,7 @@ from txstream import faults
 from txstream.errors import AbortableError, FencedError, TaskError
 from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec
+from txstream.task import worker_heap
 from txstream.task.collector import RecordCollector
 from txstream.task.publish import _group_moved_codes, cached_publisher, drop_publisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, EMPTY, FENCED, TaskResult
@@ -133,6 +134,7 @@ def content_hash(sent: list[tuple]) -> tuple[str, str]:
 
 def publish_unit(spec: UnitSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: unit `partitionId` of batch `spec.batch_id`."""
+    worker_heap.settle()
     from pyspark import TaskContext
 
     unit = TaskContext.get().partitionId()

@@ -38,3 +38,10 @@ def test_what_is_compatible_passes_and_reaches_the_right_side() -> None:
     assert _resolve("at-least-once", **{"transactional.id": "mine"}).guarantee == "at-least-once"
     with pytest.raises(SettingsError, match="acks=1"):
         _resolve("at-least-once", acks="1")
+
+
+def test_first_batch_records_must_not_be_negative() -> None:
+    assert resolve(PassThrough, bootstrap_servers="localhost:9092").first_batch_records == 10_000
+    assert resolve(PassThrough, bootstrap_servers="localhost:9092", first_batch_records=0).first_batch_records == 0
+    with pytest.raises(SettingsError, match="first batch records"):
+        resolve(PassThrough, bootstrap_servers="localhost:9092", first_batch_records=-1)

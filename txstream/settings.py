@@ -65,6 +65,7 @@ class RunSettings:
     allow_nondeterministic: bool = False
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
+    first_batch_records: int = 10_000     # the run's batches ramp up from this (driver/loop.py)
 
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:
@@ -196,6 +197,10 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     extra["allow_nondeterministic"] = bool(extra.get("allow_nondeterministic")) or cls.allow_nondeterministic
     check_wide_settings(extra["wide_mode"], extra["output_units"])
     extra["task_slots"] = extra.get("task_slots") or cls.task_slots
+    first = extra.get("first_batch_records")
+    extra["first_batch_records"] = cls.first_batch_records if first is None else first
+    if extra["first_batch_records"] < 0:
+        raise SettingsError("first batch records must be 0 (no ramp) or positive")
     return RunSettings(
         processor=cls(),
         bootstrap_servers=bootstrap_servers,

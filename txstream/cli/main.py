@@ -162,6 +162,9 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--task-slots", type=click.IntRange(min=1), default=None,
               help="Publishing tasks per narrow batch; each publishes its share of the input partitions through "
                    "one producer in one transaction [default: the processor's, else Spark's cores].")
+@click.option("--first-batch-records", type=click.IntRange(min=0), default=None,
+              help="Records the run's first batch reads in all; each next batch may read 4x more, up to "
+                   "--max-records-per-partition per partition. 0: no ramp [default: the processor's, 10000].")
 @click.option("--allow-nondeterministic", is_flag=True, default=None,
               help="Run a wide transform that is not deterministic (rand, current_timestamp, first, ...) "
                    "knowingly: a re-run batch may then differ (docs/wide-transforms.md).")
@@ -173,7 +176,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
         metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str,
         wide_mode: str | None, output_units: int | None, allow_nondeterministic: bool | None,
-        task_slots: int | None) -> None:
+        task_slots: int | None, first_batch_records: int | None) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
     import logging
 
@@ -197,7 +200,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
             metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
             wide_mode=wide_mode, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
-            task_slots=task_slots)
+            task_slots=task_slots, first_batch_records=first_batch_records)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:

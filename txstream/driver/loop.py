@@ -114,6 +114,9 @@ class Driver:
         self.commits: DriverCommits | None = None
         self.poison = PoisonIsolator(self, self.echo, settings.dead_letter_topic)
         self._cap_warned = False
+        # Records the next batch may read in all while the run ramps up (None: ramped up).
+        self._ramp: int | None = settings.first_batch_records or None
+        self._owned_count = 1
         self.input_partitions = 0
         self.wide = None   # driver/wide.py, when the transform is wide
 
@@ -265,10 +268,11 @@ class Driver:
                     if s.until_caught_up and self._caught_up(owned, committed):
                         self.telemetry.event("caught_up", self.summary("caught up"), **self.totals)
                         return 0
+                    self._owned_count = len(owned)
                     if self.wide is not None:
-                        plans = self.wide.next_plans(owned, planner, self.cap()) if owned else []
+                        plans = self.wide.next_plans(owned, planner, self.cap(len(owned))) if owned else []
                     else:
-                        plans = planner.plan(owned, committed, self.cap()) if owned else []
+                        plans = planner.plan(owned, committed, self.cap(len(owned))) if owned else []
                         plans = self.slots.assign(plans, [(t.topic, t.partition) for t in owned])
                 except Exception as exc:
                     # A broker restarting or a coordinator moving: plan again shortly.
@@ -290,6 +294,7 @@ class Driver:
                 try:
                     report = self.run_batch(plans, self.commits)
                     self._failures = 0
+                    self._ramp_up(len(owned))
                 except Exception as exc:
                     self._batch_failed(plans, exc)
                     continue
@@ -519,9 +524,12 @@ class Driver:
                 rate = int(row["records_in"]) / busy
                 self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
 
-    def cap(self) -> int:
-        """Records per partition per batch, so a transaction stays well inside its timeout."""
+    def cap(self, partitions: int | None = None) -> int:
+        """Records per partition per batch: while the run ramps up, its share of the ramp's
+        budget; always so that a transaction stays well inside its timeout."""
         cap = self.settings.max_records_per_partition
+        if self._ramp is not None:
+            cap = min(cap, max(1, self._ramp // max(1, partitions or self._owned_count)))
         if self._rate is None:
             return cap
         safe = max(1000, int(self._rate * self.settings.transaction_timeout_s / 3))
@@ -531,6 +539,15 @@ class Driver:
                       f"{self._rate:.0f} records/s, too close to transaction.timeout.ms="
                       f"{self.settings.transaction_timeout_s * 1000:.0f}; batches are capped at {safe}")
         return min(cap, safe)
+
+    def _ramp_up(self, owned: int) -> None:
+        """After a batch: the next may read 4x as much (a run's first batches are small, so the
+        first output comes soon after the start even over a backlog); ramped up once the budget
+        covers the cap on every partition."""
+        if self._ramp is not None:
+            self._ramp *= 4
+            if self._ramp >= self.settings.max_records_per_partition * max(1, owned):
+                self._ramp = None
 
     def _remember_targets(self, owned: list[TopicPartition]) -> None:
         from txstream.driver.planning import watermarks

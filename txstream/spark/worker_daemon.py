@@ -27,15 +27,30 @@ import fastavro  # noqa: F401
 import pandas  # noqa: F401 - the imports are the point
 import pyarrow
 import pyarrow.compute  # noqa: F401
+import pyspark.daemon
 import pyspark.sql.pandas.serializers
 import pyspark.worker  # noqa: F401
-from pyspark.daemon import manager
 
 import txstream.task.publish
 import txstream.task.reading  # noqa: F401
+
+_run_one_task = pyspark.daemon.worker
+
+
+def _worker(sock, authenticated: bool) -> int:
+    """pyspark's per-task loop in a forked worker, quiet when the executor has gone: a stopping
+    executor closes its Unix socket (spark/setup.py) and the idle worker's last flush then
+    fails with EPIPE, which pyspark's daemon prints as a traceback per worker at every stop."""
+    try:
+        return _run_one_task(sock, authenticated)
+    except (BrokenPipeError, ConnectionResetError):
+        return 1   # the daemon then waits for the socket's close and exits the worker
+
+
+pyspark.daemon.worker = _worker
 
 if __name__ == "__main__":
     # The daemon's loaded modules are the forked workers' heap: frozen, the full collection
     # Spark runs in a reused worker after every task skips them (txstream/task/worker_heap.py).
     gc.freeze()
-    manager()
+    pyspark.daemon.manager()

@@ -46,8 +46,8 @@ class Processor:
     # Narrow transforms: publishing tasks per batch, each one producer and one transaction for
     # its share of the partitions (None: Spark's cores; docs/architecture.md §3.4).
     task_slots: ClassVar[int | None] = None
-    # A run's first batch reads at most this many records in all (then 4x more per batch, up to
-    # max_records_per_partition): output appears within seconds of the start even with a
+    # A run's first batch reads at most this many records in all (the next ones up to
+    # max_records_per_partition): output appears within seconds of the start even over a
     # backlog, as a consumer's first poll would give it. 0: the first batch is as big as the cap.
     first_batch_records: ClassVar[int] = 10_000
     # The batch's time, logged with its plan: the same on every re-run of the batch. Use it

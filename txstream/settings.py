@@ -65,7 +65,7 @@ class RunSettings:
     allow_nondeterministic: bool = False
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
-    first_batch_records: int = 10_000     # the run's batches ramp up from this (driver/loop.py)
+    first_batch_records: int = 10_000     # the run's first batch reads at most this many (driver/loop.py)
 
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:

@@ -163,8 +163,9 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
               help="Publishing tasks per narrow batch; each publishes its share of the input partitions through "
                    "one producer in one transaction [default: the processor's, else Spark's cores].")
 @click.option("--first-batch-records", type=click.IntRange(min=0), default=None,
-              help="Records the run's first batch reads in all; each next batch may read 4x more, up to "
-                   "--max-records-per-partition per partition. 0: no ramp [default: the processor's, 10000].")
+              help="Records the run's first batch reads in all (output soon after the start, even over a "
+                   "backlog); the next batches read up to --max-records-per-partition per partition. 0: the "
+                   "first batch too [default: the processor's, 10000].")
 @click.option("--allow-nondeterministic", is_flag=True, default=None,
               help="Run a wide transform that is not deterministic (rand, current_timestamp, first, ...) "
                    "knowingly: a re-run batch may then differ (docs/wide-transforms.md).")

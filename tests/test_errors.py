@@ -90,3 +90,20 @@ def test_remote_failures_name_their_kind() -> None:
 def test_one_line_keeps_a_user_errors_words() -> None:
     assert E.one_line(E.GroupActiveError("group g is Stable:\n  member m")) == "group g is Stable:\n  member m"
     assert E.one_line(E.InfrastructureError("Traceback (most recent call last):\nboom")) == "boom"
+
+
+def test_an_unexpected_python_error_is_found_in_the_cause_chain() -> None:
+    """`txstream run` prints the traceback of a bug (an IndexError in the driver), not only its line."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from txstream.errors import InfrastructureError, unexpected_cause
+
+    try:
+        [][0]
+    except IndexError as bug:
+        try:
+            raise InfrastructureError("batch 3 failed") from bug
+        except InfrastructureError as wrapped:
+            assert unexpected_cause(wrapped) is bug
+    assert unexpected_cause(InfrastructureError("a lost executor")) is None
+    assert unexpected_cause(KafkaException(KafkaError(KafkaError._TRANSPORT))) is None

@@ -328,3 +328,17 @@ def test_bootstrap_servers_default_from_the_environment(bootstrap_servers: str, 
                                 env={"TXSTREAM_BOOTSTRAP_SERVERS": bootstrap_servers})
     assert result.exit_code == 0, result.output
     assert table(result.output) == {(topic, 0): ["5", "10", "10", "5", "-"]}
+
+
+def test_watermarks_without_an_offset_are_asked_again_never_taken(monkeypatch) -> None:
+    """A ListOffsets answer without error and without offset (-1001, seen while a leader moved in
+    the broker-bounce chaos test) is transient: taken as a watermark it made the planner reset a
+    committed offset by auto.offset.reset. The real answers are exercised against a broker
+    everywhere else; this pins the reaction to the one a broker gives only mid-election."""
+    from txstream.errors import TransientKafkaError, is_transient
+
+    answers = {"reading earliest offsets": 0, "reading log end offsets": 2500, "reading last stable offsets": -1001}
+    monkeypatch.setattr(ofs, "list_offsets", lambda _admin, specs, _iso, what, *_a: {p: answers[what] for p in specs})
+    with pytest.raises(TransientKafkaError, match=r"no offsets for t\[0\]") as raised:
+        ofs.watermarks(None, [("t", 0)])
+    assert is_transient(raised.value)   # the planner's retriable() asks again

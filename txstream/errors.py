@@ -261,6 +261,17 @@ def decide(error: TxstreamError) -> Decision:
     return Decision.RETRY
 
 
+def unexpected_cause(exc: BaseException | None) -> BaseException | None:
+    """The first exception in `exc`'s cause chain that is none of the outcomes txstream knows
+    (its own types, Kafka's, Spark's through Py4J): a bug, whose traceback is worth printing."""
+    while exc is not None:
+        if not isinstance(exc, TxstreamError) and kafka_error_of(exc) is None \
+                and "py4j" not in type(exc).__module__ and "pyspark" not in type(exc).__module__:
+            return exc
+        exc = exc.__cause__
+    return None
+
+
 def understand(exc: BaseException) -> TxstreamError:
     """Any exception as one of the types above: ours as they are, Kafka's classified, Spark's
     parsed (`from_spark`), anything else the machinery's."""

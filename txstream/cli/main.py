@@ -207,8 +207,15 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     except click.ClickException:
         raise
     except Exception as exc:  # every failure ends as one clear line, its type decides the words
-        from txstream.errors import one_line
+        from txstream.errors import one_line, unexpected_cause
 
+        cause = unexpected_cause(exc)
+        if cause is not None:
+            # Not an outcome txstream knows (a bug of its own, most likely): the line alone would
+            # not say where it came from.
+            import traceback
+
+            click.echo("".join(traceback.format_exception(cause)).rstrip(), err=True)
         raise click.ClickException(one_line(exc)) from None
     sys.exit(code)
 

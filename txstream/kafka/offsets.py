@@ -279,7 +279,15 @@ def watermarks(admin: AdminClient, partitions: Iterable[tuple[str, int]],
                            "reading log end offsets", timeout, retry_s)
     stable = list_offsets(admin, {p: OffsetSpec.latest() for p in parts}, IsolationLevel.READ_COMMITTED,
                           "reading last stable offsets", timeout, retry_s)
-    return {p: Watermarks(earliest[p], log_end[p], stable[p]) for p in parts}
+    marks = {p: Watermarks(earliest[p], log_end[p], stable[p]) for p in parts}
+    # While a partition's leader moves, a ListOffsets answer can carry no error and no offset
+    # (-1001, librdkafka's "invalid"). Taken as a watermark, that made a committed offset look
+    # out of range, and the planner reset it by auto.offset.reset: ask again instead.
+    unknown = [f"{p.topic}[{p.partition}] {m}" for p, m in marks.items() if min(m) < 0]
+    if unknown:
+        raise TransientKafkaError(f"the broker answered no offsets for {', '.join(unknown[:5])} "
+                                  "(a leader moving?)")
+    return marks
 
 
 def offsets_for_time(admin: AdminClient, partitions: Iterable[tuple[str, int]], when: datetime,

@@ -18,7 +18,7 @@ def telemetry(log_format: str = "human") -> tuple[Telemetry, list[str]]:
     settings = resolve(EnrichOrders, bootstrap_servers="localhost:1", app_id="app", log_format=log_format)
     lines: list[str] = []
     driver = SimpleNamespace(settings=settings, membership=None, spark=None, admin=None,
-                             totals={"records_in": 0}, cap=lambda: 500)
+                             totals={"records_in": 0}, cap=lambda _partitions: 500)
     return Telemetry(driver, lines.append), lines
 
 

@@ -200,7 +200,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     first = extra.get("first_batch_records")
     extra["first_batch_records"] = cls.first_batch_records if first is None else first
     if extra["first_batch_records"] < 0:
-        raise SettingsError("first batch records must be 0 (no ramp) or positive")
+        raise SettingsError("first batch records must be 0 (the first batch as big as the cap) or positive")
     return RunSettings(
         processor=cls(),
         bootstrap_servers=bootstrap_servers,

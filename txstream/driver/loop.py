@@ -116,7 +116,6 @@ class Driver:
         self._cap_warned = False
         # Records the run's first batch may read in all (None: the cap alone, from the second on).
         self._first_batch_budget: int | None = settings.first_batch_records or None
-        self._owned_count = 1
         self.input_partitions = 0
         self.wide = None   # driver/wide.py, when the transform is wide
 
@@ -268,7 +267,6 @@ class Driver:
                     if s.until_caught_up and self._caught_up(owned, committed):
                         self.telemetry.event("caught_up", self.summary("caught up"), **self.totals)
                         return 0
-                    self._owned_count = len(owned)
                     if self.wide is not None:
                         plans = self.wide.next_plans(owned, planner, self.cap(len(owned))) if owned else []
                     else:
@@ -524,12 +522,12 @@ class Driver:
                 rate = int(row["records_in"]) / busy
                 self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
 
-    def cap(self, partitions: int | None = None) -> int:
+    def cap(self, partitions: int) -> int:
         """Records per partition per batch: in the run's first batch, its share of
         first_batch_records; always so that a transaction stays well inside its timeout."""
         cap = self.settings.max_records_per_partition
         if self._first_batch_budget is not None:
-            cap = min(cap, max(1, self._first_batch_budget // max(1, partitions or self._owned_count)))
+            cap = min(cap, max(1, self._first_batch_budget // max(1, partitions)))
         if self._rate is None:
             return cap
         safe = max(1000, int(self._rate * self.settings.transaction_timeout_s / 3))

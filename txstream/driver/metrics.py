@@ -253,7 +253,8 @@ class Telemetry:
             self.fenced.labels(app).inc(fenced)
         retried = self._spark_retries(report.batch_id)
         lags = self._lags(marks, positions)
-        self.cap.labels(app).set(self.driver.cap())
+        cap = self.driver.cap(len(report.plans))
+        self.cap.labels(app).set(cap)
         if self.json:
             self._emit("batch", None, batch=report.batch_id, guarantee=g, partitions=len(report.plans),
                        records_in=report.total("records_in"), records_out=report.total("records_out"),
@@ -262,7 +263,7 @@ class Telemetry:
                        transactions_committed=committed, transactions_aborted=aborted, fenced_producers=fenced,
                        task_retries=retried, lag=sum(lags.values()) if lags else None,
                        lag_by_partition=lags or None, log_end_lag_by_partition=self._log_end_lags or None,
-                       batch_cap=self.driver.cap(), totals=dict(self.driver.totals))
+                       batch_cap=cap, totals=dict(self.driver.totals))
             for topic, partition, count in dead:
                 self._emit("dead_letter", None, topic=topic, partition=partition, stage="decode", count=count,
                            batch=report.batch_id)

@@ -64,7 +64,8 @@ class Slot:
         return self.spec.with_batch(batch_id, [plan], self.member.consumer_group_metadata())
 
     def publish(self, spec: PublishSpec, batches) -> list[TaskResult] | None:
-        return publisher_service.publish(spec, [0], batches, jvm_pid=self.executor.pid)
+        return publisher_service.publish(self.tid, publish.publish_slot_here, (spec, [0]), batches,
+                                         spec.producer_idle_s, jvm_pid=self.executor.pid)
 
     def start_service(self) -> subprocess.Popen:
         """The first task finds no service: it starts one and publishes in its own worker."""

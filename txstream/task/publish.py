@@ -99,7 +99,8 @@ def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
         return
     if spec.guarantee == EXACTLY_ONCE:
         # The slot's long-lived producer (publisher_service.py), else this worker's.
-        results = publisher_service.publish(spec, indexes, batches)
+        tid = spec.plans[indexes[0]].transactional_id
+        results = publisher_service.publish(tid, publish_slot_here, (spec, indexes), batches, spec.producer_idle_s)
         if results is None:
             results = publish_slot_here(spec, indexes, batches)
     else:

@@ -19,6 +19,10 @@ The service is an extension of the task while it works for it, never more:
   `producer_idle_s` (its slot's tasks run elsewhere now).
 A task that cannot reach a service starts one for the next batch and publishes in its own worker.
 
+Narrow slots only: there are as many as task slots. A wide batch's output units (as many as the
+input partitions, by default) would need that many processes per executor; their producers stay
+in the Python workers (task/units.py).
+
 The address is an abstract Unix socket (no file to clean up; per network namespace, so per host)
 named after the executor's process and the transactional.id. Rows travel as Arrow IPC messages.
 """
@@ -35,7 +39,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
@@ -107,15 +111,15 @@ def _recv(sock: socket.socket) -> tuple[bytes, bytearray]:
 _SPAWNED: dict[bytes, tuple[subprocess.Popen, float]] = {}
 
 
-def publish(spec: Any, indexes: list[int], batches: Iterator[pa.RecordBatch],
-            jvm_pid: int | None = None) -> list[Any] | None:
-    """Hand the slot's rows to its service and return the ranges' results; None when no service
-    took the task (none running yet: one is started for the next batch; or busy): the caller
-    publishes in this worker then, and nothing of `batches` has been consumed."""
+def publish(tid: str, work: Callable[..., list[Any]], args: tuple, batches: Iterator[pa.RecordBatch],
+            idle_s: float, jvm_pid: int | None = None) -> list[Any] | None:
+    """`work(*args, batches)` (a module-level function: publish.publish_slot_here) run by the
+    service of `tid` on this executor, which returns its results; None when no service took the task (none running yet: one is started for the next
+    batch; or busy): the caller runs `work` in this worker then, and nothing of `batches` has
+    been consumed. The service exits after `idle_s` without a task."""
     jvm = jvm_pid or executor_pid()
     if jvm is None:
         return None
-    tid = spec.plans[indexes[0]].transactional_id
     name = address(jvm, tid)
     sock = connect(name)
     if sock is None:
@@ -123,7 +127,7 @@ def publish(spec: Any, indexes: list[int], batches: Iterator[pa.RecordBatch],
         return None
     try:
         sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        header = (spec, indexes, sidefile.current_task_attempt())
+        header = (work, args, sidefile.current_task_attempt(), idle_s)
         _send(sock, b"H", pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
         answer = _recv_exactly(sock, 1)
     except (OSError, ConnectionError):
@@ -227,10 +231,9 @@ class _Service:
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
-        from txstream.task import publish
         try:
             kind, header = _recv(conn)
-            spec, indexes, attempt = pickle.loads(header)
+            work, args, attempt, idle_s = pickle.loads(header)
         except Exception:
             conn.close()
             return
@@ -241,11 +244,11 @@ class _Service:
                 return
             self.client = conn
         try:
-            self.idle_s = spec.producer_idle_s
+            self.idle_s = idle_s
             conn.sendall(READY)
             try:
                 with sidefile.serving_task_attempt(attempt):   # the reader's side files are the task's
-                    reply = (b"R", publish.publish_slot_here(spec, indexes, _batches_from(conn)))
+                    reply = (b"R", work(*args, _batches_from(conn)))
             except BaseException as exc:   # to the task, which raises it as its own
                 traceback.print_exc()
                 reply = (b"X", _portable(exc))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import time
@@ -160,3 +161,25 @@ def test_an_idle_service_closes_its_producer_and_exits(slot):
     assert s.publish(s.batch(1, 0, 2, None), iter([_rows(0, 2)]))[0].status == COMMITTED
     assert service.wait(WAIT_S) == 0
     assert publisher_service.connect(s.name) is None
+
+
+def test_in_a_run_steady_batches_pay_no_init_transactions(bootstrap_servers, make_topic, run_processor):
+    """Through Spark: the first batches start the slots' services (and publish in the workers);
+    from then on every batch is published by a producer that is already initialised."""
+    from collections import Counter
+
+    from processors.passthrough import PassThrough
+    from tests.support.kafka import produce
+
+    partitions, per_partition, cap = 4, 4_000, 250
+    source, sink = make_topic("steady-in", partitions), make_topic("steady-out", partitions)
+    values = [f"v-{p}-{i}".encode() for p in range(partitions) for i in range(per_partition)]
+    for p in range(partitions):
+        produce(bootstrap_servers, source, [(None, v) for v in values[p * per_partition:(p + 1) * per_partition]],
+                partition=p)
+    run = run_processor(PassThrough, inputs=[source], output=sink, max_records_per_partition=cap,
+                        first_batch_records=0)
+    inits = [float(m.group(1)) for m in (re.search(r"^batch \d+ .* init (\d+\.\d+)\)", line) for line in run.lines) if m]
+    assert len(inits) == per_partition // cap, run.lines
+    assert inits[-8:] == [0.0] * 8, f"init_transactions seconds per batch: {inits}"
+    assert Counter(r.value for r in read_all(bootstrap_servers, sink)) == Counter(values)

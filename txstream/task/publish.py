@@ -103,6 +103,8 @@ def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
         results = publisher_service.publish(tid, publish_slot_here, (spec, indexes), batches, spec.producer_idle_s)
         if results is None:
             results = publish_slot_here(spec, indexes, batches)
+        elif tid in _PUBLISHERS:
+            drop_publisher(tid)   # this worker's producer of the slot (fenced by the service's): dead weight
     else:
         results = [TaskResult(i) for i in indexes]
         _publish_plain(spec, [spec.plans[i] for i in indexes], _pieces_by_range(spec, indexes, batches), results)

@@ -23,7 +23,7 @@ from tests.support.kafka import read_all
 from txstream.errors import PoisonRecordError
 from txstream.kafka.config import KafkaClients
 from txstream.task import publish, publisher_service
-from txstream.task.result import COMMITTED, TaskResult
+from txstream.task.result import COMMITTED, STALE_PLAN, TaskResult
 from txstream.task.sidefile import ReadResult, write_side_file
 from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec, ReadSpec
 
@@ -142,6 +142,19 @@ def test_a_task_killed_mid_transaction_takes_the_service_with_it(slot, bootstrap
     assert (result.status, result.committed) == (COMMITTED, 10), result
     values = sorted(r.value for r in read_all(bootstrap_servers, s.spec.output_topic))
     assert values == sorted(f"v{i}".encode() for i in range(10)), "a duplicate or a gap"
+
+
+def test_a_stale_plan_is_answered_after_the_rest_of_the_rows(slot, bootstrap_servers):
+    """The service decides before reading the rows (the re-check after init); the task is
+    still sending them: the answer waits until they are read, and nothing is published."""
+    s = slot()
+    s.start_service()
+    assert s.publish(s.batch(1, 0, 5, None), iter([_rows(0, 5)]))[0].status == COMMITTED
+    big = pa.RecordBatch.from_pylist([{"key": b"k", "value": b"x" * 10_000, "offset": i} for i in range(100)])
+    # 4 MB: more than the socket's buffers hold, so the task is still sending when the answer is ready.
+    stale = s.publish(s.batch(2, 0, 4_000, None), (big for _ in range(40)))
+    assert [(r.status, r.committed) for r in stale] == [(STALE_PLAN, 5)]
+    assert len(read_all(bootstrap_servers, s.spec.output_topic)) == 5
 
 
 def test_an_error_in_the_service_reaches_the_task_with_its_type(slot, bootstrap_servers):

@@ -246,12 +246,17 @@ class _Service:
         try:
             self.idle_s = idle_s
             conn.sendall(READY)
+            incoming = _batches_from(conn)
             try:
                 with sidefile.serving_task_attempt(attempt):   # the reader's side files are the task's
-                    reply = (b"R", work(*args, _batches_from(conn)))
+                    reply = (b"R", work(*args, incoming))
             except BaseException as exc:   # to the task, which raises it as its own
                 traceback.print_exc()
                 reply = (b"X", _portable(exc))
+            # An early outcome (a stale plan, a slot already published, an error) leaves rows
+            # unread that the task is still sending: read them to the end, then answer.
+            for _ in incoming:
+                pass
             self._done()   # before the reply: the task closing the connection then is no hang-up
             _send(conn, reply[0], pickle.dumps(reply[1], protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:

@@ -114,9 +114,10 @@ _SPAWNED: dict[bytes, tuple[subprocess.Popen, float]] = {}
 def publish(tid: str, work: Callable[..., list[Any]], args: tuple, batches: Iterator[pa.RecordBatch],
             idle_s: float, jvm_pid: int | None = None) -> list[Any] | None:
     """`work(*args, batches)` (a module-level function: publish.publish_slot_here) run by the
-    service of `tid` on this executor, which returns its results; None when no service took the task (none running yet: one is started for the next
-    batch; or busy): the caller runs `work` in this worker then, and nothing of `batches` has
-    been consumed. The service exits after `idle_s` without a task."""
+    service of `tid` on this executor, which returns its results. None when no service took the
+    task (none running yet: one is started for the next batch; or busy): the caller runs `work`
+    in this worker then, and nothing of `batches` has been consumed. The service exits after
+    `idle_s` without a task."""
     jvm = jvm_pid or executor_pid()
     if jvm is None:
         return None

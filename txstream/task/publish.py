@@ -17,7 +17,7 @@ import pyarrow as pa
 from txstream import faults
 from txstream.errors import AbortableError, FencedError, InfrastructureError, PoisonRecordError, TaskError
 from txstream.serde.avro import AvroCodec
-from txstream.task import publisher_service, worker_heap
+from txstream.task import worker_heap
 from txstream.task.collector import RecordCollector
 from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
@@ -93,33 +93,20 @@ def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     from pyspark import TaskContext
 
     indexes = spec.read.slot_plans(TaskContext.get().partitionId())
-    if not indexes:
-        for _ in batches:  # a slot of padding only: nothing can arrive
-            pass
-        return
-    if spec.guarantee == EXACTLY_ONCE:
-        # The slot's long-lived producer (publisher_service.py), else this worker's.
-        tid = spec.plans[indexes[0]].transactional_id
-        results = publisher_service.publish(tid, publish_slot_here, (spec, indexes), batches, spec.producer_idle_s)
-        if results is None:
-            results = publish_slot_here(spec, indexes, batches)
-        elif tid in _PUBLISHERS:
-            drop_publisher(tid)   # this worker's producer of the slot (fenced by the service's): dead weight
-    else:
-        results = [TaskResult(i) for i in indexes]
-        _publish_plain(spec, [spec.plans[i] for i in indexes], _pieces_by_range(spec, indexes, batches), results)
+    results = [TaskResult(i) for i in indexes]
+    if indexes:
+        plans = [spec.plans[i] for i in indexes]
+        pieces = _pieces_by_range(spec, indexes, batches)
+        if spec.guarantee == EXACTLY_ONCE:
+            publish_ranges(spec, plans, pieces, results)
+        else:
+            _publish_plain(spec, plans, pieces, results)
         for result in results:
             _take_side_file(spec, result)  # if no path above took it (an early return)
-    yield results_batch(results)
-
-
-def publish_slot_here(spec: PublishSpec, indexes: list[int], batches: Iterator[pa.RecordBatch]) -> list[TaskResult]:
-    """Exactly-once: the slot's ranges through this process's producer of the slot's id."""
-    results = [TaskResult(i) for i in indexes]
-    publish_ranges(spec, [spec.plans[i] for i in indexes], _pieces_by_range(spec, indexes, batches), results)
-    for result in results:
-        _take_side_file(spec, result)  # if no path above took it (an early return)
-    return results
+        yield results_batch(results)
+    else:
+        for _ in batches:  # a slot of padding only: nothing can arrive
+            pass
 
 
 def _pieces_by_range(spec: PublishSpec, indexes: list[int],

@@ -16,11 +16,9 @@ from __future__ import annotations
 import os
 import pickle
 import re
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from txstream.task.probe import local_dirs
 
@@ -58,24 +56,7 @@ def sweep(side_dir: str, batch_id: int) -> int:
     return removed
 
 
-# A process publishing on a task's behalf (task/publisher_service.py) has no TaskContext: it
-# names the attempt it serves here.
-_SERVED_ATTEMPT: ContextVar[int | None] = ContextVar("served_task_attempt", default=None)
-
-
-@contextmanager
-def serving_task_attempt(attempt: int) -> Iterator[None]:
-    token = _SERVED_ATTEMPT.set(attempt)
-    try:
-        yield
-    finally:
-        _SERVED_ATTEMPT.reset(token)
-
-
 def current_task_attempt() -> int:
-    served = _SERVED_ATTEMPT.get()
-    if served is not None:
-        return served
     from pyspark import TaskContext
 
     context = TaskContext.get()

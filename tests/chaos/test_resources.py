@@ -1,8 +1,7 @@
 """Resource hygiene (issue 5): a long run leaves its process tree flat.
 
 `txstream run` processes a steady input, batch after batch, while the test samples its whole
-process tree (driver, Spark's JVM, Spark's Python daemon and workers, the slots' publisher
-processes) from /proc: how many
+process tree (driver, Spark's JVM, Spark's Python daemon and workers) from /proc: how many
 processes, how many open file descriptors (every Kafka client holds sockets and pipes, so a
 leaked producer or consumer shows here), how many threads (librdkafka starts one per broker per
 client), and resident memory. After a warm-up, the first and the last samples must agree:
@@ -48,8 +47,6 @@ def _kind(cmdline: str) -> str:
         return "planning"  # short-lived: Spark asks the Python data source for its schema and partitions
     if "pyspark.daemon" in cmdline or "txstream.spark.worker_daemon" in cmdline:
         return "python-workers"  # the daemon and the workers it forks share its command line
-    if "txstream.task.publisher_service" in cmdline:
-        return "publishers"  # a slot's producer, kept across batches
     return "other"
 
 
@@ -128,12 +125,12 @@ def test_long_run_leaves_the_process_tree_flat(bootstrap_servers, make_topic):
         }
         print("\nresources " + json.dumps(report, default=str))
         assert last.batches - first.batches >= 20, f"too few batches to judge a leak: {report}"
-        for kind in ("driver", "jvm", "python-workers", "publishers"):
+        for kind in ("driver", "jvm", "python-workers"):
             assert first.processes.get(kind), f"no {kind} process sampled: the sampler lost sight of it: {report}"
         # A sample can catch a worker being replaced or a client mid-close: compare the most of
         # the first three samples with the least of the last three.
         for what, slack in (("processes", 0), ("threads", 8), ("fds", 16)):
-            for kind in ("driver", "jvm", "python-workers", "publishers"):
+            for kind in ("driver", "jvm", "python-workers"):
                 before = max(getattr(x, what).get(kind, 0) for x in samples[:3])
                 after = min(getattr(x, what).get(kind, 0) for x in samples[-3:])
                 assert after <= before + slack, f"{kind} {what} grew from {before} to {after}: {report}"

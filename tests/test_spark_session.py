@@ -27,6 +27,17 @@ def test_the_driver_jvm_maps_the_class_archive(spark) -> None:
     jvm = spark.sparkContext._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert f"-XX:SharedArchiveFile={archive}" in arguments, arguments
+    assert "-XX:TieredStopAtLevel=1" in arguments, arguments   # a local driver JVM: C1 only
+
+
+def test_a_local_driver_jvm_compiles_with_c1_only_unless_the_user_names_a_tier(tmp_path) -> None:
+    from txstream.spark.session import _java_options
+
+    home = str(tmp_path)
+    assert _java_options({}, home).split()[-1] == "-XX:TieredStopAtLevel=1"
+    mine = _java_options({"spark.driver.extraJavaOptions": "-Xmx2g -XX:TieredStopAtLevel=4"}, home)
+    assert "-XX:TieredStopAtLevel=4" in mine and "TieredStopAtLevel=1" not in mine, mine
+    assert "TieredStopAtLevel" not in _java_options({"spark.driver.extraJavaOptions": "-XX:-TieredCompilation"}, home)
 
 
 def _worker_state(batches):  # a mapInArrow function

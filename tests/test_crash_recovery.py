@@ -46,8 +46,9 @@ def _restart_until_done(app: h.App, max_runs: int, timeout: float = 420) -> list
 
 @pytest.mark.timeout(2400)  # 5+ Spark start-ups: ~5 min on an idle 2-core machine, far more when shared
 def test_kill_9_at_random_moments(bootstrap_servers, make_topic):
-    """~240k records, 4 partitions, 10k per partition per batch: kill -9 mid-batch 4+ times."""
-    records = 240_000
+    """240k+ records, 4 partitions, 10k per partition per batch: kill -9 mid-batch 4+ times. Each
+    run starts with 240k records ahead of it (topped up), so the kills land however fast runs are."""
+    ahead = records = 240_000
     wanted_kills = 4
     source, sink = make_topic("crash-in", PARTITIONS), make_topic("crash-out", PARTITIONS)
     expected = h.seed(bootstrap_servers, source, PARTITIONS, records)
@@ -58,6 +59,9 @@ def test_kill_9_at_random_moments(bootstrap_servers, make_topic):
     began = time.monotonic()
     try:
         for _attempt in range(wanted_kills + 6):
+            if kills < wanted_kills:
+                expected += h.top_up(app, records, ahead)
+                records = sum(expected.values())
             run = app.start()
             if kills < wanted_kills:
                 baseline = app.baseline()

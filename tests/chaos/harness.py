@@ -341,6 +341,16 @@ def seed(bootstrap: str, topic: str, partitions: int, count: int, first: int = 0
     return sent
 
 
+def top_up(app: "App", seeded: int, ahead: int) -> Counter:
+    """Seed more records (numbered on from `seeded`) so that at least `ahead` lie beyond the app's
+    committed offsets: a kill loop then always finds a run mid-input, however fast runs become.
+    Returns the added (key, value) multiset (empty when enough input is left)."""
+    missing = ahead - (seeded - app.baseline())
+    if missing <= 0:
+        return Counter()
+    return seed(app.bootstrap, app.input, app.partitions, missing, first=seeded)
+
+
 class Feeder(threading.Thread):
     """Keeps producing records (idempotent producer) at `rate` per second until stopped."""
 

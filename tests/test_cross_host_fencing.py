@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from confluent_kafka import Consumer
 
 from tests.support.kafka import read_all
@@ -153,3 +154,113 @@ def test_a_producer_fenced_on_the_same_host_is_replaced_before_use(bootstrap_ser
         for tid_ in publish.cached_publishers():
             publish.drop_publisher(tid_)
         member.close()
+
+
+# -- a slot's several transactional.ids (driver/slots.py, docs/architecture.md §3.4) -------------
+
+def _pool(app_id: str, source: str) -> tuple[str, ...]:
+    from txstream.driver.slots import slot_pool
+
+    return slot_pool(f"{app_id}-{source}-0", 3)
+
+
+def test_a_worker_publishes_through_any_id_of_its_slot_it_holds_without_init(bootstrap_servers, make_topic, tmp_path):
+    source, output = make_topic("pool-in", 1), make_topic("pool-out", 1)
+    app_id = f"pool-{uuid.uuid4().hex[:8]}"
+    pool = _pool(app_id, source)
+    spec = _spec(bootstrap_servers, app_id, output, tmp_path / "host-a")
+    member, metadata = _group_metadata(bootstrap_servers, app_id)
+    try:
+        first = PartitionPlan(source, 0, 0, 5, None, pool[1], pool)
+        result = TaskResult(0)
+        publish.publish_transactional(_batch(spec, 1, first, metadata), first, iter([_rows(0, 5)]), result)
+        assert (result.status, result.transactional_id) == (COMMITTED, pool[1]) and result.init_s > 0, result
+        # The next batch's claim is another id: the worker's producer of `~1` publishes it, no init.
+        second = PartitionPlan(source, 0, 5, 10, 5, pool[2], pool)
+        result = TaskResult(0)
+        publish.publish_transactional(_batch(spec, 2, second, metadata), second, iter([_rows(5, 10)]), result)
+        assert (result.status, result.transactional_id, result.init_s) == (COMMITTED, pool[1], 0.0), result
+        assert publish.cached_publishers() == [pool[1]]
+    finally:
+        for tid_ in publish.cached_publishers():
+            publish.drop_publisher(tid_)
+        member.close()
+    values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
+    assert values == sorted(f"v{i}".encode() for i in range(10))
+
+
+def test_fence_all_fences_a_zombie_on_any_id_of_the_slot(bootstrap_servers, make_topic, tmp_path):
+    """A zombie (an attempt of a failed batch, on another host) holds `~2` with the range's
+    records and offsets in its open transaction. The next batch fences all ids: the zombie's
+    transaction is aborted, its commit refused, and the range is published once."""
+    from confluent_kafka import TopicPartition
+
+    from txstream.errors import FencedError
+
+    source, output = make_topic("zombie-in", 1), make_topic("zombie-out", 1)
+    app_id = f"zombie-{uuid.uuid4().hex[:8]}"
+    pool = _pool(app_id, source)
+    spec = _spec(bootstrap_servers, app_id, output, tmp_path / "host-a")
+    member, metadata = _group_metadata(bootstrap_servers, app_id)
+    zombie = TransactionalPublisher(spec.producer_config(transactional=True), pool[2], str(tmp_path / "host-b"), 10)
+    try:
+        zombie.init()
+        zombie.begin()
+        for i in range(5):
+            zombie.producer.produce(output, b"zombie", f"k{i}".encode())
+        zombie.send_offsets([TopicPartition(source, 0, 5)], metadata)
+        plan = PartitionPlan(source, 0, 0, 5, None, pool[0], pool)
+        result = TaskResult(0)
+        publish.publish_transactional(spec.with_batch(1, [plan], metadata, fence_all=True), plan,
+                                      iter([_rows(0, 5)]), result)
+        assert (result.status, result.committed, result.transactional_id) == (COMMITTED, 5, pool[0]), result
+        with pytest.raises(FencedError):
+            zombie.commit()
+    finally:
+        for tid_ in publish.cached_publishers():
+            publish.drop_publisher(tid_)
+        member.close()
+    values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
+    assert values == sorted(f"v{i}".encode() for i in range(5)), "the zombie's records became visible"
+
+
+def test_a_held_producer_fenced_by_a_fence_all_attempt_finds_the_range_done(bootstrap_servers, make_topic, tmp_path):
+    """Speculation with several ids: attempt A publishes through the `~1` its worker holds (no
+    init); attempt B (a copy: it fences all ids) commits the range meanwhile. A's producer is
+    fenced; A initialises the batch's claim id and finds the range done: once, not twice."""
+    from confluent_kafka import TopicPartition
+
+    source, output = make_topic("spec-in", 1), make_topic("spec-out", 1)
+    app_id = f"spec-{uuid.uuid4().hex[:8]}"
+    pool = _pool(app_id, source)
+    spec = _spec(bootstrap_servers, app_id, output, tmp_path / "host-a")
+    spec_b = _spec(bootstrap_servers, app_id, output, tmp_path / "host-b")
+    member, metadata = _group_metadata(bootstrap_servers, app_id)
+    try:
+        first = PartitionPlan(source, 0, 0, 5, None, pool[1], pool)
+        publish.publish_transactional(_batch(spec, 1, first, metadata), first, iter([_rows(0, 5)]), TaskResult(0))
+        second = PartitionPlan(source, 0, 5, 10, 5, pool[0], pool)
+
+        def attempt_b() -> None:
+            b = publish.fence_pool(spec_b, pool, pool[0])
+            b.begin()
+            for i in range(5, 10):
+                b.producer.produce(output, f"v{i}".encode(), f"k{i}".encode())
+            b.send_offsets([TopicPartition(source, 0, 10)], metadata)
+            b.commit()
+            b.close()
+
+        def input_of_a():
+            yield _rows(5, 8)
+            attempt_b()
+            yield _rows(8, 10)
+
+        result = TaskResult(0)
+        publish.publish_transactional(_batch(spec, 2, second, metadata), second, input_of_a(), result)
+        assert (result.status, result.committed, result.transactional_id) == (ALREADY_DONE, 10, pool[0]), result
+    finally:
+        for tid_ in publish.cached_publishers():
+            publish.drop_publisher(tid_)
+        member.close()
+    values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
+    assert values == sorted(f"v{i}".encode() for i in range(10)), "the range was published more than once"

@@ -171,3 +171,26 @@ def test_slots_name_their_producer_after_a_partition_the_instance_owns() -> None
     layout = Slots.layout(slots.assign([plan(p) for p in range(5)], everything))
     assert layout.width == 3 and layout.publishing_tasks == 2
     assert sorted(i for i in layout.layout if i >= 0) == list(range(5)) and layout.layout.count(-1) == 1
+
+
+def test_a_slot_has_several_ids_and_claims_the_one_used_least_recently() -> None:
+    """--producers-per-slot 3: a slot's ids are its first partition's and `~1`, `~2`; the id a
+    task without a held producer initialises (the claim) is the one no batch used for longest."""
+    from txstream.driver.slots import Slots
+
+    def plan(p: int) -> PartitionPlan:
+        return PartitionPlan("t", p, 0, 10, None, "")
+
+    slots = Slots("app", 2, producers=3)
+    owned = [("t", p) for p in range(4)]
+    first = slots.assign([plan(p) for p in range(4)], owned)
+    assert [p.pool for p in first[:2]] == [("app-t-0", "app-t-0~1", "app-t-0~2"), ("app-t-1", "app-t-1~1", "app-t-1~2")]
+    assert [p.transactional_id for p in first] == ["app-t-0", "app-t-1", "app-t-0", "app-t-1"]
+    assert Slots.layout(first).publishing_tasks == 2
+    # Slot 0 published through its claim, slot 1 through a producer a worker held (`~2`).
+    slots.note([{"transactional_id": "app-t-0"}, {"transactional_id": "app-t-1~2"}])
+    assert [p.transactional_id for p in slots.assign([plan(0), plan(1)], owned)] == ["app-t-0~1", "app-t-1"]
+    slots.note([{"transactional_id": "app-t-0~1"}, {"transactional_id": "app-t-1"}])
+    assert [p.transactional_id for p in slots.assign([plan(0), plan(1)], owned)] == ["app-t-0~2", "app-t-1~1"]
+    with pytest.raises(ValueError):
+        Slots("app", 2, producers=0)

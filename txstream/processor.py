@@ -46,6 +46,10 @@ class Processor:
     # Narrow transforms: publishing tasks per batch, each one producer and one transaction for
     # its share of the partitions (None: Spark's cores; docs/architecture.md §3.4).
     task_slots: ClassVar[int | None] = None
+    # transactional.ids per slot: a slot's task keeps using the producer its Python worker
+    # already holds for any of them, instead of init_transactions whenever Spark hands the task
+    # to another worker (1: one id per slot).
+    producers_per_slot: ClassVar[int] = 4
     # A run's first batch reads at most this many records in all (the next ones up to
     # max_records_per_partition): output appears within seconds of the start even over a
     # backlog, as a consumer's first poll would give it. 0: the first batch is as big as the cap.

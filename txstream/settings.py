@@ -65,6 +65,7 @@ class RunSettings:
     allow_nondeterministic: bool = False
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
+    producers_per_slot: int = 4           # transactional.ids per slot (driver/slots.py)
     first_batch_records: int = 10_000     # the run's first batch reads at most this many (driver/loop.py)
 
     def __post_init__(self) -> None:
@@ -197,6 +198,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     extra["allow_nondeterministic"] = bool(extra.get("allow_nondeterministic")) or cls.allow_nondeterministic
     check_wide_settings(extra["wide_mode"], extra["output_units"])
     extra["task_slots"] = extra.get("task_slots") or cls.task_slots
+    extra["producers_per_slot"] = extra.get("producers_per_slot") or cls.producers_per_slot
     first = extra.get("first_batch_records")
     extra["first_batch_records"] = cls.first_batch_records if first is None else first
     if extra["first_batch_records"] < 0:

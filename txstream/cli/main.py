@@ -162,6 +162,10 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--task-slots", type=click.IntRange(min=1), default=None,
               help="Publishing tasks per narrow batch; each publishes its share of the input partitions through "
                    "one producer in one transaction [default: the processor's, else Spark's cores].")
+@click.option("--producers-per-slot", type=click.IntRange(min=1), default=None,
+              help="transactional.ids per task slot: a slot's task publishes through whichever of them its "
+                   "Python worker already holds a producer for, sparing init_transactions [default: the "
+                   "processor's, else 4].")
 @click.option("--first-batch-records", type=click.IntRange(min=0), default=None,
               help="Records the run's first batch reads in all (output soon after the start, even over a "
                    "backlog); the next batches read up to --max-records-per-partition per partition. 0: the "
@@ -177,7 +181,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
         metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str,
         wide_mode: str | None, output_units: int | None, allow_nondeterministic: bool | None,
-        task_slots: int | None, first_batch_records: int | None) -> None:
+        task_slots: int | None, producers_per_slot: int | None, first_batch_records: int | None) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
     import logging
 
@@ -201,7 +205,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
             metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
             wide_mode=wide_mode, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
-            task_slots=task_slots, first_batch_records=first_batch_records)
+            task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:

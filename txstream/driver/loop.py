@@ -118,6 +118,10 @@ class Driver:
         self._first_batch_budget: int | None = settings.first_batch_records or None
         self.input_partitions = 0
         self.wide = None   # driver/wide.py, when the transform is wide
+        # The next batch's tasks initialise all of their slot's transactional.ids (the first
+        # batch, after a failed or unclean batch and after a rebalance: docs/architecture.md §3.4).
+        self._fence_all = True
+        self._group_changes = 0
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -212,6 +216,8 @@ class Driver:
             thread.join()
 
     def _on_group_change(self, what: str, partitions: list[TopicPartition]) -> None:
+        self._group_changes += 1
+        self._fence_all = True
         names = [f"{p.topic}[{p.partition}]" for p in partitions]
         self.telemetry.event(what, f"partitions {what}: {', '.join(names)}", partitions=names)
 
@@ -248,7 +254,7 @@ class Driver:
                 self.wide.start()
             else:
                 slots = s.task_slots or self.spark.sparkContext.defaultParallelism
-                self.slots = Slots(s.app_id, slots)
+                self.slots = Slots(s.app_id, slots, s.producers_per_slot)
                 self.echo(f"{slots} task slots: a batch's ranges are published by one task per slot, through "
                           "the slot's producer, in one transaction (driver/slots.py)")
             self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
@@ -315,6 +321,7 @@ class Driver:
 
     def _batch_failed(self, plans: list[PartitionPlan], exc: BaseException) -> None:
         """Stop, isolate a poison record, or retry the batch, as the error's type says."""
+        self._fence_all = True
         error = understand(exc)
         if decide(error) is Decision.ISOLATE:
             try:
@@ -431,8 +438,9 @@ class Driver:
         # One publishing task per slot (driver/slots.py): its ranges are read one after another
         # in that task and published in one transaction; each row names its reading task.
         layout = Slots.layout(plans)
+        fence_all, self._fence_all, changes = self._fence_all, True, self._group_changes   # until known clean
         spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata(),
-                                         layout.layout, layout.width)
+                                         layout.layout, layout.width, fence_all)
         from pyspark.sql import functions as F
 
         out = self.output_frame(plans, layout=layout).withColumn(RANGE_COLUMN, F.spark_partition_id())
@@ -445,6 +453,11 @@ class Driver:
                        f"{layout.publishing_tasks} slots, {sum(p.size for p in plans)} records)")
         rows = self.run_job(lambda: [row.asDict() for row in frame.collect()], description)
         commits.after_batch(plans, rows)
+        if self.slots is not None:
+            self.slots.note(rows)
+        # Clean: every range published by one attempt's producer, nothing left open or racing.
+        clean = all(row["status"] in (COMMITTED, ALREADY_DONE, ACKED) for row in rows)
+        self._fence_all = not clean or self._group_changes != changes
         self._learn_rate(plans, rows)
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started))
 

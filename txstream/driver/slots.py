@@ -12,18 +12,23 @@ Zombie fencing, the argument (docs/architecture.md §3.4 says it in full):
 - A partition's slot is its position among the partitions this instance owns, modulo the slot
   count (fixed for the run). The owned set changes only with the group's generation, so within a
   generation every attempt at a range (a retry, a speculative copy, a re-plan after a failed
-  batch) runs under the same `transactional.id`, and the later `init_transactions` fences the
-  earlier attempt, whose re-check then finds the range done.
+  batch) runs under the slot's ids, and an attempt that initialises them fences the earlier
+  attempt, whose re-check then finds the range done.
 - Across generations (a rebalance, a restarted driver) a partition may move to another slot or
   another instance: the earlier attempt's `send_offsets_to_transaction` carries the earlier
   generation and is refused (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID), so its transaction
   cannot commit those offsets; and what it committed before the new generation's plan is what
   that plan starts from (offsets are read stably, KIP-447).
-- A slot's `transactional.id` is its first partition's, `<app>-<topic>-<partition>` (as when a
-  task published one partition): two instances of an app own different partitions, so their
-  slots never fence each other; and a restarted driver that owns what the dead one owned, with
-  the same slot count, re-initialises the same ids at once, which aborts what the dead one left
-  open (read_committed consumers would otherwise wait for its transaction timeout).
+- A slot's `transactional.id`s are its first partition's, `<app>-<topic>-<partition>`, and
+  that id with `~1`... (`--producers-per-slot`): two instances of an app own different
+  partitions, so their slots never fence each other; and a restarted driver that owns what the
+  dead one owned fences all of the same ids in its first batch, which aborts what the dead one
+  left open (read_committed consumers would otherwise wait for its transaction timeout).
+- Several ids per slot: Spark hands a slot's task to whichever Python worker is idle, so with one
+  id a task paid `init_transactions` whenever the slot last ran on another worker (51 of 103
+  tasks in the batch sweep at 1,000 records per partition). With several, a worker keeps
+  publishing through the id it holds; which attempts may skip the init and why the rest fence
+  all ids is docs/architecture.md §3.4 (a).
 """
 from __future__ import annotations
 
@@ -47,31 +52,53 @@ class SlotLayout:
         return len(self.layout) // self.width if self.width else 0
 
 
-class Slots:
-    """The run's slots: which transactional.id publishes which partition."""
+def slot_pool(base: str, producers: int) -> tuple[str, ...]:
+    """A slot's transactional.ids: its first partition's id, then `<id>~1` ... `<id>~(n-1)`."""
+    return (base, *(f"{base}~{i}" for i in range(1, producers)))
 
-    def __init__(self, app_id: str, count: int) -> None:
+
+class Slots:
+    """The run's slots: which transactional.ids publish which partition, and which of a slot's
+    ids a task that holds no producer of the slot initialises this batch (its claim id)."""
+
+    def __init__(self, app_id: str, count: int, producers: int = 1) -> None:
         if count < 1:
             raise ValueError(f"task slots must be at least 1, not {count}")
-        self.app_id, self.count = app_id, count
+        if producers < 1:
+            raise ValueError(f"producers per slot must be at least 1, not {producers}")
+        self.app_id, self.count, self.producers = app_id, count, producers
+        self._used: dict[str, int] = {}   # transactional.id -> the batch that last published through it
+        self._batches = 0
 
     def assign(self, plans: list[PartitionPlan], owned: list[tuple[str, int]]) -> list[PartitionPlan]:
-        """The plans, each with its slot's transactional.id (its first owned partition's)."""
+        """The plans, each with its slot's ids (named after its first owned partition) and the
+        batch's claim id: the slot's id used least recently (most likely held by no worker)."""
         ordered = sorted(owned)
         position = {key: i for i, key in enumerate(ordered)}
 
         def first_of_slot(key: tuple[str, int]) -> tuple[str, int]:
             return ordered[position[key] % self.count] if key in position else key
 
-        return [replace(p, transactional_id=transactional_id(self.app_id, *first_of_slot((p.topic, p.partition))))
-                for p in plans]
+        assigned = []
+        for p in plans:
+            pool = slot_pool(transactional_id(self.app_id, *first_of_slot((p.topic, p.partition))), self.producers)
+            claim = min(pool, key=lambda tid: self._used.get(tid, -1))   # ties: the first
+            assigned.append(replace(p, transactional_id=claim, pool=pool if len(pool) > 1 else ()))
+        return assigned
+
+    def note(self, rows: list[dict]) -> None:
+        """A finished batch's results: which ids published (task/result.py)."""
+        self._batches += 1
+        for row in rows:
+            if row.get("transactional_id"):
+                self._used[row["transactional_id"]] = self._batches
 
     @staticmethod
     def layout(plans: list[PartitionPlan]) -> SlotLayout:
-        """Group the plans by transactional.id into equal-width runs of reading tasks."""
+        """Group the plans by slot (their ids) into equal-width runs of reading tasks."""
         groups: dict[str, list[int]] = {}
         for index, plan in enumerate(plans):
-            groups.setdefault(plan.transactional_id, []).append(index)
+            groups.setdefault(plan.transactional_ids[0], []).append(index)
         width = max((len(g) for g in groups.values()), default=1)
         layout: list[int] = []
         for tid in sorted(groups):

@@ -33,5 +33,5 @@ class TaskSpecs:
         return self.read.with_batch(batch_id, plans, layout, slot_width)
 
     def for_publishing(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None,
-                       layout: tuple[int, ...] = (), slot_width: int = 1) -> PublishSpec:
-        return self.publish.with_batch(batch_id, plans, group_metadata, layout, slot_width)
+                       layout: tuple[int, ...] = (), slot_width: int = 1, fence_all: bool = False) -> PublishSpec:
+        return self.publish.with_batch(batch_id, plans, group_metadata, layout, slot_width, fence_all)

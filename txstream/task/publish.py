@@ -7,6 +7,7 @@ to the driver (driver/commits.py).
 """
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any, Iterator
@@ -50,16 +51,20 @@ def partition_publisher(spec: PublishSpec, plan: PartitionPlan) -> tuple[Transac
     return cached_publisher(spec, plan.transactional_id)
 
 
+def _drop_stale(spec: PublishSpec, keep: tuple[str, ...]) -> None:
+    """Close the producers that another worker fenced since, or that no task of this worker used
+    for a while (their slots' tasks run elsewhere now): dead weight (threads, sockets)."""
+    now = time.monotonic()
+    for stale in [t for t, p in _PUBLISHERS.items()
+                  if not p.still_owner() or (t not in keep and now - p.last_used > spec.producer_idle_s)]:
+        drop_publisher(stale)
+
+
 def cached_publisher(spec: PublishSpec, tid: str) -> tuple[TransactionalPublisher, bool]:
-    """This worker's publisher for `tid` (an input partition's, or a wide output unit's), or a new
+    """This worker's publisher for `tid` (a slot's, or a wide output unit's), or a new
     initialised one. (publisher, fresh)."""
     now = time.monotonic()
-    # Producers that another worker fenced since, or that no task of this worker used for a
-    # while (their partitions' tasks run elsewhere now), are dead weight (threads, sockets):
-    # close them, so that across all hosts there is about one live producer per input partition.
-    for stale in [t for t, p in _PUBLISHERS.items()
-                  if not p.still_owner() or (t != tid and now - p.last_used > spec.producer_idle_s)]:
-        drop_publisher(stale)
+    _drop_stale(spec, (tid,))
     publisher = _PUBLISHERS.get(tid)
     if publisher is not None:
         publisher.last_used = now
@@ -68,6 +73,62 @@ def cached_publisher(spec: PublishSpec, tid: str) -> tuple[TransactionalPublishe
     publisher.init()
     _PUBLISHERS[tid] = publisher
     return publisher, True
+
+
+def slot_publisher(spec: PublishSpec, plan: PartitionPlan, fence_all: bool) -> tuple[TransactionalPublisher, bool]:
+    """The producer a slot's task publishes through (docs/architecture.md §3.4). (publisher, fresh)
+
+    - `fence_all` (the first batch of a run, after a failed batch or a rebalance, and every
+      retried or speculative attempt): initialise every transactional.id of the slot, keep the
+      batch's claim id (`plan.transactional_id`);
+    - else a producer this worker already holds for any of the slot's ids, without
+      `init_transactions` (Spark hands a slot's task to whichever Python worker is idle: with
+      one id per slot, a task paid `init_transactions` in about half the batches);
+    - else initialise the batch's claim id, which the driver picks among the slot's ids as the
+      one used least recently (driver/slots.py)."""
+    if fence_all:
+        for tid in plan.transactional_ids:
+            drop_publisher(tid)
+        publisher = fence_pool(spec, plan.transactional_ids, plan.transactional_id)
+        _PUBLISHERS[publisher.transactional_id] = publisher
+        return publisher, True
+    _drop_stale(spec, plan.transactional_ids)
+    for tid in (plan.transactional_id, *plan.transactional_ids):
+        publisher = _PUBLISHERS.get(tid)
+        if publisher is not None:
+            publisher.last_used = time.monotonic()
+            return publisher, False
+    return cached_publisher(spec, plan.transactional_id)
+
+
+def fence_pool(spec: PublishSpec, pool: tuple[str, ...], keep: str) -> TransactionalPublisher:
+    """`init_transactions` on every id of `pool`, in parallel (each call waits on the broker): once
+    this returns, no earlier producer of any of them can commit, whichever attempt or batch it
+    served. Returns `keep`'s producer; the others are closed."""
+    publishers = {tid: _new_publisher(spec, tid) for tid in pool}
+    errors: list[BaseException] = []
+
+    def init(publisher: TransactionalPublisher) -> None:
+        try:
+            publisher.init()
+        except BaseException as exc:   # handed to the calling thread
+            errors.append(exc)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=init, args=(p,), name=f"fence-{p.transactional_id}", daemon=True)
+               for p in publishers.values()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for tid, publisher in publishers.items():
+        if errors or tid != keep:
+            publisher.close()
+    if errors:
+        raise errors[0]
+    kept = publishers[keep]
+    kept.init_seconds = time.perf_counter() - started
+    return kept
 
 
 def drop_publisher(tid: str) -> None:
@@ -228,10 +289,12 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
     from confluent_kafka import TopicPartition
 
     tid = plans[0].transactional_id
-    if any(p.transactional_id != tid for p in plans):
+    if any((p.transactional_id, p.transactional_ids) != (tid, plans[0].transactional_ids) for p in plans):
         raise InfrastructureError(f"one slot's ranges name several transactional.ids: {plans}")
-    publisher, fresh = cached_publisher(spec, tid)
+    publisher, fresh = slot_publisher(spec, plans[0], spec.fence_all or _is_retry())
     results[0].init_s = publisher.init_seconds if fresh else 0.0
+    for result in results:
+        result.transactional_id = publisher.transactional_id
     output: _SlotOutput | None = None
     input_done = False
     dead: list[list[tuple[Any, ...]]] | None = None   # the side files' records, once the input is done
@@ -286,7 +349,7 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
                 return
             continue  # publish the ranges again in a new transaction
         except FencedError as exc:
-            drop_publisher(tid)
+            drop_publisher(publisher.transactional_id)
             if fresh:
                 # Fenced during this task: another attempt of this slot (a speculative copy, a
                 # retry on another host) initialised the id after us and owns the ranges now.
@@ -294,18 +357,30 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
                 _set(results, status, committed, message)
                 return
             # Our cached producer was fenced by a producer elsewhere (another worker, another
-            # host) since this worker's last batch: start afresh (which fences that one, if it
-            # still lives) and publish the kept records, then the rest.
+            # host) since this worker's last batch: start afresh under the batch's claim id
+            # (which fences whoever holds it, a racing attempt of this slot included: every
+            # attempt that initialises anything initialises that id) and publish the kept
+            # records, then the rest.
             publisher, fresh = cached_publisher(spec, tid)
             results[0].init_s += publisher.init_seconds
+            for result in results:
+                result.transactional_id = publisher.transactional_id
             continue
         except BaseException:
             try:
                 publisher.abort()
             except Exception:   # the original error is the one to report
-                drop_publisher(tid)
+                drop_publisher(publisher.transactional_id)
             raise
     raise AbortableError(f"{tid}: gave up after {results[0].attempts} aborted attempts: {results[0].message}")
+
+
+def _is_retry() -> bool:
+    """This task is a Spark retry or speculative copy (or runs in a re-attempted stage)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context is not None and (context.attemptNumber() > 0 or context.stageAttemptNumber() > 0)
 
 
 def committed_offsets(spec: PublishSpec, plans: list[PartitionPlan]) -> list[int | None]:
@@ -411,9 +486,8 @@ def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: tuple, m
             raise TaskError("the dead letter was not acknowledged; its offset is not committed")
         membership.commit(next_offset)
         return COMMITTED
-    publisher = _new_publisher(spec, plan.transactional_id)
+    publisher = fence_pool(spec, plan.transactional_ids, plan.transactional_id)
     try:
-        publisher.init()
         if committed_offsets(spec, [plan])[0] != offset:
             return STALE_PLAN
         publisher.begin()

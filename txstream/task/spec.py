@@ -56,7 +56,13 @@ class PartitionPlan:
     start: int
     end: int
     committed: int | None         # what the group had committed when planned (None: nothing)
-    transactional_id: str
+    transactional_id: str         # the id a task without a usable producer initialises this batch
+    # The slot's transactional.ids (driver/slots.py); empty: `transactional_id` alone.
+    pool: tuple[str, ...] = ()
+
+    @property
+    def transactional_ids(self) -> tuple[str, ...]:
+        return self.pool or (self.transactional_id,)
 
     @property
     def size(self) -> int:
@@ -121,6 +127,10 @@ class PublishSpec:
     # partition's tasks run elsewhere now (task/publish.py).
     producer_idle_s: float = 120.0
     group_metadata: bytes | None = field(default=None, repr=False)
+    # Every task of the batch initialises all of its slot's transactional.ids before its
+    # offsets re-check (the first batch of a run, after a failed batch or a rebalance:
+    # docs/architecture.md §3.4).
+    fence_all: bool = False
 
     @property
     def plans(self) -> tuple[PartitionPlan, ...]:
@@ -149,6 +159,6 @@ class PublishSpec:
         return config
 
     def with_batch(self, batch_id: int, plans: list[PartitionPlan], group_metadata: bytes | None,
-                   layout: tuple[int, ...] = (), slot_width: int = 1) -> PublishSpec:
+                   layout: tuple[int, ...] = (), slot_width: int = 1, fence_all: bool = False) -> PublishSpec:
         return replace(self, read=self.read.with_batch(batch_id, plans, layout, slot_width),
-                       group_metadata=group_metadata)
+                       group_metadata=group_metadata, fence_all=fence_all)

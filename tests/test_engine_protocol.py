@@ -194,3 +194,39 @@ def test_a_slot_has_several_ids_and_claims_the_one_used_least_recently() -> None
     assert [p.transactional_id for p in slots.assign([plan(0), plan(1)], owned)] == ["app-t-0~2", "app-t-1~1"]
     with pytest.raises(ValueError):
         Slots("app", 2, producers=0)
+
+
+def test_clean_batches_publish_through_held_producers_with_no_task_failing(driver_with_membership,
+                                                                           bootstrap_servers) -> None:
+    """Five batches by hand with 4 ids per slot: only the first fences all; no Spark task of any
+    batch fails (a task that raised would be retried as a copy that fences all, hiding the
+    failure behind a correct result); each range once, through the slot's ids only."""
+    from txstream.driver.slots import Slots, slot_pool
+
+    driver, source, sink = driver_with_membership
+    commits = DriverCommits(driver.settings.guarantee, driver.membership)
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"})
+    ends = {p: probe.get_watermark_offsets(TopicPartition(source, p))[1] for p in (0, 1)}
+    probe.close()
+    owned = [(source, 0), (source, 1)]
+    driver.slots = slots = Slots(driver.settings.app_id, 2, producers=4)
+    used: set[str] = set()
+    for step in range(5):
+        bounds = {p: (ends[p] * step // 5, ends[p] * (step + 1) // 5) for p in (0, 1)}
+        plans = slots.assign([PartitionPlan(source, p, lo, hi, lo or None, "") for p, (lo, hi) in bounds.items()],
+                             owned)
+        fence_all = driver._fence_all  # noqa: SLF001 - what the batch's tasks are told
+        assert fence_all == (step == 0), f"batch {step + 1}: fence all {fence_all}"
+        report = driver.run_batch(plans, commits)
+        assert [r["status"] for r in report.rows] == [COMMITTED, COMMITTED], report.rows
+        used |= {r["transactional_id"] for r in report.rows}
+        tracker = driver.spark.sparkContext.statusTracker()
+        for job in tracker.getJobIdsForGroup(f"txstream-{driver.settings.app_id}-batch-{driver.batch_id}"):
+            for stage in tracker.getJobInfo(job).stageIds:
+                info = tracker.getStageInfo(stage)
+                assert info is not None and info.numFailedTasks == 0, f"batch {step + 1}: a task failed"
+    pools = set(slot_pool(transactional_id(driver.settings.app_id, source, 0), 4)) | set(
+        slot_pool(transactional_id(driver.settings.app_id, source, 1), 4))
+    assert used <= pools, used
+    assert len(read_all(bootstrap_servers, sink)) == sum(ends.values())
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 2) == ends

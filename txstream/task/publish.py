@@ -376,11 +376,13 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
 
 
 def _is_retry() -> bool:
-    """This task is a Spark retry or speculative copy (or runs in a re-attempted stage)."""
+    """This task is a Spark retry or speculative copy. (A narrow batch is one stage without a
+    shuffle (driver/checks.py checks its plan), so its tasks are never re-run by a new
+    attempt of the stage, where attempt numbers start again at 0.)"""
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    return context is not None and (context.attemptNumber() > 0 or context.stageAttemptNumber() > 0)
+    return context is not None and context.attemptNumber() > 0
 
 
 def committed_offsets(spec: PublishSpec, plans: list[PartitionPlan]) -> list[int | None]:

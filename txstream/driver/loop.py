@@ -117,6 +117,7 @@ class Driver:
         # Records the run's first batch may read in all (None: the cap alone, from the second on).
         self._first_batch_budget: int | None = settings.first_batch_records or None
         self.input_partitions = 0
+        self.largest_input_record: int | None = None   # the input topics' max.message.bytes
         self.wide = None   # driver/wide.py, when the transform is wide
         # The next batch's tasks initialise all of their slot's transactional.ids (the first
         # batch, after a failed or unclean batch and after a rebalance: docs/architecture.md §3.4).
@@ -146,7 +147,7 @@ class Driver:
     def check_topics(self) -> None:
         """Inputs, the output and the dead-letter topic must exist: txstream never creates them."""
         s = self.settings
-        from txstream.kafka.offsets import cluster_topics
+        from txstream.kafka.offsets import cluster_topics, largest_record_bytes
 
         known = cluster_topics(self.admin, timeout=30)  # also the reachability check: one clear line
         wanted = [("input", t) for t in s.input_topics]
@@ -156,6 +157,7 @@ class Driver:
         if missing:
             raise TransformError(topic_missing(*missing[0], s.bootstrap_servers, missing[1:]))
         self.input_partitions = sum(known[t] for t in s.input_topics)
+        self.largest_input_record = largest_record_bytes(self.admin, s.input_topics)
 
     def validate(self) -> None:
         """Refuse an unpublishable output before anything is read, and choose the protocol from
@@ -191,7 +193,8 @@ class Driver:
         s = self.settings
         faults.remember_driver()
         self.spark = build_spark(s.master, s.app_id, s.spark_conf, ui_port=s.spark_ui_port,
-                                 cores_hint=self.input_partitions or None, echo=self.echo)
+                                 cores_hint=self.input_partitions or None, echo=self.echo,
+                                 largest_record=self.largest_input_record)
         if is_local(self.spark.sparkContext.master):
             threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
                              daemon=True).start()

@@ -343,15 +343,3 @@ def test_watermarks_without_an_offset_are_asked_again_never_taken(monkeypatch) -
         ofs.watermarks(None, [("t", 0)])
     assert is_transient(raised.value)   # the planner's retriable() asks again
 
-
-def test_the_largest_record_the_input_topics_accept(admin, make_topic) -> None:
-    """max.message.bytes per topic (the broker's default where unset); None where unreadable."""
-    from txstream.kafka.offsets import largest_record_bytes
-
-    small, large = make_topic("small", **{"max.message.bytes": "100000"}), make_topic("large",
-                                                                                       **{"max.message.bytes": "3000000"})
-    default = make_topic("default")
-    assert largest_record_bytes(admin, [small]) == 100_000
-    assert largest_record_bytes(admin, [small, large, default]) == 3_000_000
-    assert largest_record_bytes(admin, [default]) == 1_048_588
-    assert largest_record_bytes(admin, ["no-such-topic-" + small]) is None

@@ -87,19 +87,3 @@ def test_loopback_bootstrap_addresses_are_recognised() -> None:
         "localhost:9092", "127.0.0.2:9093", "[::1]:9094"]
     assert loopback_hosts("kafka-1:9092") == []
 
-
-def test_arrow_batches_are_bounded_by_rows_from_the_largest_input_record() -> None:
-    """spark/arrow_batches.py: Spark's per-row byte check off, rows per batch = 64 MB over the
-    input topics' largest record (at most 10,000); the user's own setting of either wins."""
-    from txstream.spark.arrow_batches import MAX_BYTES_KEY, MAX_ROWS_KEY, NO_BYTE_CHECK, rows_per_batch
-
-    assert [rows_per_batch(n) for n in (1_048_588, 100_000, 100, 200 * 1024 * 1024)] == [63, 671, 10_000, 1]
-    to_set = resolve("local[2]", {}, None, env={}, largest_record=1_048_588).to_set
-    assert (to_set[MAX_BYTES_KEY], to_set[MAX_ROWS_KEY]) == (NO_BYTE_CHECK, "63")
-    # Limits unknown (no DescribeConfigs permission): Spark's own per-row byte check stays.
-    unknown = resolve("local[2]", {}, None, env={}).to_set
-    assert MAX_BYTES_KEY not in unknown and unknown[MAX_ROWS_KEY] == "10000"
-    mine = resolve("local[2]", {MAX_BYTES_KEY: "128m"}, None, env={}, largest_record=1_048_588).to_set
-    assert (mine[MAX_BYTES_KEY], mine[MAX_ROWS_KEY]) == ("128m", "63")
-    rows = resolve("spark://m:7077", {MAX_ROWS_KEY: "500"}, None, env={}, largest_record=1_048_588).to_set
-    assert (rows[MAX_BYTES_KEY], rows[MAX_ROWS_KEY]) == (NO_BYTE_CHECK, "500")

@@ -43,6 +43,7 @@ from txstream.errors import (
     understand,
 )
 from txstream.settings import RunSettings
+from txstream.spark.arrow_batches import ArrowBatches
 from txstream.spark.session import build_spark, warm_python_workers
 from txstream.spark.setup import is_local
 from txstream.task.publish import RANGE_COLUMN, publish_dead_letter, publish_slot
@@ -117,7 +118,7 @@ class Driver:
         # Records the run's first batch may read in all (None: the cap alone, from the second on).
         self._first_batch_budget: int | None = settings.first_batch_records or None
         self.input_partitions = 0
-        self.largest_input_record: int | None = None   # the input topics' max.message.bytes
+        self.arrow: ArrowBatches | None = None   # the Arrow batch size, per batch (spark/arrow_batches.py)
         self.wide = None   # driver/wide.py, when the transform is wide
         # The next batch's tasks initialise all of their slot's transactional.ids (the first
         # batch, after a failed or unclean batch and after a rebalance: docs/architecture.md §3.4).
@@ -147,7 +148,7 @@ class Driver:
     def check_topics(self) -> None:
         """Inputs, the output and the dead-letter topic must exist: txstream never creates them."""
         s = self.settings
-        from txstream.kafka.offsets import cluster_topics, largest_record_bytes
+        from txstream.kafka.offsets import cluster_topics
 
         known = cluster_topics(self.admin, timeout=30)  # also the reachability check: one clear line
         wanted = [("input", t) for t in s.input_topics]
@@ -157,7 +158,6 @@ class Driver:
         if missing:
             raise TransformError(topic_missing(*missing[0], s.bootstrap_servers, missing[1:]))
         self.input_partitions = sum(known[t] for t in s.input_topics)
-        self.largest_input_record = largest_record_bytes(self.admin, s.input_topics)
 
     def validate(self) -> None:
         """Refuse an unpublishable output before anything is read, and choose the protocol from
@@ -193,8 +193,7 @@ class Driver:
         s = self.settings
         faults.remember_driver()
         self.spark = build_spark(s.master, s.app_id, s.spark_conf, ui_port=s.spark_ui_port,
-                                 cores_hint=self.input_partitions or None, echo=self.echo,
-                                 largest_record=self.largest_input_record)
+                                 cores_hint=self.input_partitions or None, echo=self.echo)
         if is_local(self.spark.sparkContext.master):
             threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
                              daemon=True).start()
@@ -252,6 +251,7 @@ class Driver:
             if self.spark is None:
                 self._start_spark()
             s.processor.setup(self.spark)
+            self.arrow = ArrowBatches(self.spark)
             self.validate()
             if self.wide is not None:
                 self.wide.start()
@@ -299,10 +299,13 @@ class Driver:
                     continue
                 idle = 0.05
                 try:
+                    self.arrow.before_batch()
                     report = self.run_batch(plans, self.commits)
+                    self.arrow.after_batch(report.rows)
                     self._failures = 0
                     self._first_batch_done()
                 except Exception as exc:
+                    self.arrow.after_batch(None)
                     self._batch_failed(plans, exc)
                     continue
                 self.telemetry.batch(report, planner.marks, report.line(self._lag(owned, report)))

@@ -171,24 +171,6 @@ def topic_partition_counts(admin: AdminClient, topics: Iterable[str],
     return {t: known[t] for t in wanted}
 
 
-def largest_record_bytes(admin: AdminClient, topics: Iterable[str], timeout: float = DEFAULT_TIMEOUT) -> int | None:
-    """The largest record any of `topics` accepts (their `max.message.bytes`, the broker's
-    `message.max.bytes` unless set per topic); None when the configs cannot be read (e.g. no
-    DescribeConfigs permission)."""
-    from confluent_kafka.admin import ConfigResource
-
-    names = sorted(set(topics))
-    if not names:
-        return None
-    try:
-        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in names],
-                                         request_timeout=timeout)
-        limits = [int(future.result(timeout)["max.message.bytes"].value) for future in futures.values()]
-    except Exception:   # the caller falls back to what holds without the limits
-        return None
-    return max(limits) if limits else None
-
-
 def select_partitions(admin: AdminClient, selection: Mapping[str, Sequence[int] | None],
                       timeout: float = DEFAULT_TIMEOUT) -> list[Partition]:
     """Expand {topic: partitions or None (= all)} into partitions, checking that each one exists."""

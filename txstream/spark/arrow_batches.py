@@ -1,35 +1,68 @@
 """How many rows an Arrow batch from Spark's JVM to a Python worker holds (the publishing hop's input).
 
 Spark 4 bounds such a batch at 64 MB (`spark.sql.execution.arrow.maxBytesPerBatch`) by measuring
-it after every row it adds. For nested columns (Kafka's `headers`, an array of structs in a
-value) that measurement is the costliest step of the hop: measured in one sitting, 200,000
-records of 100 B through a pass-through that keeps `headers`, local[2]: 13.5 / 9.9 s with the
-per-row check, 6.5 / 6.2 s without it, 7.0 / 6.1 s with it replaced by 256 rows per batch, and
-7.3 / 7.3 s by 16 rows (2 runs each).
+it after every row it adds. For nested columns (Kafka's `headers`, arrays of structs) that
+measurement is the costliest step of the hop: 200,000 records of 100 B through a pass-through
+that keeps `headers`, local[2], one sitting: 13.5 / 9.9 s with the per-row check, 6.5 / 6.2 s
+without it. Rows per batch must stay large, though: at 63 rows per batch (64 MB over Kafka's
+1 MB record limit) the 200k-order table ran at 24,175 records/s against 31,560 with the check,
+because the Avro encoder works a batch at a time.
 
-So txstream bounds a batch by rows instead: 64 MB over the largest record the input topics accept
-(their `max.message.bytes`), and at most Spark's 10,000 rows. With the broker's default limit
-(1 MB) that is 64 rows; with 100 KB records allowed, 671. The bound holds for output rows no
-larger than the largest input record; a transform that joins larger data in sets either setting
-itself (`--conf`), and txstream then leaves that one alone (spark/setup.py). Where the topics'
-limits cannot be read (no DescribeConfigs permission), Spark's own per-row check stays.
+So, per batch (driver/loop.py): a run's first batch, and the one after any failed batch, keep
+Spark's per-row check; after a clean batch the check is off and a batch holds 64 MB over 16 times
+the largest record that batch read, at most 10,000 rows (Spark's default; 100 B records get
+10,000, 10 KB records 409). A record up to 16 times larger than any of the batch before still
+fits Spark's bound; a larger jump makes one larger batch (the reader's own batches stay within
+64 MB, task/reading.py), and should that batch fail, its retry measures every row again. A
+transform whose rows are much larger than its input records, or a user who wants Spark's
+behaviour, sets either setting (`--conf`): txstream then leaves both alone. Wide batches keep
+Spark's check (their results do not report record sizes).
 """
 from __future__ import annotations
 
+from typing import Any
+
 BATCH_BYTES = 64 * 1024 * 1024          # Spark's own default bound
 MAX_ROWS = 10_000                       # Spark's default maxRecordsPerBatch
+HEADROOM = 16                           # how much larger than last batch's largest a record may be
 MAX_BYTES_KEY = "spark.sql.execution.arrow.maxBytesPerBatch"
 MAX_ROWS_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
 NO_BYTE_CHECK = str(2**31 - 1)          # Spark skips the per-row measurement at exactly Int.MaxValue
+SPARK_BYTE_CHECK = str(BATCH_BYTES)
 
 
 def rows_per_batch(largest_record: int) -> int:
-    """Rows per Arrow batch for records of at most `largest_record` bytes."""
-    return max(1, min(MAX_ROWS, BATCH_BYTES // max(1, largest_record)))
+    """Rows per Arrow batch after a batch whose largest record had `largest_record` bytes."""
+    return max(1, min(MAX_ROWS, BATCH_BYTES // max(1, HEADROOM * largest_record)))
 
 
-def arrow_defaults(largest_record: int | None) -> dict[str, str]:
-    """txstream's Arrow batch settings (each applied only where the user set nothing)."""
-    if not largest_record:
-        return {MAX_ROWS_KEY: str(MAX_ROWS)}
-    return {MAX_BYTES_KEY: NO_BYTE_CHECK, MAX_ROWS_KEY: str(rows_per_batch(largest_record))}
+class ArrowBatches:
+    """The session's Arrow batch settings, chosen before each batch from the last one's records."""
+
+    def __init__(self, spark: Any) -> None:
+        conf = spark.sparkContext.getConf()
+        # txstream sets neither at start (spark/setup.py), so one in the SparkConf is the user's.
+        self.users = conf.contains(MAX_BYTES_KEY) or conf.contains(MAX_ROWS_KEY)
+        self.spark = spark
+        self.largest: int | None = None   # the last clean batch's largest record; None: measure rows
+        self._applied: tuple[str, str] | None = None
+
+    def settings(self) -> tuple[str, str]:
+        """(maxBytesPerBatch, maxRecordsPerBatch) for the next batch."""
+        if not self.largest:
+            return SPARK_BYTE_CHECK, str(MAX_ROWS)
+        return NO_BYTE_CHECK, str(rows_per_batch(self.largest))
+
+    def before_batch(self) -> None:
+        if self.users:
+            return
+        wanted = self.settings()
+        if wanted != self._applied:
+            self.spark.conf.set(MAX_BYTES_KEY, wanted[0])
+            self.spark.conf.set(MAX_ROWS_KEY, wanted[1])
+            self._applied = wanted
+
+    def after_batch(self, rows: list[dict] | None) -> None:
+        """A finished batch's results (None: the batch failed)."""
+        sizes = [int(row.get("largest_record") or 0) for row in rows or []]
+        self.largest = max(sizes) if sizes and max(sizes) > 0 else None

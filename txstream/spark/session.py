@@ -119,13 +119,11 @@ def _submitted_conf() -> dict[str, str] | None:
 
 
 def build_spark(master: str | None = None, app_name: str = "txstream", spark_conf: dict[str, str] | None = None,
-                ui_port: int | None = None, cores_hint: int | None = None, echo=None,
-                largest_record: int | None = None):
+                ui_port: int | None = None, cores_hint: int | None = None, echo=None):
     """The run's Spark session: the user's master and settings first (spark/setup.py)."""
     from pyspark.sql import SparkSession
 
-    setup = resolve(master, dict(spark_conf or {}), _submitted_conf(), ui_port=ui_port, cores_hint=cores_hint,
-                    largest_record=largest_record)
+    setup = resolve(master, dict(spark_conf or {}), _submitted_conf(), ui_port=ui_port, cores_hint=cores_hint)
     if setup.user_conf.get("spark.pyspark.python"):
         # Spark's precedence (the setting over PYSPARK_PYTHON); pyspark itself only reads the
         # variable when a Python process starts the JVM, so the setting would be ignored.

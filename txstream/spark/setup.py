@@ -19,8 +19,6 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txstream.spark.arrow_batches import arrow_defaults
-
 LOCAL_DEFAULT_MASTER = "local[*]"
 
 # txstream's settings for every master (each only where the user set nothing).
@@ -28,6 +26,7 @@ COMMON_DEFAULTS = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.python.worker.reuse": "true",
+    # (The Arrow batch size is chosen per batch: spark/arrow_batches.py.)
     "spark.sql.shuffle.partitions": "8",
     "spark.driver.memory": "2g",
     # The executor talks to its Python workers over Unix domain sockets instead of loopback TCP:
@@ -110,12 +109,11 @@ class SparkSetup:
 
 def resolve(master_option: str | None, cli_conf: dict[str, str], submitted_conf: dict[str, str] | None = None,
             env: dict[str, str] | None = None, ui_port: int | None = None,
-            cores_hint: int | None = None, largest_record: int | None = None) -> SparkSetup:
+            cores_hint: int | None = None) -> SparkSetup:
     """The master and settings of a run.
 
     `submitted_conf`: the settings of the JVM spark-submit started (None when not under
     spark-submit). `cores_hint`: the input partitions, for `spark.cores.max` on a standalone master.
-    `largest_record`: the input topics' largest record, for the Arrow batches (arrow_batches.py).
     """
     env = os.environ if env is None else env
     files = {**read_defaults(defaults_file(env)), **submit_args_conf(env)}
@@ -136,8 +134,7 @@ def resolve(master_option: str | None, cli_conf: dict[str, str], submitted_conf:
         # more: a record that fails the transform fails every attempt, and isolating it
         # (poison.py) runs several short jobs that each pay for the retries.
         master = master[:-1] + ",2]"
-    defaults = {**COMMON_DEFAULTS, **arrow_defaults(largest_record), **(LOCAL_DEFAULTS if local else {}),
-                **ui_settings(master, ui_port)}
+    defaults = {**COMMON_DEFAULTS, **(LOCAL_DEFAULTS if local else {}), **ui_settings(master, ui_port)}
     if master.startswith("spark://") and cores_hint:
         # A standalone master gives an app every free core unless told otherwise; a txstream
         # task per owned input partition is all a batch can use.

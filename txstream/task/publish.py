@@ -251,6 +251,7 @@ def _take_side_file(spec: PublishSpec, result: TaskResult) -> list[tuple[Any, ..
     if read is None:
         return []
     result.records_in, result.read_s = read.records, read.read_seconds
+    result.largest_record = read.largest_record
     return read.dead_letters
 
 

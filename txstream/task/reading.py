@@ -73,7 +73,8 @@ def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBat
             started = time.perf_counter()
             dead: list[tuple[Any, ...]] = []
             count = 0
-            for batch in read_range(spec, plan, dead):
+            sizes = [0]
+            for batch in read_range(spec, plan, dead, sizes):
                 count += batch.num_rows
                 yield batch
             # The side file is complete before the JVM sees this iterator end, so the publisher
@@ -81,15 +82,18 @@ def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBat
             from txstream import faults
 
             faults.maybe_fail("read.end", plan)
-            result = ReadResult(count, dead, time.perf_counter() - started)
+            result = ReadResult(count, dead, time.perf_counter() - started, sizes[0])
             if accounts is not None:
                 accounts.add({(plan.topic, plan.partition, plan.start, plan.end): result})
             else:
                 write_side_file(spec.side_dir, spec.batch_id, result, index)
 
 
-def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
-    """Yield Arrow batches of `[plan.start, plan.end)`; append undecodable records to `dead`."""
+def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]],
+               largest: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+    """Yield Arrow batches of `[plan.start, plan.end)`; append undecodable records to `dead`.
+    A batch ends at `chunk_records` records or `chunk_bytes` of keys and values, whichever comes
+    first; `largest[0]` becomes the largest record's bytes (spark/arrow_batches.py)."""
     from confluent_kafka import TopicPartition
 
     topic, partition, start, end = plan.topic, plan.partition, plan.start, plan.end
@@ -105,15 +109,21 @@ def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]])
     deadline_idle = spec.idle_timeout_s
     last_progress = time.monotonic()
     position = start
+    seen = largest if largest is not None else [0]
     done = False
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         while position < end:
             rows = _Columns(topic, partition)
-            while position < end and rows.count < chunk:
+            while position < end and rows.count < chunk and rows.bytes < spec.chunk_bytes:
                 # Ask for no more than the range can still hold: consume() waits for the full
                 # count (or the timeout), and a range's last records must not wait for it.
                 wanted = min(chunk - rows.count, end - position)
+                # No more than fits in the batch's bytes at the range's largest record so far (the
+                # range's first call is bounded by librdkafka's queue, queued.max.messages.kbytes).
+                biggest = max(rows.largest, seen[0])
+                if biggest:
+                    wanted = min(wanted, max(1, (spec.chunk_bytes - rows.bytes) // biggest))
                 messages = consumer.consume(num_messages=wanted, timeout=0.1)
                 if messages:
                     position = rows.add_all(messages, end, position)
@@ -131,6 +141,7 @@ def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]])
                     raise TimeoutError(f"No progress reading {topic}[{partition}] at offset {position} "
                                        f"(planned end {end}) for {deadline_idle:.0f}s")
             if rows.count:
+                seen[0] = max(seen[0], rows.largest)
                 batch = rows.to_batch(schema, key_codec, value_codec, dead)
                 if batch is not None:
                     yield batch
@@ -174,7 +185,7 @@ class _Columns:
     The per-record loop only collects what librdkafka hands over; decoding happens per batch
     and column (`AvroCodec.decode_column`), and undecodable records leave the batch there."""
 
-    __slots__ = ("topic", "partition", "keys", "values", "offsets", "timestamps", "headers")
+    __slots__ = ("topic", "partition", "keys", "values", "offsets", "timestamps", "headers", "bytes", "largest")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
@@ -183,6 +194,8 @@ class _Columns:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
         self.headers: list = []
+        self.bytes = 0     # keys and values collected so far
+        self.largest = 0   # the largest record's key + value (an upper bound: the largest of each)
 
     @property
     def count(self) -> int:
@@ -190,10 +203,22 @@ class _Columns:
 
     def add_all(self, messages: list, end: int, position: int) -> int:
         """Collect `messages` below `end`; returns the new read position."""
-        from confluent_kafka import KafkaError, KafkaException
-
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         timestamps, headers = self.timestamps.append, self.headers.append
+        first = len(self.values)
+        try:
+            return self._add_all(messages, end, position, keys, values, offsets, timestamps, headers)
+        finally:
+            # Sizes per call, not per message (len over the new values at C speed).
+            added_values = list(map(len, filter(None, self.values[first:])))
+            added_keys = list(map(len, filter(None, self.keys[first:])))
+            self.bytes += sum(added_values) + sum(added_keys)
+            self.largest = max(self.largest, max(added_values, default=0) + max(added_keys, default=0))
+
+    def _add_all(self, messages: list, end: int, position: int, keys, values, offsets, timestamps,
+                 headers) -> int:
+        from confluent_kafka import KafkaError, KafkaException
+
         for msg in messages:
             err = msg.error()
             if err is not None:

@@ -10,7 +10,7 @@ RESULT_SCHEMA = pa.schema([
     ("records_out", pa.int64()), ("dead_letters", pa.int64()), ("committed", pa.int64()),
     ("read_s", pa.float64()), ("upstream_s", pa.float64()), ("produce_s", pa.float64()), ("commit_s", pa.float64()),
     ("init_s", pa.float64()), ("attempts", pa.int32()), ("message", pa.string()),
-    ("transactional_id", pa.string()),
+    ("transactional_id", pa.string()), ("largest_record", pa.int64()),
 ])
 
 
@@ -42,6 +42,7 @@ class TaskResult:
     attempts: int = 0
     message: str = ""
     transactional_id: str = ""   # the producer that published it (exactly-once)
+    largest_record: int = 0      # bytes of the range's largest input record (key + value)
 
     def to_batch(self) -> pa.RecordBatch:
         return results_batch([self])

@@ -70,6 +70,7 @@ class ReadResult:
     records: int
     dead_letters: list[tuple[Any, ...]]  # (key, value, headers, timestamp_ms, offset, stage, error)
     read_seconds: float
+    largest_record: int = 0   # bytes of key + value of the range's largest record
 
 
 def write_side_file(side_dir: str, batch_id: int, result: ReadResult, plan_index: int = 0) -> None:

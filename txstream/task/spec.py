@@ -85,6 +85,7 @@ class ReadSpec:
     plans: tuple[PartitionPlan, ...] = ()
     batch_id: int = 0
     chunk_records: int = 10_000          # records per Arrow batch handed to Spark
+    chunk_bytes: int = 64 * 1024 * 1024  # ... and at most this many bytes of keys and values
     idle_timeout_s: float = 60.0         # a range that makes no progress this long fails
     # Reading task k reads plan layout[k] (-1: nothing, a slot's padding); empty: plan k.
     # Publishing tasks cover `slot_width` consecutive reading tasks (driver/slots.py).

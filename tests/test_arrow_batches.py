@@ -1,0 +1,87 @@
+"""The Arrow batches between Spark's JVM and the Python workers (spark/arrow_batches.py), and the
+reader's own batches (task/reading.py): bounded, and sized from the records a batch read."""
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+
+from tests.support.kafka import produce
+from txstream.kafka.config import KafkaClients
+from txstream.spark.arrow_batches import (
+    MAX_BYTES_KEY,
+    MAX_ROWS_KEY,
+    NO_BYTE_CHECK,
+    SPARK_BYTE_CHECK,
+    ArrowBatches,
+    rows_per_batch,
+)
+from txstream.task.reading import read_range
+from txstream.task.spec import PartitionPlan, ReadSpec
+
+
+def _batch_rows(spark) -> int:
+    """The largest Arrow batch a Python worker receives for 3,000 rows with a nested column."""
+    frame = spark.range(0, 3000, 1, 1).selectExpr(
+        "id", "array(named_struct('key', 'k', 'value', cast('v' as binary))) as headers")
+
+    def sizes(batches):
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"rows": [batch.num_rows]})
+
+    return max(row.rows for row in frame.mapInArrow(sizes, "rows long").collect())
+
+
+def test_rows_per_batch_follow_the_last_batch_and_measure_again_after_a_failure(spark) -> None:
+    assert [rows_per_batch(n) for n in (100, 10_240, 1_048_576)] == [10_000, 409, 4]
+    arrow = ArrowBatches(spark)
+    assert not arrow.users   # txstream's own session sets neither
+    try:
+        arrow.before_batch()   # the first batch: Spark's per-row check
+        assert (spark.conf.get(MAX_BYTES_KEY), spark.conf.get(MAX_ROWS_KEY)) == (SPARK_BYTE_CHECK, "10000")
+        arrow.after_batch([{"largest_record": 200}, {"largest_record": 10_240}, {"largest_record": 0}])
+        arrow.before_batch()
+        assert (spark.conf.get(MAX_BYTES_KEY), spark.conf.get(MAX_ROWS_KEY)) == (NO_BYTE_CHECK, "409")
+        assert _batch_rows(spark) == 409   # what the Python side of the hop is handed
+        arrow.after_batch(None)   # a failed batch: the next one measures every row again
+        arrow.before_batch()
+        assert (spark.conf.get(MAX_BYTES_KEY), spark.conf.get(MAX_ROWS_KEY)) == (SPARK_BYTE_CHECK, "10000")
+        arrow.after_batch([{"largest_record": 0}])   # a wide batch reports no sizes: the check stays
+        assert arrow.settings() == (SPARK_BYTE_CHECK, "10000")
+    finally:
+        spark.conf.unset(MAX_BYTES_KEY)
+        spark.conf.unset(MAX_ROWS_KEY)
+
+
+def test_the_users_setting_of_either_leaves_both_alone(spark) -> None:
+    class Settings:   # what SparkContext.getConf() answers when the user set maxRecordsPerBatch
+        def contains(self, key: str) -> bool:
+            return key == MAX_ROWS_KEY
+
+    class Session:
+        conf = spark.conf
+        sparkContext = type("Context", (), {"getConf": staticmethod(Settings)})()
+
+    arrow = ArrowBatches(Session())
+    arrow.after_batch([{"largest_record": 100}])
+    arrow.before_batch()
+    assert arrow.users and spark.conf.get(MAX_BYTES_KEY) != NO_BYTE_CHECK and spark.conf.get(MAX_ROWS_KEY) == "10000"
+
+
+def test_the_reader_bounds_its_batches_by_bytes_and_reports_the_largest_record(bootstrap_servers, make_topic) -> None:
+    topic = make_topic("sizes")
+    produce(bootstrap_servers, topic, [(b"k%03d" % i, b"v" * (1_000 if i != 7 else 5_000)) for i in range(60)])
+    spec = ReadSpec(clients=KafkaClients(bootstrap_servers), app_id=f"sizes-{uuid.uuid4().hex[:6]}",
+                    side_dir="unused", chunk_records=12, chunk_bytes=10_000)
+    largest = [0]
+    batches = list(read_range(spec, PartitionPlan(topic, 0, 0, 60, None, ""), [], largest))
+    assert sum(b.num_rows for b in batches) == 60 and largest == [5_004]
+    # The first batch closes at 12 records (its first call took them all, 16 KB); from then on
+    # no call asks for more than fits in 10,000 bytes at the largest record seen (5,004 B), and a
+    # batch closes at its first record past 10,000 bytes.
+    import pyarrow.compute as pc
+
+    sizes = [pc.sum(pc.binary_length(b.column("key"))).as_py() + pc.sum(pc.binary_length(b.column("value"))).as_py()
+             for b in batches]
+    assert batches[0].num_rows == 12 and all(size <= 10_000 + 1_004 for size in sizes[1:]), sizes   # 1 KB records
+    assert len(batches) >= 6, sizes

@@ -38,7 +38,10 @@ from txstream.tools import verify
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 4
-PER_PARTITION = 10_000
+# 20 batches of input: a "random" kill, up to 1.5 s after a run's first batch line, must find the
+# run still busy (10,000 per partition, 5 batches, was done within 1.5 s once batches took 0.3 s;
+# at 40,000 a run had 7 of 20 batches left 2.5 s after its first line).
+PER_PARTITION = 40_000
 CAP = 2_000
 
 # One entry per process start: a TXSTREAM_FAULTS spec (the run must die by it), "random" (kill
@@ -154,7 +157,7 @@ def run_chain(guarantee: str, bootstrap: str, source: str, sink: str, workdir: P
                 assert any(line.startswith("caught up") for line in run.lines()), run.tail()
             elif fault == "random":
                 run.wait_for(lambda lines: batch_lines(lines), 300, "a first batch")
-                time.sleep(rng.uniform(0.0, 2.5))
+                time.sleep(rng.uniform(0.0, 1.5))
                 assert run.alive(), f"{guarantee} run {step} ended before the random kill:\n{run.tail()}"
                 run.kill()
                 kills.append(f"at random after {len(batch_lines(run.lines()))} batch(es)")

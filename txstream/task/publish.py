@@ -83,7 +83,7 @@ def slot_publisher(spec: PublishSpec, plan: PartitionPlan, fence_all: bool) -> t
       batch's claim id (`plan.transactional_id`);
     - else a producer this worker already holds for any of the slot's ids, without
       `init_transactions` (Spark hands a slot's task to whichever Python worker is idle: with
-      one id per slot, a task paid `init_transactions` in about half the batches);
+      one id per slot, a task paid `init_transactions` whenever its slot moved, in some runs every batch);
     - else initialise the batch's claim id, which the driver picks among the slot's ids as the
       one used least recently (driver/slots.py)."""
     if fence_all:

@@ -39,6 +39,12 @@ def _group_metadata(bootstrap: str, app_id: str):
     return consumer, consumer.consumer_group_metadata()
 
 
+def _drop_cached() -> None:
+    """Close this process's cached producers (each test plays one Python worker)."""
+    for tid in publish.cached_publishers():
+        publish.drop_publisher(tid)
+
+
 def _batch(spec: PublishSpec, batch_id: int, plan: PartitionPlan, metadata) -> PublishSpec:
     return spec.with_batch(batch_id, [plan], metadata)
 
@@ -71,8 +77,7 @@ def test_a_cached_producer_fenced_from_another_host_republishes_instead_of_faili
         # starts afresh, publishes the kept records and goes on: a second attempt, not a failed task.
         assert (result.status, result.committed, result.attempts) == (COMMITTED, 20_005, 2), result
     finally:
-        for tid_ in publish.cached_publishers():
-            publish.drop_publisher(tid_)
+        _drop_cached()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(20_005))
@@ -110,8 +115,7 @@ def test_an_attempt_fenced_by_a_racing_attempt_waits_for_its_commit(bootstrap_se
         publish.publish_transactional(batch_spec, plan, input_of_a(), result)
         assert (result.status, result.committed) == (ALREADY_DONE, 5), result
     finally:
-        for tid_ in publish.cached_publishers():
-            publish.drop_publisher(tid_)
+        _drop_cached()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(5)), "the range was published more than once"
@@ -128,8 +132,7 @@ def test_idle_cached_producers_are_closed(bootstrap_servers, make_topic, tmp_pat
         publish.partition_publisher(spec, plans[1])   # partition 0's producer has been idle longer than 0 s
         assert publish.cached_publishers() == [plans[1].transactional_id]
     finally:
-        for tid in publish.cached_publishers():
-            publish.drop_publisher(tid)
+        _drop_cached()
 
 
 def test_a_producer_fenced_on_the_same_host_is_replaced_before_use(bootstrap_servers, make_topic, tmp_path):
@@ -151,8 +154,7 @@ def test_a_producer_fenced_on_the_same_host_is_replaced_before_use(bootstrap_ser
         publish.publish_transactional(_batch(spec, 2, second, metadata), second, iter([_rows(5, 10)]), result)
         assert (result.status, result.attempts) == (COMMITTED, 1), result
     finally:
-        for tid_ in publish.cached_publishers():
-            publish.drop_publisher(tid_)
+        _drop_cached()
         member.close()
 
 
@@ -182,8 +184,7 @@ def test_a_worker_publishes_through_any_id_of_its_slot_it_holds_without_init(boo
         assert (result.status, result.transactional_id, result.init_s) == (COMMITTED, pool[1], 0.0), result
         assert publish.cached_publishers() == [pool[1]]
     finally:
-        for tid_ in publish.cached_publishers():
-            publish.drop_publisher(tid_)
+        _drop_cached()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(10))
@@ -217,8 +218,7 @@ def test_fence_all_fences_a_zombie_on_any_id_of_the_slot(bootstrap_servers, make
         with pytest.raises(FencedError):
             zombie.commit()
     finally:
-        for tid_ in publish.cached_publishers():
-            publish.drop_publisher(tid_)
+        _drop_cached()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(5)), "the zombie's records became visible"
@@ -259,8 +259,7 @@ def test_a_held_producer_fenced_by_a_fence_all_attempt_finds_the_range_done(boot
         publish.publish_transactional(_batch(spec, 2, second, metadata), second, input_of_a(), result)
         assert (result.status, result.committed, result.transactional_id) == (ALREADY_DONE, 10, pool[0]), result
     finally:
-        for tid_ in publish.cached_publishers():
-            publish.drop_publisher(tid_)
+        _drop_cached()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(10)), "the range was published more than once"

@@ -215,7 +215,7 @@ def test_clean_batches_publish_through_held_producers_with_no_task_failing(drive
         bounds = {p: (ends[p] * step // 5, ends[p] * (step + 1) // 5) for p in (0, 1)}
         plans = slots.assign([PartitionPlan(source, p, lo, hi, lo or None, "") for p, (lo, hi) in bounds.items()],
                              owned)
-        fence_all = driver._fence_all  # noqa: SLF001 - what the batch's tasks are told
+        fence_all = driver.fence_all_next   # what the batch's tasks are told
         assert fence_all == (step == 0), f"batch {step + 1}: fence all {fence_all}"
         report = driver.run_batch(plans, commits)
         assert [r["status"] for r in report.rows] == [COMMITTED, COMMITTED], report.rows

@@ -120,10 +120,9 @@ class Driver:
         self.input_partitions = 0
         self.arrow: ArrowBatches | None = None   # the Arrow batch size, per batch (spark/arrow_batches.py)
         self.wide = None   # driver/wide.py, when the transform is wide
-        # The next batch's tasks initialise all of their slot's transactional.ids (the first
-        # batch, after a failed or unclean batch and after a rebalance: docs/architecture.md §3.4).
-        self._fence_all = True
-        self._group_changes = 0
+        # The membership's generation_changes at the end of the last batch, if that batch was
+        # clean (None: the next batch's tasks fence all of their slot's ids, docs/architecture.md §3.4).
+        self._clean_at: int | None = None
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -212,14 +211,18 @@ class Driver:
 
     # -- the loop ---------------------------------------------------------------------------------
 
+    @property
+    def fence_all_next(self) -> bool:
+        """The next batch's tasks fence all of their slot's ids: the first batch, after a failed or
+        unclean batch, after a rebalance (docs/architecture.md §3.4)."""
+        return self.membership is None or self._clean_at != self.membership.generation_changes
+
     def _wait_for_batch(self) -> None:
         thread = self._batch_thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             thread.join()
 
     def _on_group_change(self, what: str, partitions: list[TopicPartition]) -> None:
-        self._group_changes += 1
-        self._fence_all = True
         names = [f"{p.topic}[{p.partition}]" for p in partitions]
         self.telemetry.event(what, f"partitions {what}: {', '.join(names)}", partitions=names)
 
@@ -327,7 +330,6 @@ class Driver:
 
     def _batch_failed(self, plans: list[PartitionPlan], exc: BaseException) -> None:
         """Stop, isolate a poison record, or retry the batch, as the error's type says."""
-        self._fence_all = True
         error = understand(exc)
         if decide(error) is Decision.ISOLATE:
             try:
@@ -444,7 +446,8 @@ class Driver:
         # One publishing task per slot (driver/slots.py): its ranges are read one after another
         # in that task and published in one transaction; each row names its reading task.
         layout = Slots.layout(plans)
-        fence_all, self._fence_all, changes = self._fence_all, True, self._group_changes   # until known clean
+        fence_all, changes = self.fence_all_next, self.membership.generation_changes
+        self._clean_at = None   # until this batch is known clean
         spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata(),
                                          layout.layout, layout.width, fence_all)
         from pyspark.sql import functions as F
@@ -462,8 +465,8 @@ class Driver:
         if self.slots is not None:
             self.slots.note(rows)
         # Clean: every range published by one attempt's producer, nothing left open or racing.
-        clean = all(row["status"] in (COMMITTED, ALREADY_DONE, ACKED) for row in rows)
-        self._fence_all = not clean or self._group_changes != changes
+        if all(row["status"] in (COMMITTED, ALREADY_DONE, ACKED) for row in rows):
+            self._clean_at = changes
         self._learn_rate(plans, rows)
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started))
 

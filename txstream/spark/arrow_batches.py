@@ -64,5 +64,4 @@ class ArrowBatches:
 
     def after_batch(self, rows: list[dict] | None) -> None:
         """A finished batch's results (None: the batch failed)."""
-        sizes = [int(row.get("largest_record") or 0) for row in rows or []]
-        self.largest = max(sizes) if sizes and max(sizes) > 0 else None
+        self.largest = max((int(row.get("largest_record") or 0) for row in rows or []), default=0) or None

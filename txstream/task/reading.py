@@ -203,22 +203,11 @@ class _Columns:
 
     def add_all(self, messages: list, end: int, position: int) -> int:
         """Collect `messages` below `end`; returns the new read position."""
+        from confluent_kafka import KafkaError, KafkaException
+
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         timestamps, headers = self.timestamps.append, self.headers.append
         first = len(self.values)
-        try:
-            return self._add_all(messages, end, position, keys, values, offsets, timestamps, headers)
-        finally:
-            # Sizes per call, not per message (len over the new values at C speed).
-            added_values = list(map(len, filter(None, self.values[first:])))
-            added_keys = list(map(len, filter(None, self.keys[first:])))
-            self.bytes += sum(added_values) + sum(added_keys)
-            self.largest = max(self.largest, max(added_values, default=0) + max(added_keys, default=0))
-
-    def _add_all(self, messages: list, end: int, position: int, keys, values, offsets, timestamps,
-                 headers) -> int:
-        from confluent_kafka import KafkaError, KafkaException
-
         for msg in messages:
             err = msg.error()
             if err is not None:
@@ -229,7 +218,8 @@ class _Columns:
                 raise KafkaException(err)
             offset = msg.offset()
             if offset >= end:
-                return end
+                position = end
+                break
             if offset < position or msg.partition() != self.partition or msg.topic() != self.topic:
                 # Never expected (librdkafka drops what a reused consumer fetched for its previous
                 # assignment); a record outside the range must not be published with it.
@@ -240,6 +230,11 @@ class _Columns:
             offsets(offset)
             timestamps(msg.timestamp()[1])
             headers(msg.headers())
+        # Sizes per call, not per message (len over the new values at C speed).
+        added_values = list(map(len, filter(None, self.values[first:])))
+        added_keys = list(map(len, filter(None, self.keys[first:])))
+        self.bytes += sum(added_values) + sum(added_keys)
+        self.largest = max(self.largest, max(added_values, default=0) + max(added_keys, default=0))
         return position
 
     def to_batch(self, schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None,

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,10 @@ def namespaces_available() -> tuple[bool, str]:
     """Whether this machine lets the tests create hosts, and why not."""
     if os.geteuid() != 0:
         return False, "simulated hosts need root (network and mount namespaces)"
+    for what, where in (("checkout", Path(__file__).resolve().parents[2]), ("Python", Path(sys.prefix).resolve())):
+        if Path("/tmp") in (where, *where.parents):
+            return False, (f"the {what} is under /tmp ({where}), which every simulated host replaces with "
+                           "its own: its processes would not find it. Clone the repository elsewhere")
     for tool in ("ip", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             return False, f"simulated hosts need `{tool}` (Debian packages iproute2, util-linux)"

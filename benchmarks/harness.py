@@ -401,6 +401,15 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
     if not latencies:
         return {"ok": False, "problem": "no output for records produced in the measurement window"}
+    if getattr(contender, "txstream", False):
+        # The run's batches (warm-up included): how many, how long, how often init_transactions
+        # was paid -- where a latency difference between two commits comes from.
+        try:
+            batches = batchlog.summarize(log_path.read_text(errors="replace"))
+        except OSError:
+            batches = None
+        if batches:
+            result["batches"] = batches
     latencies.sort()
     result.update(ok=True, produced_in_window=len(expected_keys), measured=len(latencies),
                   p50_ms=percentile(latencies, 50), p90_ms=percentile(latencies, 90),
@@ -646,6 +655,8 @@ def main(argv=None) -> int:
                         continue
                     res = run_latency(contender, ctx)
                     entry["latency"] = res
+                    if res.get("batches"):
+                        entry["batches"] = res["batches"]
                     if res.get("ok"):
                         entry["status"] = "ok"
                         achieved = res.get("input_rate_achieved") or 0

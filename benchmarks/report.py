@@ -107,11 +107,11 @@ def batch_row(label: str, b: dict) -> str:
             f"{init_text(b)} | {_s(b.get('first_batch_s'))} |")
 
 
-def batch_table(contenders: dict) -> list[str]:
+def batch_table(contenders: dict, scope: str = "from each run's log; median over runs") -> list[str]:
     rows = [batch_row(e["label"], e["batches"]) for e in contenders.values() if e.get("batches")]
     if not rows:
         return []
-    return ["", "### txstream batches (from each run's log; median over runs)", "", *BATCH_HEADER, *rows, "",
+    return ["", f"### txstream batches ({scope})", "", *BATCH_HEADER, *rows, "",
             "Per batch, read / upstream / produce / commit / init are the maxima over the batch's tasks "
             "(txstream's batch line): reading and decoding; the publisher's wait for its input (reading, JVM "
             "hops and the transform together); encoding and producing; send_offsets + commit (or the "
@@ -186,6 +186,7 @@ def markdown(results: dict) -> str:
                   "The chart shows each contender's whole distribution (box p25–p75, whiskers p1–p99, "
                   "the maximum as a circle; and the share of records slower than each latency), from the "
                   "percentiles in the JSON (`latency.percentiles_ms`)."]
+        lines += batch_table(results["contenders"], "from the run's log, warm-up and window together")
     lines += ["", "## txstream exactly-once vs the others", ""]
     for label, row in results.get("ratios", {}).items():
         if label.startswith("each"):

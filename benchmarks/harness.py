@@ -603,7 +603,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     from benchmarks import report
 
-    contenders = [c for c in all_contenders() if c.name in args.contender_names]
+    # In the order --contenders names them (side-by-side runs alternate which goes first).
+    contenders = sorted((c for c in all_contenders() if c.name in args.contender_names),
+                        key=lambda c: args.contender_names.index(c.name))
     if args.latency:
         contenders = [c for c in contenders if c.long_running]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")

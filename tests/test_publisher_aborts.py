@@ -6,18 +6,25 @@ librdkafka can fail an abort issued right after produce() fatally with INVALID_T
 (confluentinc/librdkafka#4849; here a bare producer looping begin -> produce 1,000 -> commit,
 commit, abort failed on an abort in 1 of 2 runs of 300 transactions). TransactionalPublisher
 waits for in-flight requests before aborting and replaces a producer whose abort still fails.
+And the stale plan: offsets carrying a group generation that is gone fail the commit.
 """
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections import Counter
 
-from tests.support.kafka import read_all
+import pyarrow as pa
+from confluent_kafka import Consumer
+
+from tests.support.kafka import committed, produce, read_all
 from txstream.errors import AbortableError
 from txstream.kafka.config import KafkaClients
+from txstream.task import publish
 from txstream.task.publisher import TransactionalPublisher
-from txstream.task.spec import PRODUCER_DEFAULTS
+from txstream.task.result import COMMITTED, STALE_PLAN, TaskResult
+from txstream.task.spec import EXACTLY_ONCE, PRODUCER_DEFAULTS, PartitionPlan, PublishSpec, ReadSpec
 
 TRANSACTIONS, RECORDS = 300, 1_000
 
@@ -62,3 +69,50 @@ def test_hundreds_of_aborts_right_after_produce_never_end_in_a_fatal_error(boots
                                f"{sum((seen - committed).values())} extra (aborted or twice)")
     print(f"\n[aborts] {TRANSACTIONS} transactions, {aborts} aborted right after producing, "
           f"{publisher.renewals} producer(s) replaced after a fatal abort, {sum(seen.values())} records read")
+
+
+def test_offsets_of_a_generation_gone_fail_the_commit_and_the_slot_publishes_nothing(
+        bootstrap_servers, make_topic, tmp_path):
+    """The group moved on while the task produced (its offsets name a member that has left):
+    send_offsets_to_transaction is refused, the task aborts and reports a stale plan, nothing is
+    visible, and the next batch with the group's current metadata publishes the range once."""
+    source, sink = make_topic("gone-in", 1), make_topic("gone-out", 1)
+    produce(bootstrap_servers, source, [(b"k", b"v")] * 5)
+    app_id = f"gone-{uuid.uuid4().hex[:8]}"
+    clients = KafkaClients(bootstrap_servers)
+    spec = PublishSpec(read=ReadSpec(clients=clients, app_id=app_id, side_dir=f"txstream-test-{uuid.uuid4().hex[:8]}"),
+                       guarantee=EXACTLY_ONCE, transaction_timeout_s=10, owner_dir=str(tmp_path), output_topic=sink)
+
+    def member() -> Consumer:
+        consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": app_id,
+                             "session.timeout.ms": 6000})
+        consumer.subscribe([source])
+        deadline = time.monotonic() + 60
+        while not consumer.assignment():
+            assert time.monotonic() < deadline, "no assignment within 60 s"
+            consumer.poll(0.2)
+        return consumer
+
+    def rows() -> pa.RecordBatch:
+        return pa.RecordBatch.from_pylist([{"key": b"k", "value": f"v{i}".encode(), "offset": i} for i in range(5)])
+
+    first = member()
+    old_metadata = first.consumer_group_metadata()
+    first.close()   # leaves the group: its member id and generation are gone
+    current = member()
+    plan = PartitionPlan(source, 0, 0, 5, None, f"{app_id}-{source}-0")
+    try:
+        result = TaskResult(0)
+        publish.publish_transactional(spec.with_batch(1, [plan], old_metadata), plan, iter([rows()]), result)
+        assert result.status == STALE_PLAN, result
+        assert committed(bootstrap_servers, app_id, source, 1) == {0: None}
+        result = TaskResult(0)
+        publish.publish_transactional(spec.with_batch(2, [plan], current.consumer_group_metadata()), plan,
+                                      iter([rows()]), result)
+        assert result.status == COMMITTED, result
+    finally:
+        for tid in publish.cached_publishers():
+            publish.drop_publisher(tid)
+        current.close()
+    assert committed(bootstrap_servers, app_id, source, 1) == {0: 5}
+    assert sorted(r.value for r in read_all(bootstrap_servers, sink)) == [f"v{i}".encode() for i in range(5)]

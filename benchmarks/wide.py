@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         run_broker = RunBroker.start(args.bootstrap_servers, log, "txstream-bench-wide-kafka-")
         bootstrap, broker = run_broker.bootstrap, run_broker.description
         ctx["bootstrap"] = bootstrap
-        meta["broker_warm_up_s"] = round(warm_up_broker(bootstrap), 1)
+        meta["broker_warm_up_s"] = round(warm_up_broker(bootstrap, load_s=5 if args.quick else 30), 1)
         log(f"broker {bootstrap} warmed up in {meta['broker_warm_up_s']}s")
         source = f"bench-wide-in-{stamp}-{uuid.uuid4().hex[:6]}"
         create_topics(bootstrap, [source], args.partitions)

@@ -31,15 +31,7 @@ from benchmarks.common import (
     warm_up_broker,
 )
 from benchmarks.contenders import Contender, Job, Unavailable, all_contenders
-from benchmarks.measure import (
-    ForeignLoad,
-    OutputWatcher,
-    TreeSampler,
-    start_process,
-    stop_process,
-    verify_output,
-    wait_for_quiet,
-)
+from benchmarks.measure import ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process, verify_output
 
 RESULTS = BENCH_DIR / "results"
 T0 = time.monotonic()
@@ -81,14 +73,10 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
     watcher = OutputWatcher(bootstrap, out_topic, partitions, expected,
                             value_fn=digest if copies else None).start()
     sampler = TreeSampler()
-    quiet_wait_s, quiet_cores = wait_for_quiet()
-    if quiet_wait_s > 1.5:
-        log(f"    waited {quiet_wait_s:.0f}s for other processes to settle (last second: {quiet_cores:.2f} cores)")
     foreign = ForeignLoad()
     proc = None
     result: dict = {"run": run_no, "output_topic": out_topic, "log": str(log_path.relative_to(REPO))
-                    if log_path.is_relative_to(REPO) else str(log_path), "loadavg_before": os.getloadavg()[0],
-                    "quiet_wait_s": round(quiet_wait_s, 1)}
+                    if log_path.is_relative_to(REPO) else str(log_path), "loadavg_before": os.getloadavg()[0]}
     try:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
@@ -374,9 +362,6 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
             time.sleep(0.005)
         producer.flush(30)
 
-    quiet_wait_s, quiet_cores = wait_for_quiet()
-    if quiet_wait_s > 1.5:
-        log(f"    waited {quiet_wait_s:.0f}s for other processes to settle (last second: {quiet_cores:.2f} cores)")
     watcher = OutputWatcher(bootstrap, out_topic, partitions, 0, on_record=on_record).start()
     argv, env = contender.command(job)
     proc = None

@@ -273,14 +273,12 @@ class ForeignLoad:
         self._elapsed = 0.0
         self._baseline_done = False
 
-    def start(self, background: bool = True) -> "ForeignLoad":
-        """Take the baseline; `background`: sample every interval until stop() (else only there)."""
+    def start(self) -> "ForeignLoad":
         self._started = time.monotonic()
         self.sample()
         self._baseline_done = True
-        if background:
-            self._thread = threading.Thread(target=self._loop, daemon=True, name="foreign-load")
-            self._thread.start()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="foreign-load")
+        self._thread.start()
         return self
 
     def _loop(self) -> None:
@@ -332,20 +330,3 @@ class ForeignLoad:
         top = sorted(((v, name) for name, v in used.items() if v >= 0.5), reverse=True)[:3]
         return {"foreign_cpu_s": total, "foreign_cores": total / self._elapsed if self._elapsed > 0 else 0.0,
                 "foreign_top": [f"{name} ({v:.0f} CPU s)" for v, name in top]}
-
-
-def wait_for_quiet(max_wait_s: float = 30.0, below_cores: float = 0.2) -> tuple[float, float]:
-    """Wait until processes outside the harness's tree use less than `below_cores` over a second
-    (or `max_wait_s` passed). Returns (seconds waited, the last second's foreign cores).
-
-    A contender's JVM can outlive the process the harness stopped (reparented while it shuts
-    down): measured, in the 200k-order table whichever contender followed a JVM-based one ran
-    with ~0.7 foreign cores on this 2-core machine. Waiting for quiet charges that to nobody."""
-    started = time.monotonic()
-    while True:
-        probe = ForeignLoad().start(background=False)
-        time.sleep(1.0)
-        cores = probe.stop()["foreign_cores"]
-        waited = time.monotonic() - started
-        if cores < below_cores or waited >= max_wait_s:
-            return waited, cores

@@ -217,7 +217,7 @@ def _foreign_work(foreign, sampler, elapsed: float) -> dict:
 
 
 def run_one(contender: str, ctx: dict, round_no: int) -> dict:
-    from benchmarks.measure import ForeignLoad, TreeSampler, start_process, stop_process, wait_for_quiet
+    from benchmarks.measure import ForeignLoad, TreeSampler, start_process, stop_process
     from tests.support.kafka import read_all
 
     bootstrap, args = ctx["bootstrap"], ctx["args"]
@@ -230,9 +230,8 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
     argv = _command(contender, ctx, out, dlq, app_id, workdir)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PYTHONUNBUFFERED": "1"}
-    quiet_wait_s, _cores = wait_for_quiet()
     result: dict = {"contender": contender, "round": round_no, "output_topic": out, "log": str(log_path),
-                    "loadavg_before": round(os.getloadavg()[0], 2), "quiet_wait_s": round(quiet_wait_s, 1)}
+                    "loadavg_before": round(os.getloadavg()[0], 2)}
     sampler, foreign = TreeSampler(), ForeignLoad()
     proc = None
     try:

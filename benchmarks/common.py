@@ -288,7 +288,7 @@ def load_broker(bootstrap: str, seconds: float, partitions: int = 4) -> int:
     reader.start()
     group = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-group"})
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-txn", "linger.ms": 5})
-    value, produced, offset = b"w" * 100, 0, 0
+    value, produced = b"w" * 100, 0
     try:
         producer.init_transactions(60)
         deadline = time.monotonic() + seconds
@@ -296,11 +296,10 @@ def load_broker(bootstrap: str, seconds: float, partitions: int = 4) -> int:
             producer.begin_transaction()
             for i in range(2_000):
                 producer.produce(topic, value, str(i).encode())
-            offset += 2_000
-            producer.send_offsets_to_transaction([TopicPartition(topic, p, offset) for p in range(partitions)],
+            produced += 2_000
+            producer.send_offsets_to_transaction([TopicPartition(topic, p, produced) for p in range(partitions)],
                                                  group.consumer_group_metadata(), 60)
             producer.commit_transaction(60)
-            produced += 2_000
     finally:
         stop.set()
         reader.join(10)

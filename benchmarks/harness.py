@@ -145,13 +145,9 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
     result["exit_code"] = proc.returncode if proc else None
     result["loadavg_after"] = os.getloadavg()[0]
-    if getattr(contender, "txstream", False):
-        try:
-            batches = batchlog.summarize(log_path.read_text(errors="replace"))
-        except OSError:
-            batches = None
-        if batches:
-            result["batches"] = batches
+    batches = txstream_batches(contender, log_path)
+    if batches:
+        result["batches"] = batches
     if watcher.error:
         result.update(ok=False, problem=f"output watcher failed: {watcher.error}")
         return result
@@ -304,6 +300,17 @@ def run_contenders(contenders: list[Contender], ctx: dict, runs: int) -> dict[st
 # Latency mode
 # ---------------------------------------------------------------------------------------------
 
+def txstream_batches(contender: Contender, log_path: Path) -> dict | None:
+    """A txstream run's batches from its log (how many, how long, the stages, init_transactions
+    paid: batchlog.summarize); None for other contenders or an unreadable log."""
+    if not getattr(contender, "txstream", False):
+        return None
+    try:
+        return batchlog.summarize(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+
+
 def run_latency(contender: Contender, ctx: dict) -> dict:
     """Steady input at --rate; p50/p99 of (time seen in the output) - (time produced)."""
     import random
@@ -401,15 +408,10 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
     if not latencies:
         return {"ok": False, "problem": "no output for records produced in the measurement window"}
-    if getattr(contender, "txstream", False):
-        # The run's batches (warm-up included): how many, how long, how often init_transactions
-        # was paid -- where a latency difference between two commits comes from.
-        try:
-            batches = batchlog.summarize(log_path.read_text(errors="replace"))
-        except OSError:
-            batches = None
-        if batches:
-            result["batches"] = batches
+    # The run's batches (warm-up included): where a latency difference between two commits comes from.
+    batches = txstream_batches(contender, log_path)
+    if batches:
+        result["batches"] = batches
     latencies.sort()
     result.update(ok=True, produced_in_window=len(expected_keys), measured=len(latencies),
                   p50_ms=percentile(latencies, 50), p90_ms=percentile(latencies, 90),

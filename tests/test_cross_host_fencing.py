@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer
 
-from tests.support.kafka import read_all
+from tests.support.kafka import drop_cached_publishers, read_all
 from txstream.kafka.config import KafkaClients
 from txstream.task import publish
 from txstream.task.publisher import TransactionalPublisher
@@ -37,12 +37,6 @@ def _rows(first: int, last: int) -> pa.RecordBatch:
 def _group_metadata(bootstrap: str, app_id: str):
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": app_id})
     return consumer, consumer.consumer_group_metadata()
-
-
-def _drop_cached() -> None:
-    """Close this process's cached producers (each test plays one Python worker)."""
-    for tid in publish.cached_publishers():
-        publish.drop_publisher(tid)
 
 
 def _batch(spec: PublishSpec, batch_id: int, plan: PartitionPlan, metadata) -> PublishSpec:
@@ -77,7 +71,7 @@ def test_a_cached_producer_fenced_from_another_host_republishes_instead_of_faili
         # starts afresh, publishes the kept records and goes on: a second attempt, not a failed task.
         assert (result.status, result.committed, result.attempts) == (COMMITTED, 20_005, 2), result
     finally:
-        _drop_cached()
+        drop_cached_publishers()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(20_005))
@@ -115,7 +109,7 @@ def test_an_attempt_fenced_by_a_racing_attempt_waits_for_its_commit(bootstrap_se
         publish.publish_transactional(batch_spec, plan, input_of_a(), result)
         assert (result.status, result.committed) == (ALREADY_DONE, 5), result
     finally:
-        _drop_cached()
+        drop_cached_publishers()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(5)), "the range was published more than once"
@@ -132,7 +126,7 @@ def test_idle_cached_producers_are_closed(bootstrap_servers, make_topic, tmp_pat
         publish.partition_publisher(spec, plans[1])   # partition 0's producer has been idle longer than 0 s
         assert publish.cached_publishers() == [plans[1].transactional_id]
     finally:
-        _drop_cached()
+        drop_cached_publishers()
 
 
 def test_a_producer_fenced_on_the_same_host_is_replaced_before_use(bootstrap_servers, make_topic, tmp_path):
@@ -154,7 +148,7 @@ def test_a_producer_fenced_on_the_same_host_is_replaced_before_use(bootstrap_ser
         publish.publish_transactional(_batch(spec, 2, second, metadata), second, iter([_rows(5, 10)]), result)
         assert (result.status, result.attempts) == (COMMITTED, 1), result
     finally:
-        _drop_cached()
+        drop_cached_publishers()
         member.close()
 
 
@@ -184,7 +178,7 @@ def test_a_worker_publishes_through_any_id_of_its_slot_it_holds_without_init(boo
         assert (result.status, result.transactional_id, result.init_s) == (COMMITTED, pool[1], 0.0), result
         assert publish.cached_publishers() == [pool[1]]
     finally:
-        _drop_cached()
+        drop_cached_publishers()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(10))
@@ -218,7 +212,7 @@ def test_fence_all_fences_a_zombie_on_any_id_of_the_slot(bootstrap_servers, make
         with pytest.raises(FencedError):
             zombie.commit()
     finally:
-        _drop_cached()
+        drop_cached_publishers()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(5)), "the zombie's records became visible"
@@ -259,7 +253,7 @@ def test_a_held_producer_fenced_by_a_fence_all_attempt_finds_the_range_done(boot
         publish.publish_transactional(_batch(spec, 2, second, metadata), second, input_of_a(), result)
         assert (result.status, result.committed, result.transactional_id) == (ALREADY_DONE, 10, pool[0]), result
     finally:
-        _drop_cached()
+        drop_cached_publishers()
         member.close()
     values = sorted(r.value for r in read_all(bootstrap_servers, output, timeout=60))
     assert values == sorted(f"v{i}".encode() for i in range(10)), "the range was published more than once"

@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from tests.support.kafka import live_member
 from txstream.cli import main
 from txstream.kafka import offsets as ofs
 from txstream.kafka.offsets import Partition
@@ -80,22 +81,6 @@ def open_transaction(bootstrap: str, topic: str, count: int, partition: int = 0)
         yield
     finally:
         producer.abort_transaction(30)
-
-
-@contextmanager
-def live_member(bootstrap: str, group: str, topic: str, protocol: str) -> Iterator[Consumer]:
-    """A subscribed consumer that holds an assignment for the `with` body."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": "live-client",
-                         "group.protocol": protocol, "enable.auto.commit": False})
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 60
-        while not consumer.assignment():
-            assert time.monotonic() < deadline, "consumer got no assignment within 60 s"
-            consumer.poll(0.2)
-        yield consumer
-    finally:
-        consumer.close()
 
 
 @pytest.fixture

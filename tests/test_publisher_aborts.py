@@ -11,14 +11,12 @@ And the stale plan: offsets carrying a group generation that is gone fail the co
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from collections import Counter
 
 import pyarrow as pa
-from confluent_kafka import Consumer
 
-from tests.support.kafka import committed, produce, read_all
+from tests.support.kafka import committed, drop_cached_publishers, live_member, produce, read_all
 from txstream.errors import AbortableError
 from txstream.kafka.config import KafkaClients
 from txstream.task import publish
@@ -83,36 +81,24 @@ def test_offsets_of_a_generation_gone_fail_the_commit_and_the_slot_publishes_not
     spec = PublishSpec(read=ReadSpec(clients=clients, app_id=app_id, side_dir=f"txstream-test-{uuid.uuid4().hex[:8]}"),
                        guarantee=EXACTLY_ONCE, transaction_timeout_s=10, owner_dir=str(tmp_path), output_topic=sink)
 
-    def member() -> Consumer:
-        consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": app_id,
-                             "session.timeout.ms": 6000})
-        consumer.subscribe([source])
-        deadline = time.monotonic() + 60
-        while not consumer.assignment():
-            assert time.monotonic() < deadline, "no assignment within 60 s"
-            consumer.poll(0.2)
-        return consumer
-
     def rows() -> pa.RecordBatch:
         return pa.RecordBatch.from_pylist([{"key": b"k", "value": f"v{i}".encode(), "offset": i} for i in range(5)])
 
-    first = member()
-    old_metadata = first.consumer_group_metadata()
-    first.close()   # leaves the group: its member id and generation are gone
-    current = member()
+    with live_member(bootstrap_servers, app_id, source) as first:
+        old_metadata = first.consumer_group_metadata()
+    # `first` has left the group: its member id and generation are gone.
     plan = PartitionPlan(source, 0, 0, 5, None, f"{app_id}-{source}-0")
-    try:
-        result = TaskResult(0)
-        publish.publish_transactional(spec.with_batch(1, [plan], old_metadata), plan, iter([rows()]), result)
-        assert result.status == STALE_PLAN, result
-        assert committed(bootstrap_servers, app_id, source, 1) == {0: None}
-        result = TaskResult(0)
-        publish.publish_transactional(spec.with_batch(2, [plan], current.consumer_group_metadata()), plan,
-                                      iter([rows()]), result)
-        assert result.status == COMMITTED, result
-    finally:
-        for tid in publish.cached_publishers():
-            publish.drop_publisher(tid)
-        current.close()
+    with live_member(bootstrap_servers, app_id, source) as current:
+        try:
+            result = TaskResult(0)
+            publish.publish_transactional(spec.with_batch(1, [plan], old_metadata), plan, iter([rows()]), result)
+            assert result.status == STALE_PLAN, result
+            assert committed(bootstrap_servers, app_id, source, 1) == {0: None}
+            result = TaskResult(0)
+            publish.publish_transactional(spec.with_batch(2, [plan], current.consumer_group_metadata()), plan,
+                                          iter([rows()]), result)
+            assert result.status == COMMITTED, result
+        finally:
+            drop_cached_publishers()
     assert committed(bootstrap_servers, app_id, source, 1) == {0: 5}
     assert sorted(r.value for r in read_all(bootstrap_servers, sink)) == [f"v{i}".encode() for i in range(5)]

@@ -1,10 +1,13 @@
 """The tests' Kafka helpers, once: write records, read a topic whole with read_committed, committed
-offsets, murmur2 (Kafka's partitioner, as a reference)."""
+offsets, a live group member, this process's cached task producers, murmur2 (Kafka's partitioner,
+as a reference)."""
 from __future__ import annotations
 
 import io
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -79,6 +82,31 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[i
         return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
     finally:
         consumer.close()
+
+
+@contextmanager
+def live_member(bootstrap: str, group: str, topic: str, protocol: str = "classic") -> Iterator[Consumer]:
+    """A subscribed consumer that holds an assignment for the `with` body (closed after: it leaves
+    the group)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": "live-client",
+                         "group.protocol": protocol, "enable.auto.commit": False})
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while not consumer.assignment():
+            assert time.monotonic() < deadline, "consumer got no assignment within 60 s"
+            consumer.poll(0.2)
+        yield consumer
+    finally:
+        consumer.close()
+
+
+def drop_cached_publishers() -> None:
+    """Close this process's cached task producers (a test plays one Python worker)."""
+    from txstream.task import publish
+
+    for tid in publish.cached_publishers():
+        publish.drop_publisher(tid)
 
 
 def murmur2(data: bytes) -> int:

@@ -63,6 +63,7 @@ class Host:
     name: str
     namespace: str
     address: str
+    veth: str = ""   # the root namespace's end of the host's veth pair
     holder: subprocess.Popen | None = None
     processes: list[subprocess.Popen] = field(default_factory=list)
 
@@ -158,7 +159,7 @@ class SimulatedHosts:
         index = len(self.hosts) + 1
         namespace = f"txs{self.tag}-{name}"
         outside, inside = f"txs{self.tag}h{index}"[:15], f"txs{self.tag}n{index}"[:15]
-        host = Host(name=name, namespace=namespace, address=f"10.77.{self.subnet}.{10 + index}")
+        host = Host(name=name, namespace=namespace, address=f"10.77.{self.subnet}.{10 + index}", veth=outside)
         self.hosts.append(host)
         _ip("netns", "add", namespace)
         _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
@@ -177,7 +178,11 @@ class SimulatedHosts:
             return
         self._closed = True
         for host in self.hosts:
-            host.kill_all(keep_holder=False)
+            # Until the namespace is empty: a process forked while the others were being killed
+            # (a Spark worker starting an executor) keeps the namespace, and so its veth, alive.
+            deadline = time.monotonic() + 10
+            while host.kill_all(keep_holder=False) and time.monotonic() < deadline:
+                time.sleep(0.1)
             if host.holder is not None:
                 try:
                     host.holder.kill()
@@ -185,6 +190,10 @@ class SimulatedHosts:
                 except (ProcessLookupError, subprocess.TimeoutExpired):
                     pass
             _ip("netns", "del", host.namespace, check=False)
+            # Deleting one end of a veth pair deletes both, whether or not the namespace that
+            # held the other end is gone yet (the kernel frees a namespace asynchronously).
+            if host.veth:
+                _ip("link", "del", host.veth, check=False)
         _ip("link", "del", self.bridge, check=False)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and self.leftovers():

@@ -25,7 +25,7 @@ from benchmarks.contenders.txstream_engine import TxStream
 
 DEFAULTS = {
     "batch": ["txstream-exactly-once", "txstream-at-least-once", "handwritten"],
-    "partitions": ["txstream-exactly-once", "kafka-streams", "handwritten"],
+    "partitions": ["txstream-exactly-once", "txstream-exactly-once-nolineage", "kafka-streams", "handwritten"],
     "record-size": ["txstream-exactly-once", "txstream-at-least-once", "handwritten"],
 }
 PARAMETER = {

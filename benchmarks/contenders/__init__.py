@@ -84,6 +84,9 @@ def all_contenders() -> list[Contender]:
                      label="txstream pass-through (exactly-once, no decode)"),
             TxStream("exactly-once", name="txstream-exactly-once-metrics",
                      label="txstream exactly-once, /metrics served", extra_args=("--metrics-port", "0")),
+            # No lineage headers: a slot's ranges are read in one Python hand-off (task/reading.py).
+            TxStream("exactly-once", name="txstream-exactly-once-nolineage",
+                     label="txstream exactly-once, --no-lineage", extra_args=("--no-lineage",)),
             HandWrittenLoop(),
             Instances(HandWrittenLoop(), 2, {"--transactional-id": "-{i}"}, name="handwritten-x2",
                       label="hand-written confluent-kafka EOS loop, 2 instances"),
@@ -106,4 +109,7 @@ def _baselines(txstream_cls) -> list[Contender]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True,
                             text=True).stdout.strip() or "?"
     return [txstream_cls("exactly-once", name="txstream-exactly-once-baseline",
-                         label=f"txstream exactly-once at {commit} (baseline)", baseline=Path(where))]
+                         label=f"txstream exactly-once at {commit} (baseline)", baseline=Path(where)),
+            txstream_cls("exactly-once", name="txstream-exactly-once-nolineage-baseline",
+                         label=f"txstream exactly-once, --no-lineage, at {commit} (baseline)",
+                         baseline=Path(where), extra_args=("--no-lineage",))]

@@ -67,3 +67,15 @@ def check_narrow(frame, own_coalesce: bool = False) -> None:
             "partitions); "
             "restart it and txstream chooses the wide protocol (docs/wide-transforms.md), or keep "
             "the join's static side under spark.sql.autoBroadcastJoinThreshold.")
+
+
+def single_chain(frame) -> bool:
+    """Every operator of the physical plan has at most one input: the reader is its only leaf.
+
+    With no shuffle and no merge (check_narrow) each row then stays in the Spark partition it
+    was read in, so a slot's ranges may be read in one partition without each row naming its
+    range (task/reading.py range_frame). A join or a union has a second input (a broadcast
+    table, another source) whose partitions or rows could mix with the slot's: those runs read
+    one partition per range, whose rows are checked by the range they name (task/publish.py)."""
+    plan_text = frame._jdf.queryExecution().executedPlan().toString()
+    return ":- " not in plan_text

@@ -21,7 +21,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream import faults
-from txstream.driver.checks import check_narrow, check_output, wide_parts
+from txstream.driver.checks import check_narrow, check_output, single_chain, wide_parts
 from txstream.driver.commits import DriverCommits
 from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
@@ -108,6 +108,7 @@ class Driver:
         self.batch_id = 0
         self.membership: GroupMembership | None = None
         self.slots: Slots | None = None
+        self._per_slot_reading = True   # until a batch's plan is not a single chain (run_batch)
         self.targets: dict[tuple[str, int], int] = {}
         self.totals = {"records_in": 0, "records_out": 0, "dead_letters": 0, "batches": 0}
         self._rate: float | None = None    # records/s per partition, measured
@@ -131,16 +132,18 @@ class Driver:
 
         return admin_client(self.settings.clients)
 
-    def _frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None):
+    def _frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None,
+               per_slot: bool = False):
         assert self.spark is not None
         spec = (self.specs.for_reading(self.batch_id, plans) if layout is None
                 else self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width))
-        return range_frame(self.spark, spec, accounts)
+        return range_frame(self.spark, spec, accounts, per_slot)
 
-    def output_frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None):
+    def output_frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None,
+                     per_slot: bool = False):
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (the plan's narrowness is checked by `check_narrow` on what is collected)."""
-        out = self.settings.processor.transform(self._frame(plans, accounts, layout))
+        out = self.settings.processor.transform(self._frame(plans, accounts, layout, per_slot))
         check_output(out, self.settings)
         return out.select(*[c for c in SINK_COLUMNS if c in out.columns])
 
@@ -444,19 +447,22 @@ class Driver:
         started = time.monotonic()
         commits.before_batch(plans)
         # One publishing task per slot (driver/slots.py): its ranges are read one after another
-        # in that task and published in one transaction; each row names its reading task.
+        # and published in one transaction.
         layout = Slots.layout(plans)
         fence_all, changes = self.fence_all_next, self.membership.generation_changes
         self._clean_at = None   # until this batch is known clean
         spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata(),
                                          layout.layout, layout.width, fence_all)
-        from pyspark.sql import functions as F
-
-        out = self.output_frame(plans, layout=layout).withColumn(RANGE_COLUMN, F.spark_partition_id())
-        if layout.width > 1:
-            out = out.coalesce(layout.publishing_tasks)
-        frame = out.mapInArrow(functools.partial(publish_slot, spec), result_schema())
-        check_narrow(frame, own_coalesce=layout.width > 1)
+        # Without lineage no row needs to name its range: a slot's ranges are read in one Python
+        # hand-off instead of one each (task/reading.py range_frame), where the plan keeps every
+        # row in the partition it was read in (checks.single_chain).
+        per_slot = layout.width > 1 and not self.settings.lineage and self._per_slot_reading
+        frame = self._publishing_frame(plans, layout, spec, per_slot)
+        if per_slot and not single_chain(frame):
+            self._per_slot_reading = False   # the transform's shape does not change within a run
+            per_slot = False
+            frame = self._publishing_frame(plans, layout, spec, per_slot)
+        check_narrow(frame, own_coalesce=layout.width > 1 and not per_slot)
         # What the Spark UI lists for the job: the batch a user finds in the batch lines.
         description = (f"txstream {self.settings.app_id} batch {self.batch_id} ({len(plans)} partitions in "
                        f"{layout.publishing_tasks} slots, {sum(p.size for p in plans)} records)")
@@ -469,6 +475,17 @@ class Driver:
             self._clean_at = changes
         self._learn_rate(plans, rows)
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started))
+
+    def _publishing_frame(self, plans: list[PartitionPlan], layout: SlotLayout, spec: Any, per_slot: bool):
+        """The batch's job: the transform's output, grouped by slot, into the publishing tasks."""
+        from pyspark.sql import functions as F
+
+        out = self.output_frame(plans, layout=layout, per_slot=per_slot)
+        if not per_slot:
+            out = out.withColumn(RANGE_COLUMN, F.spark_partition_id())
+            if layout.width > 1:
+                out = out.coalesce(layout.publishing_tasks)
+        return out.mapInArrow(functools.partial(publish_slot, spec), result_schema())
 
     def count_batch(self, report: BatchReport) -> BatchReport:
         """Add a finished batch (narrow or wide) to the run's totals."""

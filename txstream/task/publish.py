@@ -166,14 +166,20 @@ def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
             _take_side_file(spec, result)  # if no path above took it (an early return)
         yield results_batch(results)
     else:
-        for _ in batches:  # a slot of padding only: nothing can arrive
-            pass
+        for batch in batches:  # a slot of padding only: nothing can arrive
+            if batch.num_rows:
+                raise InfrastructureError(
+                    f"rows reached publishing task {TaskContext.get().partitionId()}, which covers no "
+                    "range: the transform added partitions (a union?), which the narrow protocol "
+                    "cannot publish")
 
 
 def _pieces_by_range(spec: PublishSpec, indexes: list[int],
                      batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
     """(position of the range in the slot, its rows) for each run of rows of one range. Rows
-    of a range arrive together (a task reads its ranges one after the other)."""
+    of a range arrive together (a task reads its ranges one after the other). Without
+    RANGE_COLUMN (a slot read in one partition, lineage off) every row goes to the first
+    range's collector: one transaction either way, and no header names a source."""
     position = {plan: pos for pos, plan in enumerate(indexes)}
     for batch in batches:
         names = batch.schema.names

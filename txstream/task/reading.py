@@ -45,8 +45,16 @@ def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa
     ])
 
 
-def range_frame(spark, spec: ReadSpec, accounts: Any = None):  # SparkSession -> DataFrame
-    """The batch's input DataFrame: one Spark partition per planned range, read by task i.
+def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = False):  # SparkSession -> DataFrame
+    """The batch's input DataFrame: one Spark partition per planned range, read by task i; with
+    `per_slot`, one per slot (`spec.slot_width` consecutive reading tasks), read one range after
+    another in one Python hand-off.
+
+    Spark pays ~20 ms per Python hand-off (measured here, local[2], an empty `mapInArrow` over
+    256 partitions coalesced into 2 tasks: 2.7 s against 0.1 s without the hop), so reading a slot
+    of 128 ranges one Spark partition each cost ~2.6 s per batch. Per-range partitions are what
+    lets each output row name its range (publish.RANGE_COLUMN, for the lineage headers); a run
+    without lineage reads per slot (driver/loop.py).
 
     `accounts`: a Spark accumulator (`ReadAccounts`) that takes each range's count and
     undecodable records instead of the side file, when no publisher of the same task follows
@@ -57,36 +65,143 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None):  # SparkSession ->
     process on the driver to plan the read (a data source costs three planning round trips per
     batch and three more Python daemons at start-up)."""
     n = max(1, len(spec.layout) or len(spec.plans))
-    return spark.range(0, n, 1, n).mapInArrow(
+    # spark.range splits [0, n) into equal consecutive runs: partition j holds slot j's tasks.
+    partitions = n // spec.slot_width if per_slot and spec.slot_width > 1 else n
+    return spark.range(0, n, 1, partitions).mapInArrow(
         functools.partial(read_planned_range, spec, accounts), input_struct(spec.key_schema, spec.value_schema))
 
 
 def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Task i's reader: the records of plan i as Arrow batches, then the side file."""
+    """Task i's reader: the records of plan i as Arrow batches, then the side file. A task of
+    several ranges (a slot read in one partition, range_frame `per_slot`) reads them together."""
     worker_heap.settle()
-    for id_batch in ids:
-        for task in id_batch.column(0).to_pylist():
-            index = spec.plan_at(task)
-            if index < 0:
-                continue  # a slot's padding, or the dry plan of an empty spec
-            plan = spec.plans[index]
-            started = time.perf_counter()
-            dead: list[tuple[Any, ...]] = []
-            count = 0
-            sizes = [0]
-            for batch in read_range(spec, plan, dead, sizes):
-                count += batch.num_rows
-                yield batch
-            # The side file is complete before the JVM sees this iterator end, so the publisher
-            # (downstream in the same task) finds it whole once its own input is exhausted.
-            from txstream import faults
+    tasks = [task for id_batch in ids for task in id_batch.column(0).to_pylist()]
+    indexes = [index for index in map(spec.plan_at, tasks) if index >= 0]   # -1: padding, a dry plan
+    if len(indexes) > 1 and accounts is None:
+        yield from read_ranges_together(spec, indexes)
+        return
+    for index in indexes:
+        plan = spec.plans[index]
+        started = time.perf_counter()
+        dead: list[tuple[Any, ...]] = []
+        count = 0
+        sizes = [0]
+        for batch in read_range(spec, plan, dead, sizes):
+            count += batch.num_rows
+            yield batch
+        # The side file is complete before the JVM sees this iterator end, so the publisher
+        # (downstream in the same task) finds it whole once its own input is exhausted.
+        _range_read(spec, accounts, index, ReadResult(count, dead, time.perf_counter() - started, sizes[0]))
 
-            faults.maybe_fail("read.end", plan)
-            result = ReadResult(count, dead, time.perf_counter() - started, sizes[0])
-            if accounts is not None:
-                accounts.add({(plan.topic, plan.partition, plan.start, plan.end): result})
-            else:
-                write_side_file(spec.side_dir, spec.batch_id, result, index)
+
+def _range_read(spec: ReadSpec, accounts: Any, index: int, result: ReadResult) -> None:
+    """A range is read: its count and undecodable records to the publisher (side file) or to
+    the wide batch's accumulator."""
+    from txstream import faults
+
+    plan = spec.plans[index]
+    faults.maybe_fail("read.end", plan)
+    if accounts is not None:
+        accounts.add({(plan.topic, plan.partition, plan.start, plan.end): result})
+    else:
+        write_side_file(spec.side_dir, spec.batch_id, result, index)
+
+
+class _RangeRead:
+    """One range of a slot read together with the others: where it is, what it holds."""
+
+    def __init__(self, index: int, plan: PartitionPlan) -> None:
+        self.index, self.plan = index, plan
+        self.position = plan.start
+        self.rows = _Columns(plan.topic, plan.partition)
+        self.count = 0
+        self.largest = 0
+        self.dead: list[tuple[Any, ...]] = []
+
+    def take(self, schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None) -> pa.RecordBatch | None:
+        rows, self.rows = self.rows, _Columns(self.plan.topic, self.plan.partition)
+        self.largest = max(self.largest, rows.largest)
+        batch = rows.to_batch(schema, key_codec, value_codec, self.dead)
+        self.count += batch.num_rows if batch is not None else 0
+        return batch
+
+
+def read_ranges_together(spec: ReadSpec, indexes: list[int]) -> Iterator[pa.RecordBatch]:
+    """The ranges of one slot, read at once: one assignment of all their partitions, so that
+    librdkafka fetches them in the same requests. Read one after another, each range paid its own
+    assignment and first fetch: ~12 ms per range of 350 records here (a slot of 128 ranges,
+    1.5 s), about what reading them in one Spark partition each costs (range_frame). Each range
+    still ends exactly at its planned end (`_Columns.add_all`) and gets its own side file, written
+    as soon as it is complete; batches of different ranges may interleave, which a slot read this
+    way allows (its rows name no range: publish._pieces_by_range)."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    lenient = spec.lenient_trailing_bytes
+    key_codec = AvroCodec(spec.key_schema, lenient_trailing_bytes=lenient) if spec.key_schema else None
+    value_codec = AvroCodec(spec.value_schema, lenient_trailing_bytes=lenient) if spec.value_schema else None
+    schema = input_arrow_schema(spec.key_schema, spec.value_schema)
+    last_done = time.perf_counter()
+    reading: dict[tuple[str, int], _RangeRead] = {}
+    for index in indexes:
+        plan = spec.plans[index]
+        if plan.end <= plan.start:
+            _range_read(spec, None, index, ReadResult(0, [], 0.0, 0))
+        else:
+            reading[(plan.topic, plan.partition)] = _RangeRead(index, plan)
+    if not reading:
+        return
+    config = spec.consumer_config()  # never subscribes or commits: assign only
+    consumer = _consumer(config)
+    done = False
+    try:
+        consumer.assign([TopicPartition(t, p, r.position) for (t, p), r in reading.items()])
+        last_progress = time.monotonic()
+        while reading:
+            # At most a chunk, and no more than fits in a chunk's bytes at the largest record so far.
+            biggest = max(max(r.largest, r.rows.largest) for r in reading.values())
+            wanted = spec.chunk_records if not biggest else max(1, min(spec.chunk_records, spec.chunk_bytes // biggest))
+            messages = consumer.consume(num_messages=wanted, timeout=0.1)
+            by_range: dict[tuple[str, int], list] = {}
+            for msg in messages:
+                key = (msg.topic(), msg.partition())
+                if key in reading:
+                    by_range.setdefault(key, []).append(msg)
+                elif msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(msg.error())
+            moved = False
+            for key, msgs in by_range.items():
+                r = reading[key]
+                position = r.rows.add_all(msgs, r.plan.end, r.position)
+                moved, r.position = moved or position != r.position, position
+            if not messages:
+                # Control records and aborted data have offsets but are never delivered: the
+                # consumer's position moves past them.
+                for tp in consumer.position([TopicPartition(t, p) for t, p in reading]):
+                    r = reading[(tp.topic, tp.partition)]
+                    if tp.offset > r.position:
+                        moved, r.position = True, min(tp.offset, r.plan.end)
+            if moved:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > spec.idle_timeout_s:
+                stuck = ", ".join(f"{t}[{p}] at {r.position} (planned end {r.plan.end})" for (t, p), r in reading.items())
+                raise TimeoutError(f"No progress reading {stuck} for {spec.idle_timeout_s:.0f}s")
+            for key in list(reading):
+                r = reading[key]
+                complete = r.position >= r.plan.end
+                if r.rows.count and (complete or not messages or r.rows.count >= spec.chunk_records
+                                     or r.rows.bytes >= spec.chunk_bytes):
+                    batch = r.take(schema, key_codec, value_codec)
+                    if batch is not None:
+                        yield batch
+                if complete:
+                    del reading[key]
+                    consumer.incremental_unassign([TopicPartition(*key)])   # no fetching past its end
+                    now = time.perf_counter()
+                    _range_read(spec, None, r.index, ReadResult(r.count, r.dead, now - last_done, r.largest))
+                    last_done = now
+        done = True
+    finally:
+        _release(consumer, config, healthy=done)
 
 
 def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]],

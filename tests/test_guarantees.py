@@ -96,6 +96,19 @@ class TxstreamRun:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"txstream run still running after {timeout:.0f}s:\n{self.tail()}") from None
 
+    def group_left(self) -> list[str]:
+        """The command lines of processes still in the driver's process group."""
+        left = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(entry.name)) == self.proc.pid:
+                    left.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+            except (ProcessLookupError, OSError):
+                pass
+        return left
+
     def kill(self) -> None:
         """SIGKILL the whole process group (driver, Spark JVM, Python workers) and reap it."""
         try:
@@ -155,6 +168,8 @@ def run_chain(guarantee: str, bootstrap: str, source: str, sink: str, workdir: P
                 code = run.wait_exit(300)
                 assert code == 0, f"final run of {guarantee} failed ({code}):\n{run.tail()}"
                 assert any(line.startswith("caught up") for line in run.lines()), run.tail()
+                # The Spark JVM (in the driver's process group) ended with the driver, not after it.
+                assert run.group_left() == [], f"left running after the driver exited: {run.group_left()}"
             elif fault == "random":
                 run.wait_for(lambda lines: batch_lines(lines), 300, "a first batch")
                 time.sleep(rng.uniform(0.0, 1.5))

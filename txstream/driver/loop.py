@@ -44,7 +44,7 @@ from txstream.errors import (
 )
 from txstream.settings import RunSettings
 from txstream.spark.arrow_batches import ArrowBatches
-from txstream.spark.session import build_spark, warm_python_workers
+from txstream.spark.session import build_spark, stop_spark, warm_python_workers
 from txstream.spark.setup import is_local
 from txstream.task.publish import RANGE_COLUMN, publish_dead_letter, publish_slot
 from txstream.task.reading import range_frame
@@ -628,7 +628,7 @@ class Driver:
                 self.membership.close()
                 self.membership = None
             if self.spark is not None and self._own_spark:
-                self.spark.stop()
+                stop_spark(self.spark)
                 self.spark = None
             self.telemetry.close()
         finally:

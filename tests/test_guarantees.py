@@ -97,15 +97,18 @@ class TxstreamRun:
             raise AssertionError(f"txstream run still running after {timeout:.0f}s:\n{self.tail()}") from None
 
     def group_left(self) -> list[str]:
-        """The command lines of processes still in the driver's process group."""
+        """Processes still running in the driver's process group (state and command line)."""
         left = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                if os.getpgid(int(entry.name)) == self.proc.pid:
-                    left.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
-            except (ProcessLookupError, OSError):
+                if os.getpgid(int(entry.name)) != self.proc.pid:
+                    continue
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":   # a zombie has ended; its parent has not reaped it yet
+                    left.append(f"{entry.name} {state} " + (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+            except (ProcessLookupError, OSError, IndexError):
                 pass
         return left
 

@@ -110,6 +110,23 @@ def test_group_by_reconciles_exactly_and_verify_is_clean(bootstrap_servers, make
     assert {u for _, u in units} <= ({0, 1, 2} if mode == "units" else {0})
 
 
+def test_more_output_units_than_input_partitions(bootstrap_servers, make_topic, run_processor) -> None:
+    """6 units for 4 input partitions: a wide batch's rows are per unit, so the metrics count its
+    input per input partition from what the readers read and its output under no source
+    partition (a row per unit taken for a range crashed the driver after each commit)."""
+    driver, source, sink = _bucket_run(bootstrap_servers, make_topic, run_processor, 2000, output_units=6)
+    assert driver.exit_code == 0, driver.lines
+    out = read_all(bootstrap_servers, sink)
+    assert output_totals(out) == expected_totals(range(2000))
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 500 for p in range(4)}
+    registry, app = driver.telemetry.registry, driver.settings.app_id
+    for p in range(4):
+        assert registry.get_sample_value("txstream_records_in_total", {
+            "app": app, "guarantee": "exactly-once", "topic": source, "partition": str(p)}) == 500
+    assert registry.get_sample_value("txstream_records_out_total", {
+        "app": app, "guarantee": "exactly-once", "topic": "", "partition": ""}) == len(out)
+
+
 def test_a_narrow_transform_keeps_the_narrow_protocol(bootstrap_servers, make_topic, run_processor) -> None:
     from processors.passthrough import PassThrough
 

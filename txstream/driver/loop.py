@@ -65,6 +65,9 @@ class BatchReport:
     plans: list[PartitionPlan]
     rows: list[dict]
     seconds: float
+    # A wide batch's rows are per output unit, not per range (driver/wide.py): what was read
+    # from each input partition, (records, undecodable records), comes separately.
+    reads: dict[tuple[str, int], tuple[int, int]] | None = None
 
     @property
     def statuses(self) -> dict[str, int]:

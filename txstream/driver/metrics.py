@@ -209,7 +209,9 @@ class Telemetry:
         # count once for transactions and the publisher's stages (its first row has them), each
         # for its own reading.
         slots_seen: set[str] = set()
-        for row in report.rows:
+        if report.reads is not None:
+            committed = self._wide_batch(report, dead, positions, slowest)
+        for row in (report.rows if report.reads is None else []):
             plan = report.plans[int(row["index"])]
             topic, partition = plan.topic, str(plan.partition)
             series = self._series((plan.topic, plan.partition))
@@ -269,6 +271,31 @@ class Telemetry:
                            batch=report.batch_id)
         else:
             self._out(line)
+
+    def _wide_batch(self, report: BatchReport, dead: list, positions: dict, slowest: dict) -> int:
+        """A wide batch (driver/wide.py), whose rows are per output unit: input counted per input
+        partition from `report.reads`, output under no source partition (topic and partition
+        empty), every planned range done. Returns the transactions it committed."""
+        app, g = self.app, self.guarantee
+        for (topic, partition), (n_in, n_dead) in report.reads.items():
+            self._series((topic, partition)).records_in.inc(n_in)
+            if n_dead:
+                self.dead_letters.labels(app, topic, str(partition), "decode").inc(n_dead)
+                dead.append((topic, partition, n_dead))
+        self.records_out.labels(app, g, "", "").inc(report.total("records_out"))
+        committed = 0
+        for row in report.rows:
+            status = row["status"]
+            self.task_results.labels(app, status).inc()
+            committed += status == COMMITTED and g == EXACTLY_ONCE
+            if status in (COMMITTED, ACKED):
+                for stage, seconds in _stage_seconds(row).items():
+                    slowest[stage] = max(slowest[stage], seconds)
+                    if stage != "init_transactions" or seconds > 0:
+                        self._stages[stage].observe(seconds)
+        for plan in report.plans:
+            positions[(plan.topic, plan.partition)] = plan.end   # a wide batch returns only when closed
+        return committed
 
     def _series(self, key: tuple[str, int]) -> _Series:
         """One partition's labelled series, looked up once (label lookups cost more than updates)."""

@@ -95,6 +95,7 @@ class WideBatches:
         self.settings = driver.settings
         self.mode = mode
         self.units = units
+        self.last_reads: dict[tuple[str, int], tuple[int, int]] = {}   # the last batch's, per input partition
         self.allow_nondeterministic = allow_nondeterministic
         self.current: WideBatch | None = None
         self._publisher: TransactionalPublisher | None = None
@@ -272,7 +273,8 @@ class WideBatches:
         else:
             rows = self._run_units(batch, out, accounts, description)
         self.current = None
-        return driver.count_batch(BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started))
+        return driver.count_batch(BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started,
+                                              reads=self.last_reads))
 
     def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
         driver, s = self.driver, self.settings
@@ -341,6 +343,11 @@ class WideBatches:
                 f"record {topic}[{partition}]@{offset} failed at {stage}: {error}. {len(dead)} record(s) of batch "
                 f"{batch.batch_id} failed; declare a dead_letter_topic on the processor (or --dead-letter-topic) "
                 "to set such records aside. The batch stays open (its input offsets are not committed) until then.")
+        by_partition: dict[tuple[str, int], tuple[int, int]] = {}
+        for (topic, partition, _start, _end), result in values.items():
+            records, undecodable = by_partition.get((topic, partition), (0, 0))
+            by_partition[(topic, partition)] = (records + result.records, undecodable + len(result.dead_letters))
+        self.last_reads = by_partition
         return {"records": sum(r.records for r in values.values()), "dead": dead,
                 "read_s": max((r.read_seconds for r in values.values()), default=0.0)}
 

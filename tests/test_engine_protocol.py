@@ -290,16 +290,29 @@ def test_without_lineage_a_slot_reads_its_ranges_in_one_spark_partition(lineage,
     assert committed(bootstrap_servers, driver.settings.app_id, source, 8) == {p: 30 for p in range(8)}
 
 
-def test_without_lineage_a_join_still_reads_one_partition_per_range(bootstrap_servers, make_topic,
-                                                                   run_processor) -> None:
+def _unchanged(batches):
+    yield from batches
+
+
+class _TagsReadingPartitionAfterItsOwnMapInArrow(_TagsReadingPartition):
+    def transform(self, batch):
+        return super().transform(batch.select("key", "value", "offset").mapInArrow(
+            _unchanged, "key binary, value binary, offset long"))
+
+
+@pytest.mark.parametrize("processor", ["join", "mapInArrow"])
+def test_without_lineage_a_join_or_a_partition_map_still_reads_one_partition_per_range(
+        processor, bootstrap_servers, make_topic, run_processor) -> None:
     """A plan with a second input (here a broadcast table) could mix other partitions' rows into
-    a slot's: such a run reads one Spark partition per range even without lineage (the rows are
-    then checked by the range they name), and publishes every record once."""
+    a slot's, and a transform's own mapInArrow may count on a Spark partition holding one Kafka
+    partition's range: such runs read one Spark partition per range even without lineage (the
+    rows are then checked by the range they name), and publish every record once."""
     source, sink = make_topic("in", partitions=8), make_topic("out")
     values = [f"v{p}-{i}".encode() for p in range(8) for i in range(10)]
     for p in range(8):
         produce(bootstrap_servers, source, [(b"k", v) for v in values[p * 10:(p + 1) * 10]], partition=p)
-    driver = run_processor(_TagsReadingPartitionThroughAJoin, inputs=[source], output=sink, lineage=False)
+    cls = _TagsReadingPartitionThroughAJoin if processor == "join" else _TagsReadingPartitionAfterItsOwnMapInArrow
+    driver = run_processor(cls, inputs=[source], output=sink, lineage=False)
     assert driver.exit_code == 0, driver.lines
     outputs = read_all(bootstrap_servers, sink)
     assert sorted(r.value.rpartition(b"|")[0] for r in outputs) == sorted(values)

@@ -76,6 +76,12 @@ def single_chain(frame) -> bool:
     was read in, so a slot's ranges may be read in one partition without each row naming its
     range (task/reading.py range_frame). A join or a union has a second input (a broadcast
     table, another source) whose partitions or rows could mix with the slot's: those runs read
-    one partition per range, whose rows are checked by the range they name (task/publish.py)."""
+    one partition per range, whose rows are checked by the range they name (task/publish.py).
+
+    Nor may the transform map whole partitions itself (`mapInPandas`, `mapInArrow`: the plan's
+    only ones are txstream's reader and publisher): such code may rely on a Spark partition
+    holding one Kafka partition's range, in offset order, which a slot read together does not."""
     plan_text = frame._jdf.queryExecution().executedPlan().toString()
-    return ":- " not in plan_text
+    batch_maps = sum(line.lstrip(" +-:*()0123456789").startswith(("MapInArrow", "MapInPandas", "PythonMapIn"))
+                     for line in plan_text.splitlines())
+    return ":- " not in plan_text and batch_maps <= 2

@@ -157,9 +157,13 @@ def read_ranges_together(spec: ReadSpec, indexes: list[int]) -> Iterator[pa.Reco
         consumer.assign([TopicPartition(t, p, r.position) for (t, p), r in reading.items()])
         last_progress = time.monotonic()
         while reading:
-            # At most a chunk, and no more than fits in a chunk's bytes at the largest record so far.
+            # No more than the ranges can still hold (consume() waits for the full count or its
+            # timeout: asked for a chunk, a small batch waited 0.1 s per call), at most a chunk,
+            # and no more than fits in a chunk's bytes at the largest record so far.
             biggest = max(max(r.largest, r.rows.largest) for r in reading.values())
-            wanted = spec.chunk_records if not biggest else max(1, min(spec.chunk_records, spec.chunk_bytes // biggest))
+            wanted = min(spec.chunk_records, sum(r.plan.end - r.position for r in reading.values()))
+            if biggest:
+                wanted = max(1, min(wanted, spec.chunk_bytes // biggest))
             messages = consumer.consume(num_messages=wanted, timeout=0.1)
             by_range: dict[tuple[str, int], list] = {}
             for msg in messages:

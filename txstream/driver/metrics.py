@@ -209,9 +209,10 @@ class Telemetry:
         # count once for transactions and the publisher's stages (its first row has them), each
         # for its own reading.
         slots_seen: set[str] = set()
-        if report.reads is not None:
+        wide = report.reads is not None   # rows per output unit, not per range (driver/wide.py)
+        if wide:
             committed = self._wide_batch(report, dead, positions, slowest)
-        for row in (report.rows if report.reads is None else []):
+        for row in ([] if wide else report.rows):
             plan = report.plans[int(row["index"])]
             topic, partition = plan.topic, str(plan.partition)
             series = self._series((plan.topic, plan.partition))
@@ -228,12 +229,7 @@ class Telemetry:
             first_of_slot = plan.transactional_id not in slots_seen or not plan.transactional_id
             slots_seen.add(plan.transactional_id)
             if status in (COMMITTED, ACKED):
-                for stage, seconds in _stage_seconds(row).items():
-                    slowest[stage] = max(slowest[stage], seconds)
-                    if stage != "read" and not first_of_slot:
-                        continue
-                    if stage != "init_transactions" or seconds > 0:  # a reused producer did not init
-                        self._stages[stage].observe(seconds)
+                self._observe_stages(row, slowest, publisher=first_of_slot)
             positions[(plan.topic, plan.partition)] = (plan.end if status in (COMMITTED, ACKED, ALREADY_DONE)
                                                        else plan.start)
             if g == EXACTLY_ONCE:
@@ -272,6 +268,16 @@ class Telemetry:
         else:
             self._out(line)
 
+    def _observe_stages(self, row: dict, slowest: dict, publisher: bool) -> None:
+        """A finished task's stage seconds into the histograms; `publisher`: its producer's stages
+        count too (a slot's later ranges share its first's producer and transaction)."""
+        for stage, seconds in _stage_seconds(row).items():
+            slowest[stage] = max(slowest[stage], seconds)
+            if stage != "read" and not publisher:
+                continue
+            if stage != "init_transactions" or seconds > 0:  # a reused producer did not init
+                self._stages[stage].observe(seconds)
+
     def _wide_batch(self, report: BatchReport, dead: list, positions: dict, slowest: dict) -> int:
         """A wide batch (driver/wide.py), whose rows are per output unit: input counted per input
         partition from `report.reads`, output under no source partition (topic and partition
@@ -289,10 +295,7 @@ class Telemetry:
             self.task_results.labels(app, status).inc()
             committed += status == COMMITTED and g == EXACTLY_ONCE
             if status in (COMMITTED, ACKED):
-                for stage, seconds in _stage_seconds(row).items():
-                    slowest[stage] = max(slowest[stage], seconds)
-                    if stage != "init_transactions" or seconds > 0:
-                        self._stages[stage].observe(seconds)
+                self._observe_stages(row, slowest, publisher=True)
         for plan in report.plans:
             positions[(plan.topic, plan.partition)] = plan.end   # a wide batch returns only when closed
         return committed

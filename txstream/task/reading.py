@@ -107,6 +107,14 @@ def _range_read(spec: ReadSpec, accounts: Any, index: int, result: ReadResult) -
         write_side_file(spec.side_dir, spec.batch_id, result, index)
 
 
+def _decoding(spec: ReadSpec) -> tuple[AvroCodec | None, AvroCodec | None, pa.Schema]:
+    """The key and value codecs (None: raw bytes) and the Arrow schema a reader decodes into."""
+    lenient = spec.lenient_trailing_bytes
+    key_codec = AvroCodec(spec.key_schema, lenient_trailing_bytes=lenient) if spec.key_schema else None
+    value_codec = AvroCodec(spec.value_schema, lenient_trailing_bytes=lenient) if spec.value_schema else None
+    return key_codec, value_codec, input_arrow_schema(spec.key_schema, spec.value_schema)
+
+
 class _RangeRead:
     """One range of a slot read together with the others: where it is, what it holds."""
 
@@ -136,10 +144,7 @@ def read_ranges_together(spec: ReadSpec, indexes: list[int]) -> Iterator[pa.Reco
     way allows (its rows name no range: publish._pieces_by_range)."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    lenient = spec.lenient_trailing_bytes
-    key_codec = AvroCodec(spec.key_schema, lenient_trailing_bytes=lenient) if spec.key_schema else None
-    value_codec = AvroCodec(spec.value_schema, lenient_trailing_bytes=lenient) if spec.value_schema else None
-    schema = input_arrow_schema(spec.key_schema, spec.value_schema)
+    key_codec, value_codec, schema = _decoding(spec)
     last_done = time.perf_counter()
     reading: dict[tuple[str, int], _RangeRead] = {}
     for index in indexes:
@@ -218,10 +223,7 @@ def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]],
     topic, partition, start, end = plan.topic, plan.partition, plan.start, plan.end
     if end <= start:
         return
-    lenient = spec.lenient_trailing_bytes
-    key_codec = AvroCodec(spec.key_schema, lenient_trailing_bytes=lenient) if spec.key_schema else None
-    value_codec = AvroCodec(spec.value_schema, lenient_trailing_bytes=lenient) if spec.value_schema else None
-    schema = input_arrow_schema(spec.key_schema, spec.value_schema)
+    key_codec, value_codec, schema = _decoding(spec)
     chunk = spec.chunk_records
     config = spec.consumer_config()  # never subscribes or commits: assign() only
     consumer = _consumer(config)

@@ -260,33 +260,40 @@ class _TagsReadingPartitionThroughAJoin(PassThrough):
 
 
 @pytest.mark.parametrize("lineage", [True, False], ids=["lineage", "no-lineage"])
-def test_without_lineage_a_slot_reads_its_ranges_in_one_spark_partition(lineage, bootstrap_servers, make_topic,
-                                                                        run_processor) -> None:
-    """8 partitions on 2 slots: with lineage each range is read in a Spark partition of its own
-    (so that each row names its range); without, a slot's 4 ranges are read in one (one Python
-    hand-off instead of 4: task/reading.py range_frame). Either way every record is published
-    once and the offsets end at the end of every partition."""
+def test_a_slot_reads_its_ranges_in_one_spark_partition(lineage, bootstrap_servers, make_topic,
+                                                        run_processor) -> None:
+    """8 partitions on 2 slots: a slot's 4 ranges are read in one Spark partition (one Python
+    hand-off instead of 4: task/reading.py range_frame). With lineage the rows carry their range
+    through the transform, which drops every other input column but `offset` (driver/range_tag.py):
+    each record names the partition and offset it came from, and each range is its own
+    publication. Either way every record is published once and the offsets end at the end of
+    every partition."""
     from txstream.kafka import headers
 
     source, sink = make_topic("in", partitions=8), make_topic("out", partitions=3)
-    values = {f"v{p}-{i}".encode(): p for p in range(8) for i in range(30)}
+    values = {f"v{p}-{i}".encode(): (p, i) for p in range(8) for i in range(30)}
     for p in range(8):
-        produce(bootstrap_servers, source, [(b"k", v) for v, vp in values.items() if vp == p], partition=p)
+        produce(bootstrap_servers, source, [(b"k", v) for v, (vp, _) in values.items() if vp == p], partition=p)
     driver = run_processor(_TagsReadingPartition, inputs=[source], output=sink, lineage=lineage,
                            max_records_per_partition=20)
     assert driver.exit_code == 0, driver.lines
     outputs = read_all(bootstrap_servers, sink)
-    read_in = {}
+    read_in: dict[int, set[int]] = {}
+    publications: dict[bytes, set[int]] = {}
     for record in outputs:
         value, _, spark_partition = record.value.rpartition(b"|")
-        read_in.setdefault(values[value], set()).add(int(spark_partition))
-        assert (headers.SOURCE_PARTITION in (record.headers or {})) == lineage
+        source_partition, source_offset = values[value]
+        read_in.setdefault(source_partition, set()).add(int(spark_partition))
+        if lineage:
+            assert headers.source_of(list(record.headers.items())) == (source, source_partition, source_offset)
+            publications.setdefault(record.headers[headers.PUBLICATION], set()).add(source_partition)
+        else:
+            assert not record.headers
     assert sorted(r.value.rpartition(b"|")[0] for r in outputs) == sorted(values), "lost or repeated records"
-    spark_partitions = set().union(*read_in.values())
-    if lineage:
-        assert spark_partitions == set(range(8)), read_in
-    else:
-        assert spark_partitions == {0, 1}, read_in
+    assert set().union(*read_in.values()) == {0, 1}, read_in
+    if lineage:   # one publication per range and batch: never two source partitions in one
+        assert all(len(p) == 1 for p in publications.values()), publications
+        assert len(publications) >= 16, publications   # at least 2 batches (20 records per partition each)
     assert committed(bootstrap_servers, driver.settings.app_id, source, 8) == {p: 30 for p in range(8)}
 
 
@@ -300,19 +307,21 @@ class _TagsReadingPartitionAfterItsOwnMapInArrow(_TagsReadingPartition):
             _unchanged, "key binary, value binary, offset long"))
 
 
+@pytest.mark.parametrize("lineage", [True, False], ids=["lineage", "no-lineage"])
 @pytest.mark.parametrize("processor", ["join", "mapInArrow"])
-def test_without_lineage_a_join_or_a_partition_map_still_reads_one_partition_per_range(
-        processor, bootstrap_servers, make_topic, run_processor) -> None:
+def test_a_join_or_a_partition_map_reads_one_partition_per_range(
+        processor, lineage, bootstrap_servers, make_topic, run_processor) -> None:
     """A plan with a second input (here a broadcast table) could mix other partitions' rows into
     a slot's, and a transform's own mapInArrow may count on a Spark partition holding one Kafka
-    partition's range: such runs read one Spark partition per range even without lineage (the
-    rows are then checked by the range they name), and publish every record once."""
+    partition's range (nor can either carry a row's range tag): such runs read one Spark
+    partition per range (the rows are then checked by the range they name), and publish every
+    record once."""
     source, sink = make_topic("in", partitions=8), make_topic("out")
     values = [f"v{p}-{i}".encode() for p in range(8) for i in range(10)]
     for p in range(8):
         produce(bootstrap_servers, source, [(b"k", v) for v in values[p * 10:(p + 1) * 10]], partition=p)
     cls = _TagsReadingPartitionThroughAJoin if processor == "join" else _TagsReadingPartitionAfterItsOwnMapInArrow
-    driver = run_processor(cls, inputs=[source], output=sink, lineage=False)
+    driver = run_processor(cls, inputs=[source], output=sink, lineage=lineage)
     assert driver.exit_code == 0, driver.lines
     outputs = read_all(bootstrap_servers, sink)
     assert sorted(r.value.rpartition(b"|")[0] for r in outputs) == sorted(values)

@@ -27,6 +27,7 @@ from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
 from txstream.driver.planning import Planner, transactional_id
 from txstream.driver.poison import PoisonIsolator
+from txstream.driver.range_tag import carry_range_tag
 from txstream.driver.slots import SlotLayout, Slots
 from txstream.driver.specs import TaskSpecs
 from txstream.errors import (
@@ -46,10 +47,10 @@ from txstream.settings import RunSettings
 from txstream.spark.arrow_batches import ArrowBatches
 from txstream.spark.session import build_spark, stop_spark, warm_python_workers
 from txstream.spark.setup import is_local
-from txstream.task.publish import RANGE_COLUMN, publish_dead_letter, publish_slot
+from txstream.task.publish import publish_dead_letter, publish_slot
 from txstream.task.reading import range_frame
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema
-from txstream.task.spec import PartitionPlan
+from txstream.task.spec import RANGE_COLUMN, PartitionPlan
 
 log = logging.getLogger("txstream")
 
@@ -136,17 +137,17 @@ class Driver:
         return admin_client(self.settings.clients)
 
     def _frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None,
-               per_slot: bool = False):
+               per_slot: bool = False, tagged: bool = False):
         assert self.spark is not None
         spec = (self.specs.for_reading(self.batch_id, plans) if layout is None
                 else self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width))
-        return range_frame(self.spark, spec, accounts, per_slot)
+        return range_frame(self.spark, spec, accounts, per_slot, tagged)
 
     def output_frame(self, plans: list[PartitionPlan], accounts: Any = None, layout: SlotLayout | None = None,
-                     per_slot: bool = False):
+                     per_slot: bool = False, tagged: bool = False):
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (the plan's narrowness is checked by `check_narrow` on what is collected)."""
-        out = self.settings.processor.transform(self._frame(plans, accounts, layout, per_slot))
+        out = self.settings.processor.transform(self._frame(plans, accounts, layout, per_slot, tagged))
         check_output(out, self.settings)
         return out.select(*[c for c in SINK_COLUMNS if c in out.columns])
 
@@ -456,14 +457,16 @@ class Driver:
         self._clean_at = None   # until this batch is known clean
         spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata(),
                                          layout.layout, layout.width, fence_all)
-        # Without lineage no row needs to name its range: a slot's ranges are read in one Python
-        # hand-off instead of one each (task/reading.py range_frame), where the plan keeps every
-        # row in the partition it was read in (checks.single_chain).
-        per_slot = layout.width > 1 and not self.settings.lineage and self._per_slot_reading
-        frame = self._publishing_frame(plans, layout, spec, per_slot)
-        if per_slot and not single_chain(frame):
+        # A slot's ranges are read in one Python hand-off instead of one each (task/reading.py
+        # range_frame) where the plan keeps every row in the partition it was read in
+        # (checks.single_chain) and, with lineage, can carry each row's range tag to the
+        # publisher (driver/range_tag.py).
+        per_slot = layout.width > 1 and self._per_slot_reading
+        frame = self._publishing_frame(plans, layout, spec, per_slot) if per_slot else None
+        if per_slot and (frame is None or not single_chain(frame)):
             self._per_slot_reading = False   # the transform's shape does not change within a run
             per_slot = False
+        if not per_slot:
             frame = self._publishing_frame(plans, layout, spec, per_slot)
         check_narrow(frame, own_coalesce=layout.width > 1 and not per_slot)
         # What the Spark UI lists for the job: the batch a user finds in the batch lines.
@@ -480,11 +483,17 @@ class Driver:
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started))
 
     def _publishing_frame(self, plans: list[PartitionPlan], layout: SlotLayout, spec: Any, per_slot: bool):
-        """The batch's job: the transform's output, grouped by slot, into the publishing tasks."""
+        """The batch's job: the transform's output, grouped by slot, into the publishing tasks
+        (None: read per slot, the plan cannot carry the rows' range tag the lineage needs)."""
         from pyspark.sql import functions as F
 
-        out = self.output_frame(plans, layout=layout, per_slot=per_slot)
-        if not per_slot:
+        tagged = per_slot and self.settings.lineage
+        out = self.output_frame(plans, layout=layout, per_slot=per_slot, tagged=tagged)
+        if tagged:
+            out = carry_range_tag(out)
+            if out is None:
+                return None
+        elif not per_slot:
             out = out.withColumn(RANGE_COLUMN, F.spark_partition_id())
             if layout.width > 1:
                 out = out.coalesce(layout.publishing_tasks)

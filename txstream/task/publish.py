@@ -23,7 +23,7 @@ from txstream.task.collector import RecordCollector
 from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
 from txstream.task.sidefile import read_side_file
-from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec
+from txstream.task.spec import EXACTLY_ONCE, RANGE_COLUMN, PartitionPlan, PublishSpec
 
 _PUBLISHERS: dict[str, TransactionalPublisher] = {}   # per Python worker, across batches
 _GROUP_READERS: dict[str, Any] = {}
@@ -142,11 +142,6 @@ def cached_publishers() -> list[str]:
     return sorted(_PUBLISHERS)
 
 
-# The column the driver adds after the transform: the reading task (Spark partition) a row
-# came from, so that a task publishing a slot of several ranges knows each row's source.
-RANGE_COLUMN = "_txstream_range"
-
-
 def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: docs/architecture.md §3.4 for the ranges of this task's slot (one
     producer, one transaction for all of them). Yields one result row per range."""
@@ -176,10 +171,12 @@ def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
 
 def _pieces_by_range(spec: PublishSpec, indexes: list[int],
                      batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """(position of the range in the slot, its rows) for each run of rows of one range. Rows
-    of a range arrive together (a task reads its ranges one after the other). Without
-    RANGE_COLUMN (a slot read in one partition, lineage off) every row goes to the first
-    range's collector: one transaction either way, and no header names a source."""
+    """(position of the range in the slot, its rows) for each run of rows of one range.
+    RANGE_COLUMN names each row's reading task: its Spark partition (one per range), or the
+    task its reader tagged it with (a slot read in one partition, whose ranges' rows may
+    interleave: runs of one range then recur, and go to the same collector, in offset order).
+    Without it (a slot read in one partition, lineage off) every row goes to the first range's
+    collector: one transaction either way, and no header names a source."""
     position = {plan: pos for pos, plan in enumerate(indexes)}
     for batch in batches:
         names = batch.schema.names

@@ -21,19 +21,21 @@ import pyarrow.compute as pc
 from txstream.serde.avro import AvroCodec, arrow_type
 from txstream.task import worker_heap
 from txstream.task.sidefile import ReadResult, write_side_file
-from txstream.task.spec import PartitionPlan, ReadSpec
+from txstream.task.spec import RANGE_COLUMN, PartitionPlan, ReadSpec
 
 HEADERS_ARROW = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
 
-def input_struct(key_schema: dict | None, value_schema: dict | None):
-    """The input DataFrame's schema: Spark's Kafka source columns, Avro-decoded where declared.
+def input_struct(key_schema: dict | None, value_schema: dict | None, tagged: bool = False):
+    """The input DataFrame's schema: Spark's Kafka source columns, Avro-decoded where declared
+    (`tagged`: and RANGE_COLUMN).
 
     A StructType, not DDL text: Spark parses DDL with its SQL parser, whose cold start (and the
     JIT compiling it) cost seconds of driver CPU per run; a StructType crosses as JSON."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return from_arrow_schema(input_arrow_schema(key_schema, value_schema))
+    schema = input_arrow_schema(key_schema, value_schema)
+    return from_arrow_schema(schema.append(pa.field(RANGE_COLUMN, pa.int32())) if tagged else schema)
 
 
 def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa.Schema:
@@ -45,16 +47,19 @@ def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa
     ])
 
 
-def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = False):  # SparkSession -> DataFrame
+def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = False,
+                tagged: bool = False):  # SparkSession -> DataFrame
     """The batch's input DataFrame: one Spark partition per planned range, read by task i; with
-    `per_slot`, one per slot (`spec.slot_width` consecutive reading tasks), read one range after
-    another in one Python hand-off.
+    `per_slot`, one per slot (`spec.slot_width` consecutive reading tasks), its ranges read
+    together in one Python hand-off.
 
     Spark pays ~20 ms per Python hand-off (measured here, local[2], an empty `mapInArrow` over
     256 partitions coalesced into 2 tasks: 2.7 s against 0.1 s without the hop), so reading a slot
-    of 128 ranges one Spark partition each cost ~2.6 s per batch. Per-range partitions are what
-    lets each output row name its range (publish.RANGE_COLUMN, for the lineage headers); a run
-    without lineage reads per slot (driver/loop.py).
+    of 128 ranges one Spark partition each cost ~2.6 s per batch.
+
+    `tagged`: each row also carries its reading task in RANGE_COLUMN, which the returned frame
+    hides (the transform never sees it: `struct("*")` must not pick it up); the driver carries it
+    through the transform's plan to the publisher, for the lineage headers (driver/range_tag.py).
 
     `accounts`: a Spark accumulator (`ReadAccounts`) that takes each range's count and
     undecodable records instead of the side file, when no publisher of the same task follows
@@ -67,20 +72,25 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = Fa
     n = max(1, len(spec.layout) or len(spec.plans))
     # spark.range splits [0, n) into equal consecutive runs: partition j holds slot j's tasks.
     partitions = n // spec.slot_width if per_slot and spec.slot_width > 1 else n
-    return spark.range(0, n, 1, partitions).mapInArrow(
-        functools.partial(read_planned_range, spec, accounts), input_struct(spec.key_schema, spec.value_schema))
+    frame = spark.range(0, n, 1, partitions).mapInArrow(
+        functools.partial(read_planned_range, spec, accounts, tagged),
+        input_struct(spec.key_schema, spec.value_schema, tagged))
+    return frame.drop(RANGE_COLUMN) if tagged else frame
 
 
-def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def read_planned_range(spec: ReadSpec, accounts: Any, tagged: bool,
+                       ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Task i's reader: the records of plan i as Arrow batches, then the side file. A task of
-    several ranges (a slot read in one partition, range_frame `per_slot`) reads them together."""
+    several ranges (a slot read in one partition, range_frame `per_slot`) reads them together.
+    `tagged`: each batch ends with RANGE_COLUMN, the reading task of its rows."""
     worker_heap.settle()
     tasks = [task for id_batch in ids for task in id_batch.column(0).to_pylist()]
-    indexes = [index for index in map(spec.plan_at, tasks) if index >= 0]   # -1: padding, a dry plan
-    if len(indexes) > 1 and accounts is None:
-        yield from read_ranges_together(spec, indexes)
+    ranges = [(task, index) for task, index in zip(tasks, map(spec.plan_at, tasks), strict=True)
+              if index >= 0]   # -1: padding, a dry plan
+    if len(ranges) > 1 and accounts is None:
+        yield from read_ranges_together(spec, ranges, tagged)
         return
-    for index in indexes:
+    for task, index in ranges:
         plan = spec.plans[index]
         started = time.perf_counter()
         dead: list[tuple[Any, ...]] = []
@@ -88,7 +98,7 @@ def read_planned_range(spec: ReadSpec, accounts: Any, ids: Iterator[pa.RecordBat
         sizes = [0]
         for batch in read_range(spec, plan, dead, sizes):
             count += batch.num_rows
-            yield batch
+            yield _with_tag(batch, task) if tagged else batch
         # The side file is complete before the JVM sees this iterator end, so the publisher
         # (downstream in the same task) finds it whole once its own input is exhausted.
         _range_read(spec, accounts, index, ReadResult(count, dead, time.perf_counter() - started, sizes[0]))
@@ -107,6 +117,11 @@ def _range_read(spec: ReadSpec, accounts: Any, index: int, result: ReadResult) -
         write_side_file(spec.side_dir, spec.batch_id, result, index)
 
 
+def _with_tag(batch: pa.RecordBatch, task: int) -> pa.RecordBatch:
+    """`batch` with RANGE_COLUMN: its rows' reading task."""
+    return batch.append_column(RANGE_COLUMN, pa.repeat(pa.scalar(task, pa.int32()), batch.num_rows))
+
+
 def _decoding(spec: ReadSpec) -> tuple[AvroCodec | None, AvroCodec | None, pa.Schema]:
     """The key and value codecs (None: raw bytes) and the Arrow schema a reader decodes into."""
     lenient = spec.lenient_trailing_bytes
@@ -118,8 +133,8 @@ def _decoding(spec: ReadSpec) -> tuple[AvroCodec | None, AvroCodec | None, pa.Sc
 class _RangeRead:
     """One range of a slot read together with the others: where it is, what it holds."""
 
-    def __init__(self, index: int, plan: PartitionPlan) -> None:
-        self.index, self.plan = index, plan
+    def __init__(self, task: int, index: int, plan: PartitionPlan) -> None:
+        self.task, self.index, self.plan = task, index, plan
         self.position = plan.start
         self.rows = _Columns(plan.topic, plan.partition)
         self.count = 0
@@ -134,25 +149,27 @@ class _RangeRead:
         return batch
 
 
-def read_ranges_together(spec: ReadSpec, indexes: list[int]) -> Iterator[pa.RecordBatch]:
+def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: bool = False) -> Iterator[pa.RecordBatch]:
     """The ranges of one slot, read at once: one assignment of all their partitions, so that
     librdkafka fetches them in the same requests. Read one after another, each range paid its own
     assignment and first fetch: ~12 ms per range of 350 records here (a slot of 128 ranges,
     1.5 s), about what reading them in one Spark partition each costs (range_frame). Each range
     still ends exactly at its planned end (`_Columns.add_all`) and gets its own side file, written
     as soon as it is complete; batches of different ranges may interleave, which a slot read this
-    way allows (its rows name no range: publish._pieces_by_range)."""
+    way allows (`tagged`: each batch's rows name their reading task; otherwise none, and the
+    slot's output is one publication: publish._pieces_by_range). `ranges`: (reading task, plan
+    index) pairs."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     key_codec, value_codec, schema = _decoding(spec)
     last_done = time.perf_counter()
     reading: dict[tuple[str, int], _RangeRead] = {}
-    for index in indexes:
+    for task, index in ranges:
         plan = spec.plans[index]
         if plan.end <= plan.start:
             _range_read(spec, None, index, ReadResult(0, [], 0.0, 0))
         else:
-            reading[(plan.topic, plan.partition)] = _RangeRead(index, plan)
+            reading[(plan.topic, plan.partition)] = _RangeRead(task, index, plan)
     if not reading:
         return
     config = spec.consumer_config()  # never subscribes or commits: assign only
@@ -201,7 +218,7 @@ def read_ranges_together(spec: ReadSpec, indexes: list[int]) -> Iterator[pa.Reco
                                      or r.rows.bytes >= spec.chunk_bytes):
                     batch = r.take(schema, key_codec, value_codec)
                     if batch is not None:
-                        yield batch
+                        yield _with_tag(batch, r.task) if tagged else batch
                 if complete:
                     del reading[key]
                     consumer.incremental_unassign([TopicPartition(*key)])   # no fetching past its end

@@ -11,6 +11,10 @@ from typing import Any
 
 from txstream.kafka.config import KafkaClients
 
+# The column a reader adds when a publishing task must learn each row's range (its reading
+# task, Spark partition or slot position): task/reading.py range_frame, task/publish.py.
+RANGE_COLUMN = "_txstream_range"
+
 # Delivery guarantees (docs/guarantees.md): only exactly-once uses transactions.
 EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE = "exactly-once", "at-least-once", "at-most-once"
 GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE)

@@ -512,7 +512,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     names = [c.name for c in all_contenders()]
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     ap.add_argument("--records", type=int, default=None,
-                    help="input records (default 200000; 100000 per point with --sweep; 20000 with --quick)")
+                    help="input records (default 200000; 100000 per point with --sweep, ten batches with --sweep "
+                         "partitions; 20000 with --quick)")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
     ap.add_argument("--runs", type=int, default=None, help="runs per contender (default 3; 1 with --sweep or --quick)")
     ap.add_argument("--contenders", default="all",
@@ -531,6 +532,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", default="1000,5000,20000,100000",
                     help="--sweep batch: txstream --max-records-per-partition values (default 1000,5000,20000,100000)")
     ap.add_argument("--partition-counts", default="4,16,64,256", help="--sweep partitions: values (default 4,16,64,256; 1024 works, slowly)")
+    ap.add_argument("--batch-records", type=int, default=None,
+                    help="--sweep partitions: records per txstream batch at every point (--max-records-per-partition "
+                         "this / partitions, rounded up), so that each point's batches hold the same records "
+                         "(default 25000; 2000 with --quick; the default --records is ten batches)")
     ap.add_argument("--value-sizes", default="100,1000,10000",
                     help="--sweep record-size: order value sizes in bytes, padded note (default 100,1000,10000)")
     ap.add_argument("--max-input-mb", type=float, default=300,
@@ -544,8 +549,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-readme", action="store_true",
                     help="do not regenerate README.md's Performance section at the end")
     args = ap.parse_args(argv)
+    if args.batch_records is None:
+        args.batch_records = 2_000 if args.quick else 25_000
     if args.records is None:
-        args.records = 20_000 if args.quick else (100_000 if args.sweep else 200_000)
+        args.records = (20_000 if args.quick else 10 * args.batch_records if args.sweep == "partitions"
+                        else 100_000 if args.sweep else 200_000)
     if args.runs is None:
         args.runs = 1 if (args.quick or args.sweep) else 3
     if args.latency_seconds is None:

@@ -264,6 +264,15 @@ def sweep_ratio_lines(results: dict) -> list[str]:
                 cells.append(f"{p['label']}: " + (f"{a / b:.2f}×" if a is not None and b else "n/a"))
             if any(not c.endswith("n/a") for c in cells):
                 lines.append(f"- txstream exactly-once / {what}, {label}: " + ", ".join(cells))
+    if results.get("sweep") == "partitions":
+        # The goal's own figure: a batch's time at each point against the first (same records per batch).
+        for name, label in sweep_names(results):
+            times = [sweep_value(p["contenders"].get(name, {}), "batch_s_median") for p in results["points"]]
+            if times and times[0]:
+                cells = [f"{p['label']}: " + (f"{t / times[0]:.2f}×" if t else "n/a")
+                         for p, t in zip(results["points"], times, strict=True)]
+                lines.append(f"- {label}, batch s (median) against {results['points'][0]['label']} partitions: "
+                             + ", ".join(cells))
     return lines
 
 

@@ -8,7 +8,11 @@
   interval out of the way. One input topic for every point.
 - partitions: 4, 16, 64, 256 (`--partition-counts`); txstream exactly-once, Kafka Streams
   (exactly_once_v2, the reference for partitions scaling: KIP-447) and the hand-written loop,
-  each point on its own input topic with that many partitions (output topics too).
+  each point on its own input topic with that many partitions (output topics too). txstream's
+  batches hold `--batch-records` at every point (default 25,000: `--max-records-per-partition`
+  that / partitions), ten of them by default: the batch median is a steady batch's time, which
+  the goal compares across points (a fresh topic's first transaction to 256 partitions took
+  ~5 s here, paid once per topic and producer, which a run of two batches mostly measured).
 - record-size: order values of about 100 B, 1 KB, 10 KB (`--value-sizes`; the optional `note` is
   padded, the enriched output is the same size at every point); txstream exactly-once,
   at-least-once and the hand-written loop. A point whose input would exceed `--max-input-mb`
@@ -36,12 +40,14 @@ PARAMETER = {
 COUNT_ONLY_INTERVAL_MS = 3_600_000  # the hand-written loop's commit interval when the count decides
 
 
-def variant(name: str, kind: str, value: int, partitions: int) -> Contender:
+def variant(name: str, kind: str, value: int, partitions: int, batch_records: int = 0) -> Contender:
     """The contender `name` set up for one point of the sweep."""
     base = {c.name: c for c in all_contenders()}[name]
-    if kind == "batch" and isinstance(base, TxStream):
+    if kind in ("batch", "partitions") and isinstance(base, TxStream):
+        per_partition = value if kind == "batch" else -(-batch_records // partitions)
         return TxStream(base.guarantee, processor=base.processor, name=base.name, label=base.label,
-                        max_records_per_partition=value)
+                        max_records_per_partition=per_partition, extra_args=base.extra_args,
+                        baseline=base.baseline)
     if kind == "batch" and isinstance(base, HandWrittenLoop):
         return HandWrittenLoop(max_batch=value * partitions, commit_interval_ms=COUNT_ONLY_INTERVAL_MS)
     return base
@@ -85,7 +91,7 @@ def run(args, ctx: dict, results: dict) -> list[Contender]:
             shared_input = (ctx["seeded"], ctx["partitions"], inp)
         entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
         results["points"].append(entry)
-        contenders = [variant(name, kind, point["value"], point["partitions"]) for name in names]
+        contenders = [variant(name, kind, point["value"], point["partitions"], args.batch_records) for name in names]
         used.extend(contenders)
         entry["contenders"] = run_contenders(contenders, ctx, args.runs)
     ctx.pop("point", None)

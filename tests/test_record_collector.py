@@ -67,3 +67,33 @@ def test_positions_count_every_record_of_a_publication_across_batches_and_dead_l
     assert seqs == [str(i).encode() for i in range(7)]
     collector.replay()   # after an abort: the same records, the same positions
     assert [dict(r[4])[headers.PUBLICATION_SEQ] for r in calls.records[7:]] == seqs
+
+
+def test_a_batch_encoded_once_for_several_runs_gives_the_records_each_run_encoded_alone_gives() -> None:
+    """A slot's batch holds runs of several ranges (task/publish.py `_produce_all`): its struct
+    key and value are encoded once (`encoded_batch`), then each run goes to its range's collector."""
+    import json
+    from pathlib import Path
+
+    from txstream.serde.avro import AvroCodec, arrow_type
+    from txstream.task.collector import encoded_batch
+
+    schema = json.loads((Path(__file__).parent.parent / "schemas" / "order_enriched.avsc").read_text())
+    codec = AvroCodec(schema)
+    rows = [{"id": f"o{i}", "customer_id": f"c{i % 3}", "amount_cents": i * 100, "currency": "EUR",
+             "created_at": 1_700_000_000_000 + i, "items": i % 4, "is_large": i % 2 == 0} for i in range(9)]
+    batch = pa.RecordBatch.from_pydict({"key": pa.array([f"k{i}".encode() for i in range(9)]),
+                                        "value": pa.array(rows, arrow_type(schema)),
+                                        "offset": pa.array(range(9), pa.int64())})
+    runs = [(0, 4), (4, 5), (5, 9)]
+
+    def collect(source: pa.RecordBatch) -> list[tuple]:
+        calls = _Calls()
+        for n, (first, last) in enumerate(runs):
+            RecordCollector(producer=calls, default_topic="out", value_codec=codec, key_codec=None,
+                            source=("in", n), publication=f"pub-{n}").add_batch(source.slice(first, last - first))
+        return calls.records
+
+    once = collect(encoded_batch(batch, codec, None))
+    assert once == collect(batch)
+    assert [codec.decode(r[1])["id"] for r in once] == [f"o{i}" for i in range(9)]

@@ -123,6 +123,19 @@ def _positions(first: int, n: int) -> list[bytes]:
     return pc.cast(pa.array(np.arange(first, first + n)), pa.string()).cast(pa.binary()).to_pylist()
 
 
+def encoded_batch(batch: pa.RecordBatch, value_codec: AvroCodec | None, key_codec: AvroCodec | None) -> pa.RecordBatch:
+    """`batch` with a struct `value` and `key` Avro-encoded into binary columns (what `add_batch`
+    would encode), so that the runs of a batch shared by several collectors are encoded once.
+    A struct without a codec is left for `add_batch` to refuse."""
+    names = batch.schema.names
+    columns = list(batch.columns)
+    for what, codec in (("value", value_codec), ("key", key_codec)):
+        if what in names and codec is not None and pa.types.is_struct(batch.schema.field(what).type):
+            i = names.index(what)
+            columns[i] = pa.array(codec.encode_column(columns[i]), pa.binary())
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
 def _encoded(column: pa.Array, codec: AvroCodec | None, what: str) -> list:
     typ = column.type
     if pa.types.is_struct(typ):

@@ -19,7 +19,7 @@ from txstream import faults
 from txstream.errors import AbortableError, FencedError, InfrastructureError, PoisonRecordError, TaskError
 from txstream.serde.avro import AvroCodec
 from txstream.task import worker_heap
-from txstream.task.collector import RecordCollector
+from txstream.task.collector import RecordCollector, encoded_batch
 from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
 from txstream.task.sidefile import read_side_file
@@ -169,23 +169,31 @@ def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
                     "cannot publish")
 
 
-def _pieces_by_range(spec: PublishSpec, indexes: list[int],
-                     batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """(position of the range in the slot, its rows) for each run of rows of one range.
-    RANGE_COLUMN names each row's reading task: its Spark partition (one per range), or the
-    task its reader tagged it with (a slot read in one partition, whose ranges' rows may
-    interleave: runs of one range then recur, and go to the same collector, in offset order).
-    Without it (a slot read in one partition, lineage off) every row goes to the first range's
-    collector: one transaction either way, and no header names a source."""
+# A batch of output rows and its runs: (position of the range in the slot, first row, end row).
+Piece = tuple[pa.RecordBatch, list[tuple[int, int, int]]]
+
+
+def _whole(batches: Iterator[pa.RecordBatch], pos: int = 0) -> Iterator[Piece]:
+    """Every row of every batch to the range at `pos`."""
+    return ((batch, [(pos, 0, batch.num_rows)]) for batch in batches)
+
+
+def _pieces_by_range(spec: PublishSpec, indexes: list[int], batches: Iterator[pa.RecordBatch]) -> Iterator[Piece]:
+    """Each batch with its runs of rows of one range. RANGE_COLUMN names each row's reading
+    task: its Spark partition (one per range), or the task its reader tagged it with (a slot
+    read in one partition, whose ranges' rows may interleave: runs of one range then recur, and
+    go to the same collector, in offset order). Without it (a slot read in one partition,
+    lineage off) every row goes to the first range's collector: one transaction either way, and
+    no header names a source."""
     position = {plan: pos for pos, plan in enumerate(indexes)}
     for batch in batches:
         names = batch.schema.names
         if RANGE_COLUMN not in names:
-            yield 0, batch   # a slot of one range (and direct callers)
+            yield batch, [(0, 0, batch.num_rows)]   # a slot of one range (and direct callers)
             continue
         tasks = batch.column(names.index(RANGE_COLUMN)).to_numpy(zero_copy_only=False)
-        data = batch.select([n for n in names if n != RANGE_COLUMN])
         bounds = [0, *(np.flatnonzero(np.diff(tasks)) + 1).tolist(), len(tasks)]
+        runs = []
         for first, last in zip(bounds, bounds[1:], strict=False):
             if last == first:
                 continue
@@ -195,14 +203,18 @@ def _pieces_by_range(spec: PublishSpec, indexes: list[int],
                     f"a row of reading task {int(tasks[first])} reached the publishing task of ranges "
                     f"{indexes}: the transform changed how rows map to input partitions (a union, "
                     "a coalesce?), which the narrow protocol cannot publish")
-            yield pos, data.slice(first, last - first)
+            runs.append((pos, first, last))
+        yield batch.select([n for n in names if n != RANGE_COLUMN]), runs
+
+
+def _codec(schema: dict | None) -> AvroCodec | None:
+    return AvroCodec(schema) if schema else None
 
 
 def _collector(spec: PublishSpec, plan: PartitionPlan, producer: Any) -> RecordCollector:
     return RecordCollector(
         producer=producer, default_topic=spec.output_topic,
-        value_codec=AvroCodec(spec.output_value_schema) if spec.output_value_schema else None,
-        key_codec=AvroCodec(spec.output_key_schema) if spec.output_key_schema else None,
+        value_codec=_codec(spec.output_value_schema), key_codec=_codec(spec.output_key_schema),
         source=(plan.topic, plan.partition), publication=uuid.uuid4().hex, lineage=spec.lineage)
 
 
@@ -220,6 +232,10 @@ class _SlotOutput:
             collector = self.collectors[pos] = _collector(self.spec, self.plans[pos], self.producer)
         return collector
 
+    def encoded(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """`batch` with its struct key and value encoded (binary), as every collector of the slot would."""
+        return encoded_batch(batch, _codec(self.spec.output_value_schema), _codec(self.spec.output_key_schema))
+
     def replay(self, producer: Any) -> None:
         self.producer = producer
         for collector in self.collectors.values():
@@ -227,8 +243,7 @@ class _SlotOutput:
             collector.replay()
 
 
-def _produce_all(output: _SlotOutput, pieces: Iterator[tuple[int, pa.RecordBatch]],
-                 results: list[TaskResult]) -> None:
+def _produce_all(output: _SlotOutput, pieces: Iterator[Piece], results: list[TaskResult]) -> None:
     """Produce every output batch, timing the wait for upstream apart from encode+produce (the
     slot's timings go to its first range's result)."""
     clock = time.perf_counter
@@ -241,10 +256,16 @@ def _produce_all(output: _SlotOutput, pieces: Iterator[tuple[int, pa.RecordBatch
         timing.upstream_s += got - started
         if piece is None:
             return
-        pos, batch = piece
-        results[pos].records_out += output.of(pos).add_batch(batch)
+        batch, runs = piece
+        if len(runs) > 1:
+            # Keys and values encoded once per batch, not once per run: the columnar encoder's
+            # fixed cost per call (~0.5 ms) was most of a slot's produce time at 128 ranges.
+            batch = output.encoded(batch)
+        for pos, first, last in runs:
+            part = batch if len(runs) == 1 else batch.slice(first, last - first)
+            results[pos].records_out += output.of(pos).add_batch(part)
+            faults.maybe_fail("publish.mid_produce", output.plans[pos])
         timing.produce_s += clock() - got
-        faults.maybe_fail("publish.mid_produce", output.plans[pos])
 
 
 def _take_side_file(spec: PublishSpec, result: TaskResult) -> list[tuple[Any, ...]]:
@@ -282,10 +303,10 @@ def _set(results: list[TaskResult], status: str, committed: list[int | None] | N
 def publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
                           result: TaskResult) -> None:
     """One range alone (a slot of one): publish_ranges."""
-    publish_ranges(spec, [plan], ((0, batch) for batch in batches), [result])
+    publish_ranges(spec, [plan], _whole(batches), [result])
 
 
-def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterator[tuple[int, pa.RecordBatch]],
+def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterator[Piece],
                    results: list[TaskResult]) -> None:
     """docs/architecture.md §3.4: a slot's ranges, one producer (the slot's transactional.id),
     one transaction with every range's end offset. The records are kept (collector.py), so
@@ -440,7 +461,7 @@ def _plain_delivery(err, _msg) -> None:
         _PLAIN_ERRORS.append(str(err))
 
 
-def _publish_plain(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterator[tuple[int, pa.RecordBatch]],
+def _publish_plain(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterator[Piece],
                    results: list[TaskResult]) -> None:
     """at-least-once / at-most-once: idempotent producer, offsets are the driver's business."""
     from confluent_kafka import Producer

@@ -173,9 +173,9 @@ def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
 Piece = tuple[pa.RecordBatch, list[tuple[int, int, int]]]
 
 
-def _whole(batches: Iterator[pa.RecordBatch], pos: int = 0) -> Iterator[Piece]:
-    """Every row of every batch to the range at `pos`."""
-    return ((batch, [(pos, 0, batch.num_rows)]) for batch in batches)
+def _whole(batch: pa.RecordBatch) -> Piece:
+    """Every row of the batch to the slot's first range."""
+    return batch, [(0, 0, batch.num_rows)]
 
 
 def _pieces_by_range(spec: PublishSpec, indexes: list[int], batches: Iterator[pa.RecordBatch]) -> Iterator[Piece]:
@@ -189,7 +189,7 @@ def _pieces_by_range(spec: PublishSpec, indexes: list[int], batches: Iterator[pa
     for batch in batches:
         names = batch.schema.names
         if RANGE_COLUMN not in names:
-            yield batch, [(0, 0, batch.num_rows)]   # a slot of one range (and direct callers)
+            yield _whole(batch)   # a slot of one range (and direct callers)
             continue
         tasks = batch.column(names.index(RANGE_COLUMN)).to_numpy(zero_copy_only=False)
         bounds = [0, *(np.flatnonzero(np.diff(tasks)) + 1).tolist(), len(tasks)]
@@ -225,6 +225,7 @@ class _SlotOutput:
     def __init__(self, spec: PublishSpec, plans: list[PartitionPlan], producer: Any) -> None:
         self.spec, self.plans, self.producer = spec, plans, producer
         self.collectors: dict[int, RecordCollector] = {}
+        self._codecs: tuple[AvroCodec | None, AvroCodec | None] | None = None   # for `encoded`, built once
 
     def of(self, pos: int) -> RecordCollector:
         collector = self.collectors.get(pos)
@@ -234,7 +235,9 @@ class _SlotOutput:
 
     def encoded(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """`batch` with its struct key and value encoded (binary), as every collector of the slot would."""
-        return encoded_batch(batch, _codec(self.spec.output_value_schema), _codec(self.spec.output_key_schema))
+        if self._codecs is None:
+            self._codecs = (_codec(self.spec.output_value_schema), _codec(self.spec.output_key_schema))
+        return encoded_batch(batch, *self._codecs)
 
     def replay(self, producer: Any) -> None:
         self.producer = producer
@@ -303,7 +306,7 @@ def _set(results: list[TaskResult], status: str, committed: list[int | None] | N
 def publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
                           result: TaskResult) -> None:
     """One range alone (a slot of one): publish_ranges."""
-    publish_ranges(spec, [plan], _whole(batches), [result])
+    publish_ranges(spec, [plan], map(_whole, batches), [result])
 
 
 def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterator[Piece],

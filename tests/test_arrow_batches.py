@@ -85,3 +85,44 @@ def test_the_reader_bounds_its_batches_by_bytes_and_reports_the_largest_record(b
              for b in batches]
     assert batches[0].num_rows == 12 and all(size <= 10_000 + 1_004 for size in sizes[1:]), sizes   # 1 KB records
     assert len(batches) >= 6, sizes
+
+
+def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offset_order(
+        bootstrap_servers, make_topic) -> None:
+    """A slot's ranges read together (task/reading.py read_ranges_together) are decoded and handed
+    to Spark together, not one small batch per range; each row keeps its range's tag, each range
+    its offset order, and an undecodable record goes to its own range's side file."""
+    from pathlib import Path
+
+    from processors.sample_orders import orders
+    from tests.support.kafka import avro_bytes
+    from txstream.serde.avro import load_schema
+    from txstream.task.reading import read_ranges_together
+    from txstream.task.sidefile import read_side_file
+    from txstream.task.spec import RANGE_COLUMN
+
+    order = load_schema(str(Path(__file__).resolve().parents[1] / "schemas/order.avsc"))
+    partitions, per_partition, poisoned = 12, 30, {2: 7, 9: 0}   # partition -> offset of its bad record
+    topic = make_topic("slot", partitions)
+    good = iter(orders(partitions * per_partition, seed=3))
+    for p in range(partitions):
+        produce(bootstrap_servers, topic, [
+            (b"k", b"\xff" * 12 if poisoned.get(p) == i else avro_bytes(order, next(good))) for i in range(per_partition)],
+            partition=p)
+    spec = ReadSpec(clients=KafkaClients(bootstrap_servers), app_id=f"slot-{uuid.uuid4().hex[:6]}",
+                    side_dir=f"txstream-test-{uuid.uuid4().hex[:8]}", value_schema=order,
+                    plans=tuple(PartitionPlan(topic, p, 0, per_partition, None, "") for p in range(partitions)))
+    ranges = [(100 + p, p) for p in range(partitions)]   # (reading task, plan index)
+    batches = list(read_ranges_together(spec, ranges, tagged=True))
+
+    assert 1 <= len(batches) < partitions // 2, [b.num_rows for b in batches]   # one per range before
+    rows = pa.Table.from_batches(batches).select(["partition", "offset", RANGE_COLUMN]).to_pylist()
+    assert len(rows) == partitions * per_partition - len(poisoned)
+    for p in range(partitions):
+        mine = [r for r in rows if r["partition"] == p]
+        assert [r["offset"] for r in mine] == [o for o in range(per_partition) if poisoned.get(p) != o], p
+        assert {r[RANGE_COLUMN] for r in mine} == {100 + p}
+    for p in range(partitions):
+        read = read_side_file(spec.side_dir, spec.batch_id, p)
+        assert read is not None and read.records == per_partition - (p in poisoned), p
+        assert [d[4] for d in read.dead_letters] == ([poisoned[p]] if p in poisoned else []), p

@@ -11,6 +11,7 @@ dead-letter topic inside the same transaction (sidefile.py, publish.py).
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from typing import Any, Iterator
 
@@ -140,13 +141,13 @@ class _RangeRead:
         self.count = 0
         self.largest = 0
         self.dead: list[tuple[Any, ...]] = []
+        self.seconds = 0.0
 
-    def take(self, schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None) -> pa.RecordBatch | None:
+    def take_rows(self) -> _Columns:
+        """The rows collected since the last hand-over, raw (decoded with other ranges' rows)."""
         rows, self.rows = self.rows, _Columns(self.plan.topic, self.plan.partition)
         self.largest = max(self.largest, rows.largest)
-        batch = rows.to_batch(schema, key_codec, value_codec, self.dead)
-        self.count += batch.num_rows if batch is not None else 0
-        return batch
+        return rows
 
 
 def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: bool = False) -> Iterator[pa.RecordBatch]:
@@ -175,6 +176,8 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
     config = spec.consumer_config()  # never subscribes or commits: assign only
     consumer = _consumer(config)
     done = False
+    pending: list[tuple[_RangeRead, _Columns]] = []   # rows to hand over, in each range's offset order
+    finished: list[_RangeRead] = []                   # complete ranges whose side files wait for them
     try:
         consumer.assign([TopicPartition(t, p, r.position) for (t, p), r in reading.items()])
         last_progress = time.monotonic()
@@ -216,18 +219,42 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
                 complete = r.position >= r.plan.end
                 if r.rows.count and (complete or not messages or r.rows.count >= spec.chunk_records
                                      or r.rows.bytes >= spec.chunk_bytes):
-                    batch = r.take(schema, key_codec, value_codec)
-                    if batch is not None:
-                        yield _with_tag(batch, r.task) if tagged else batch
+                    pending.append((r, r.take_rows()))
                 if complete:
                     del reading[key]
                     consumer.incremental_unassign([TopicPartition(*key)])   # no fetching past its end
                     now = time.perf_counter()
-                    _range_read(spec, None, r.index, ReadResult(r.count, r.dead, now - last_done, r.largest))
-                    last_done = now
+                    r.seconds, last_done = now - last_done, now
+                    finished.append(r)
+            if pending and (not reading or not messages or sum(rows.count for _, rows in pending) >= spec.chunk_records
+                            or sum(rows.bytes for _, rows in pending) >= spec.chunk_bytes):
+                batch = _hand_over(pending, schema, key_codec, value_codec, tagged)
+                pending = []
+                if batch is not None:
+                    yield batch
+            if not pending:
+                for r in finished:   # all their rows handed over: their accounts are final
+                    _range_read(spec, None, r.index, ReadResult(r.count, r.dead, r.seconds, r.largest))
+                finished = []
         done = True
     finally:
         _release(consumer, config, healthy=done)
+
+
+def _hand_over(pending: list[tuple[_RangeRead, _Columns]], schema: pa.Schema, key_codec: AvroCodec | None,
+               value_codec: AvroCodec | None, tagged: bool) -> pa.RecordBatch | None:
+    """The rows of several ranges as one decoded Arrow batch. Decoded and handed over range by
+    range, a slot of 128 ranges of ~100 records paid the decoder's and Arrow's fixed costs 128
+    times (38 ms against 10-16 ms for the same 12,800 records at once, measured) and Spark one
+    Arrow message and conversion per range."""
+    parts = [rows for _, rows in pending]
+    batch, kept = _decoded(parts, schema, key_codec, value_codec, [r.dead for r, _ in pending])
+    for (r, _), count in zip(pending, kept, strict=True):
+        r.count += count
+    if batch is None or not tagged:
+        return batch
+    tasks = np.repeat(np.array([r.task for r, _ in pending], np.int32), kept)
+    return batch.append_column(RANGE_COLUMN, pa.array(tasks, pa.int32()))
 
 
 def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]],
@@ -378,34 +405,56 @@ class _Columns:
     def to_batch(self, schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None,
                  dead: list[tuple[Any, ...]]) -> pa.RecordBatch | None:
         """The decoded batch without its undecodable records, which go to `dead`."""
-        errors: dict[int, str] = {}
-        if key_codec is not None:
-            keys, errors = key_codec.decode_column(self.keys, nullable=True)
-        else:
-            keys = pa.array(self.keys, pa.binary())
-        if value_codec is not None:
-            values, value_errors = value_codec.decode_column(self.values)
-            errors = {**value_errors, **errors}
-        else:
-            values = pa.array(self.values, schema.field("value").type)
-        n = self.count
-        columns = [
-            keys, values, pa.repeat(pa.scalar(self.topic, pa.string()), n),
-            pa.repeat(pa.scalar(self.partition, pa.int32()), n),
-            pa.array(self.offsets, pa.int64()),
-            pc.multiply(pa.array(self.timestamps, pa.int64()), 1000).cast(schema.field("timestamp").type),
-            (pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in self.headers], HEADERS_ARROW)
-             if any(self.headers) else pa.nulls(n, HEADERS_ARROW)),
-        ]
-        batch = pa.RecordBatch.from_arrays(columns, schema=schema)
-        if not errors:
-            return batch
-        for row in sorted(errors):
-            dead.append((self.keys[row], self.values[row], self.headers[row], self.timestamps[row],
-                         self.offsets[row], "decode", errors[row]))
-        keep = np.ones(n, bool)
-        keep[list(errors)] = False
-        return batch.filter(pa.array(keep)) if keep.any() else None
+        return _decoded([self], schema, key_codec, value_codec, [dead])[0]
+
+
+def _decoded(parts: list[_Columns], schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None,
+             deads: list[list[tuple[Any, ...]]]) -> tuple[pa.RecordBatch | None, list[int]]:
+    """The parts' rows, in order, as one decoded batch without the undecodable records (each goes
+    to its part's list in `deads`); and how many rows of each part the batch holds."""
+    if len(parts) == 1:
+        only = parts[0]
+        keys, values, offsets, timestamps, headers = only.keys, only.values, only.offsets, only.timestamps, only.headers
+    else:
+        chain = itertools.chain.from_iterable
+        keys, values = list(chain(p.keys for p in parts)), list(chain(p.values for p in parts))
+        offsets, timestamps = list(chain(p.offsets for p in parts)), list(chain(p.timestamps for p in parts))
+        headers = list(chain(p.headers for p in parts))
+    lengths = [p.count for p in parts]
+    n = len(offsets)
+    errors: dict[int, str] = {}
+    if key_codec is not None:
+        decoded_keys, errors = key_codec.decode_column(keys, nullable=True)
+    else:
+        decoded_keys = pa.array(keys, pa.binary())
+    if value_codec is not None:
+        decoded_values, value_errors = value_codec.decode_column(values)
+        errors = {**value_errors, **errors}
+    else:
+        decoded_values = pa.array(values, schema.field("value").type)
+    if len({p.topic for p in parts}) == 1:
+        topic_column = pa.repeat(pa.scalar(parts[0].topic, pa.string()), n)
+    else:
+        topic_column = pa.concat_arrays([pa.repeat(pa.scalar(p.topic, pa.string()), p.count) for p in parts])
+    columns = [
+        decoded_keys, decoded_values, topic_column,
+        pa.array(np.repeat(np.array([p.partition for p in parts], np.int32), lengths), pa.int32()),
+        pa.array(offsets, pa.int64()),
+        pc.multiply(pa.array(timestamps, pa.int64()), 1000).cast(schema.field("timestamp").type),
+        (pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in headers], HEADERS_ARROW)
+         if any(headers) else pa.nulls(n, HEADERS_ARROW)),
+    ]
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    if not errors:
+        return batch, lengths
+    kept = list(lengths)
+    part_of = np.searchsorted(np.cumsum(lengths), sorted(errors), side="right")
+    for row, part in zip(sorted(errors), part_of.tolist(), strict=True):
+        deads[part].append((keys[row], values[row], headers[row], timestamps[row], offsets[row], "decode", errors[row]))
+        kept[part] -= 1
+    keep = np.ones(n, bool)
+    keep[list(errors)] = False
+    return (batch.filter(pa.array(keep)) if keep.any() else None), kept
 
 
 class ReadAccounts:

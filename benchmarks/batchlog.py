@@ -9,7 +9,8 @@ maximum over the batch's tasks of reading and decoding, encoding and producing, 
 commit (or waiting for acknowledgements), and init_transactions (0 when the task reused a cached
 producer); upstream (since txstream 782d020) is the publisher's wait for its input (reading, the
 JVM hops and the transform together). Before that change, produce included the wait and there
-was no upstream figure; both forms are read.
+was no upstream figure; both forms are read. driver (newer logs only) is the driver's
+own time before the Spark job: offsets, planning, building and checking the job's DataFrame.
 
 The per-batch line only has the maximum over tasks, so the benchmark starts txstream through
 `benchmarks/contenders/txstream_run.py`, which adds one line per batch with every task's
@@ -31,7 +32,7 @@ BATCH = re.compile(
     r"commit (?P<commit>[\d.]+) init (?P<init>[\d.]+)\)(?P<rest>.*)$")
 TASKS = re.compile(r"^\s*bench-tasks batch (?P<batch>\d+)\s+(?P<rest>.*)$")
 FAILED = re.compile(r"^\s*batch \d+ failed")
-SPLIT = ("read", "upstream", "produce", "commit", "init")
+SPLIT = ("read", "upstream", "produce", "commit", "init", "driver")
 
 
 def parse(text: str) -> dict:
@@ -65,7 +66,10 @@ def parse(text: str) -> dict:
             upstream = re.search(r"upstream ([\d.]+)", rest)
             if upstream:
                 b["upstream_s"] = float(upstream.group(1))
-            others = re.sub(r"\s*(lag|upstream) [\d.]+", "", rest).strip()
+            driver = re.search(r"driver ([\d.]+)", rest)
+            if driver:
+                b["driver_s"] = float(driver.group(1))
+            others = re.sub(r"\s*(lag|upstream|driver) [\d.]+", "", rest).strip()
             if others:
                 b["statuses"] = others
             tasks = pending_tasks.pop(b["batch"], None)

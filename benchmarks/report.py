@@ -93,7 +93,7 @@ def init_text(b: dict) -> str:
 
 
 BATCH_HEADER = ["| contender | batches | records per batch | batch s median (max) | in-batch records/s | "
-                "read / upstream / produce / commit / init s (median per batch) | init_transactions paid "
+                "read / upstream / produce / commit / init / driver s (median per batch) | init_transactions paid "
                 "| first batch s |",
                 "|---|---|---|---|---|---|---|---|"]
 
@@ -103,7 +103,7 @@ def batch_row(label: str, b: dict) -> str:
     return (f"| {label} | {b['batches']:.0f} | {b.get('records_per_batch_median') or 0:,.0f} | "
             f"{_s(b.get('batch_s_median'))} ({_s(b.get('batch_s_max'))}) | {_fmt(b.get('in_batch_records_per_s'))} | "
             f"{_s(sp.get('read'))} / {_s(sp.get('upstream'))} / {_s(sp.get('produce'))} / {_s(sp.get('commit'))} / "
-            f"{_s(sp.get('init'))} | "
+            f"{_s(sp.get('init'))} / {_s(sp.get('driver'))} | "
             f"{init_text(b)} | {_s(b.get('first_batch_s'))} |")
 
 
@@ -115,7 +115,8 @@ def batch_table(contenders: dict, scope: str = "from each run's log; median over
             "Per batch, read / upstream / produce / commit / init are the maxima over the batch's tasks "
             "(txstream's batch line): reading and decoding; the publisher's wait for its input (reading, JVM "
             "hops and the transform together); encoding and producing; send_offsets + commit (or the "
-            "acknowledgements); init_transactions. In-batch records/s = records / time inside batches "
+            "acknowledgements); init_transactions; driver is the driver's own time before the job (offsets, "
+            "planning, building and checking the DataFrame). In-batch records/s = records / time inside batches "
             "(no Spark session start-up). "
             "init_transactions paid: tasks that created a transactional producer (0 s when a cached one was "
             "reused), from the per-task lines benchmarks/contenders/txstream_run.py adds."]
@@ -236,7 +237,8 @@ SWEEP_METRICS = [("records_per_s", "records/s (wall)", ",.0f"),
                  ("split_upstream", "txstream upstream s (median per batch)", ".2f"),
                  ("split_produce", "txstream produce s (median per batch)", ".2f"),
                  ("split_commit", "txstream commit s (median per batch)", ".2f"),
-                 ("split_init", "txstream init s (median per batch)", ".2f")]
+                 ("split_init", "txstream init s (median per batch)", ".2f"),
+                 ("split_driver", "txstream driver s before the job (median per batch)", ".2f")]
 
 
 def sweep_names(results: dict) -> list[tuple[str, str]]:

@@ -40,7 +40,8 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
             row(2, "stale-plan", records=0)]            # the group moved: publish nothing
     # Partition 2's input has an open transaction: 20 offsets past its last stable offset.
     marks = {("orders", p): Watermarks(0, 1250 + 20 * (p == 2), 1250) for p in range(3)}
-    t.batch(BatchReport(7, plans, rows, 1.5), marks, "human line")
+    report = BatchReport(7, plans, rows, 1.5, driver_s=0.0625)
+    t.batch(report, marks, "human line")
     part = {"guarantee": "exactly-once", "topic": "orders"}
     assert value(t, "txstream_records_in_total", partition="0", **part) == 100
     assert value(t, "txstream_records_out_total", partition="0", **part) == 97
@@ -60,6 +61,7 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
     batch = events[0]
     assert (batch["batch"], batch["records_in"], batch["dead_letters"], batch["transactions_aborted"],
             batch["fenced_producers"], batch["lag"]) == (7, 200, 3, 2, 1, 650)
+    assert batch["driver_seconds"] == 0.0625 and report.line().endswith("upstream 0.20  driver 0.06  fenced=1 stale-plan=1")
     assert batch["log_end_lag_by_partition"] == {"orders[0]": 150, "orders[1]": 250, "orders[2]": 270}
     assert events[1] == {**events[1], "topic": "orders", "partition": 0, "stage": "decode", "count": 3}
 

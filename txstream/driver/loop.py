@@ -69,6 +69,9 @@ class BatchReport:
     # A wide batch's rows are per output unit, not per range (driver/wide.py): what was read
     # from each input partition, (records, undecodable records), comes separately.
     reads: dict[tuple[str, int], tuple[int, int]] | None = None
+    # The driver's own time before Spark ran the batch: committed and end offsets, planning, and
+    # building and checking the job's DataFrame (None: not measured, a wide batch).
+    driver_s: float | None = None
 
     @property
     def statuses(self) -> dict[str, int]:
@@ -90,6 +93,8 @@ class BatchReport:
         parts.append("(read {read_s:.2f} produce {produce_s:.2f} commit {commit_s:.2f} init {init_s:.2f})"
                      .format(**timing))
         parts.append(f"upstream {timing['upstream_s']:.2f}")
+        if self.driver_s is not None:
+            parts.append(f"driver {self.driver_s:.2f}")
         others = {s: n for s, n in self.statuses.items() if s not in (COMMITTED, ACKED)}
         if others:
             parts.append(" ".join(f"{s}={n}" for s, n in sorted(others.items())))
@@ -108,6 +113,7 @@ class Driver:
         self.admin = self._admin_client()
         self.stop_requested = threading.Event()
         self._batch_thread: threading.Thread | None = None
+        self._planning_started: float | None = None   # when the loop began planning the batch
         self.specs = TaskSpecs(settings)
         self.batch_id = 0
         self.membership: GroupMembership | None = None
@@ -277,7 +283,7 @@ class Driver:
             self._wait_for_assignment()
             idle = 0.05
             while not self.stop_requested.is_set():
-                started = time.monotonic()
+                started = self._planning_started = time.monotonic()
                 self.membership.poll(0)
                 owned = self.membership.owned()
                 try:
@@ -472,6 +478,7 @@ class Driver:
         # What the Spark UI lists for the job: the batch a user finds in the batch lines.
         description = (f"txstream {self.settings.app_id} batch {self.batch_id} ({len(plans)} partitions in "
                        f"{layout.publishing_tasks} slots, {sum(p.size for p in plans)} records)")
+        driver_s = time.monotonic() - (self._planning_started or started)
         rows = self.run_job(lambda: [row.asDict() for row in frame.collect()], description)
         commits.after_batch(plans, rows)
         if self.slots is not None:
@@ -480,7 +487,8 @@ class Driver:
         if all(row["status"] in (COMMITTED, ALREADY_DONE, ACKED) for row in rows):
             self._clean_at = changes
         self._learn_rate(plans, rows)
-        return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started))
+        self._planning_started = None
+        return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started, driver_s=driver_s))
 
     def _publishing_frame(self, plans: list[PartitionPlan], layout: SlotLayout, spec: Any, per_slot: bool):
         """The batch's job: the transform's output, grouped by slot, into the publishing tasks

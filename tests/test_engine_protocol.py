@@ -327,3 +327,53 @@ def test_a_join_or_a_partition_map_reads_one_partition_per_range(
     assert sorted(r.value.rpartition(b"|")[0] for r in outputs) == sorted(values)
     assert {int(r.value.rpartition(b"|")[2]) for r in outputs} == set(range(8))
     assert committed(bootstrap_servers, driver.settings.app_id, source, 8) == {p: 10 for p in range(8)}
+
+
+class _StampsEachCall(PassThrough):
+    """A transform whose plan differs at every call: the value ends with the call's number."""
+
+    calls = 0
+
+    def transform(self, batch):
+        from pyspark.sql import functions as F
+
+        type(self).calls += 1
+        return super().transform(batch).withColumn(
+            "value", F.concat(F.col("value"), F.lit(f"|{type(self).calls}").cast("binary")))
+
+
+@pytest.mark.parametrize("processor", [PassThrough, _StampsEachCall], ids=["same-plan", "plan-per-call"])
+def test_a_batch_job_is_built_once_while_the_transform_returns_the_same_plan(processor, bootstrap_servers,
+                                                                              make_topic, run_processor) -> None:
+    """The ranges travel with each batch's Spark job (task/job_spec.py), so the driver builds the
+    job once and runs it batch after batch, while the transform, called every batch, returns the
+    same plan (driver/loop.py _batch_frame). A transform whose plan changes gets its own job each
+    batch: no batch runs an older batch's plan. Either way each record is published once, its
+    lineage naming its own partition and offset, and the offsets end at the end."""
+    from txstream.kafka import headers
+
+    source, sink = make_topic("in", partitions=4), make_topic("out", partitions=2)
+    values = {f"v{p}-{i}".encode(): (p, i) for p in range(4) for i in range(60)}
+    for p in range(4):
+        produce(bootstrap_servers, source, [(b"k", v) for v, (vp, _) in values.items() if vp == p], partition=p)
+    driver = run_processor(processor, inputs=[source], output=sink, max_records_per_partition=10,
+                           first_batch_records=0)
+    assert driver.exit_code == 0, driver.lines
+    batches = driver.totals["batches"]
+    assert batches >= 6, driver.lines
+    outputs = read_all(bootstrap_servers, sink)
+    stamps: set[bytes] = set()
+    for record in outputs:
+        value = record.value
+        if processor is _StampsEachCall:
+            value, _, stamp = value.rpartition(b"|")
+            stamps.add(stamp)
+        assert headers.source_of(list(record.headers.items())) == (source, *values[value])
+    assert len(outputs) == len(values), "lost or repeated records\n" + "\n".join(driver.lines)
+    assert {headers.source_of(list(r.headers.items()))[1:] for r in outputs} == set(values.values())
+    if processor is PassThrough:
+        # Spark's per-row Arrow size check is on for the first batch only (spark/arrow_batches.py).
+        assert driver.jobs_built <= 2, (driver.jobs_built, batches)
+    else:
+        assert driver.jobs_built == batches and len(stamps) == batches, (driver.jobs_built, batches, stamps)
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 60 for p in range(4)}

@@ -72,5 +72,6 @@ class Processor:
 
     def transform(self, batch: DataFrame) -> DataFrame:
         """Runs on the driver each batch, building the DataFrame plan; its expressions and UDFs run
-        in the executors' tasks."""
+        in the executors' tasks. While it returns the same plan batch after batch, the driver
+        runs the Spark job it built before (docs/architecture.md §2)."""
         raise NotImplementedError(f"{type(self).__name__} must implement transform(batch)")

@@ -47,10 +47,12 @@ from txstream.settings import RunSettings
 from txstream.spark.arrow_batches import ArrowBatches
 from txstream.spark.session import build_spark, stop_spark, warm_python_workers
 from txstream.spark.setup import is_local
+from txstream.task.job_spec import JOB_SPEC_PROPERTY, FromJob
+from txstream.task.job_spec import encode as encode_job_spec
 from txstream.task.publish import publish_dead_letter, publish_slot
 from txstream.task.reading import range_frame
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema
-from txstream.task.spec import RANGE_COLUMN, PartitionPlan
+from txstream.task.spec import RANGE_COLUMN, PartitionPlan, PublishSpec
 
 log = logging.getLogger("txstream")
 
@@ -58,6 +60,16 @@ SINK_COLUMNS = ("key", "value", "topic", "partition", "headers", "offset")
 
 # Errors that no retry can cure: the run stops with the message.
 BATCH_PROGRESS_EVERY_S = 30.0  # a 'still running' line this often while a batch is slow
+
+
+@dataclass
+class _BatchJob:
+    """A narrow batch's Spark job, kept for the next batches of the same shape."""
+
+    key: tuple          # reading tasks, slot width, per-slot reading, tagged, Arrow batch settings
+    source: Any         # the input DataFrame (its ranges come with each job)
+    transformed: Any    # what the transform returned for it
+    frame: Any          # the publishing DataFrame the batch collects
 
 
 @dataclass
@@ -114,6 +126,8 @@ class Driver:
         self.stop_requested = threading.Event()
         self._batch_thread: threading.Thread | None = None
         self._planning_started: float | None = None   # when the loop began planning the batch
+        self._job: _BatchJob | None = None   # the last narrow batch's job, run again while it fits
+        self.jobs_built = 0                  # narrow batch jobs built (tests, diagnostics)
         self.specs = TaskSpecs(settings)
         self.batch_id = 0
         self.membership: GroupMembership | None = None
@@ -153,7 +167,10 @@ class Driver:
                      per_slot: bool = False, tagged: bool = False):
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (the plan's narrowness is checked by `check_narrow` on what is collected)."""
-        out = self.settings.processor.transform(self._frame(plans, accounts, layout, per_slot, tagged))
+        return self._to_sink(self.settings.processor.transform(self._frame(plans, accounts, layout, per_slot, tagged)))
+
+    def _to_sink(self, out):
+        """The transform's output, checked and reduced to the sink's columns."""
         check_output(out, self.settings)
         return out.select(*[c for c in SINK_COLUMNS if c in out.columns])
 
@@ -343,6 +360,7 @@ class Driver:
 
     def _batch_failed(self, plans: list[PartitionPlan], exc: BaseException) -> None:
         """Stop, isolate a poison record, or retry the batch, as the error's type says."""
+        self._job = None   # the next batch builds its job afresh
         error = understand(exc)
         if decide(error) is Decision.ISOLATE:
             try:
@@ -467,19 +485,12 @@ class Driver:
         # range_frame) where the plan keeps every row in the partition it was read in
         # (checks.single_chain) and, with lineage, can carry each row's range tag to the
         # publisher (driver/range_tag.py).
-        per_slot = layout.width > 1 and self._per_slot_reading
-        frame = self._publishing_frame(plans, layout, spec, per_slot) if per_slot else None
-        if per_slot and (frame is None or not single_chain(frame)):
-            self._per_slot_reading = False   # the transform's shape does not change within a run
-            per_slot = False
-        if not per_slot:
-            frame = self._publishing_frame(plans, layout, spec, per_slot)
-        check_narrow(frame, own_coalesce=layout.width > 1 and not per_slot)
+        frame = self._batch_frame(plans, layout, layout.width > 1 and self._per_slot_reading)
         # What the Spark UI lists for the job: the batch a user finds in the batch lines.
         description = (f"txstream {self.settings.app_id} batch {self.batch_id} ({len(plans)} partitions in "
                        f"{layout.publishing_tasks} slots, {sum(p.size for p in plans)} records)")
         driver_s = time.monotonic() - (self._planning_started or started)
-        rows = self.run_job(lambda: [row.asDict() for row in frame.collect()], description)
+        rows = self.run_job(lambda: self._collect(frame, spec), description)
         commits.after_batch(plans, rows)
         if self.slots is not None:
             self.slots.note(rows)
@@ -490,13 +501,34 @@ class Driver:
         self._planning_started = None
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started, driver_s=driver_s))
 
-    def _publishing_frame(self, plans: list[PartitionPlan], layout: SlotLayout, spec: Any, per_slot: bool):
-        """The batch's job: the transform's output, grouped by slot, into the publishing tasks
-        (None: read per slot, the plan cannot carry the rows' range tag the lineage needs)."""
+    def _batch_frame(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
+        """The batch's job: built once, run again for every batch of the same shape whose
+        transform returns the same plan (the ranges travel with each job: task/job_spec.py).
+        `transform` is still called every batch; only its result is compared."""
+        tagged = per_slot and self.settings.lineage
+        arrow = self.arrow.settings() if self.arrow is not None and not self.arrow.users else None
+        key = (len(layout.layout) or len(plans), layout.width, per_slot, tagged, arrow)
+        job = self._job if self._job is not None and self._job.key == key else None
+        source = job.source if job is not None else range_frame(
+            self.spark, self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width),
+            None, per_slot, tagged, from_job=True)
+        transformed = self.settings.processor.transform(source)
+        if job is not None and transformed.sameSemantics(job.transformed):
+            return job.frame
+        frame = self._publishing_frame(self._to_sink(transformed), layout, per_slot, tagged)
+        if per_slot and (frame is None or not single_chain(frame)):
+            self._per_slot_reading = False   # the transform's shape does not change within a run
+            return self._batch_frame(plans, layout, False)
+        check_narrow(frame, own_coalesce=layout.width > 1 and not per_slot)
+        self._job = _BatchJob(key, source, transformed, frame)
+        self.jobs_built += 1
+        return frame
+
+    def _publishing_frame(self, out, layout: SlotLayout, per_slot: bool, tagged: bool):
+        """The transform's output `out`, grouped by slot, into the publishing tasks (None: read
+        per slot, the plan cannot carry the rows' range tag the lineage needs)."""
         from pyspark.sql import functions as F
 
-        tagged = per_slot and self.settings.lineage
-        out = self.output_frame(plans, layout=layout, per_slot=per_slot, tagged=tagged)
         if tagged:
             out = carry_range_tag(out)
             if out is None:
@@ -505,7 +537,16 @@ class Driver:
             out = out.withColumn(RANGE_COLUMN, F.spark_partition_id())
             if layout.width > 1:
                 out = out.coalesce(layout.publishing_tasks)
-        return out.mapInArrow(functools.partial(publish_slot, spec), result_schema())
+        return out.mapInArrow(functools.partial(publish_slot, FromJob("publish")), result_schema())
+
+    def _collect(self, frame, spec: PublishSpec) -> list[dict]:
+        """Run the batch's job with its spec (task/job_spec.py), on the job's own thread."""
+        sc = self.spark.sparkContext
+        sc.setLocalProperty(JOB_SPEC_PROPERTY, encode_job_spec(spec))
+        try:
+            return [row.asDict() for row in frame.collect()]
+        finally:
+            sc.setLocalProperty(JOB_SPEC_PROPERTY, None)
 
     def count_batch(self, report: BatchReport) -> BatchReport:
         """Add a finished batch (narrow or wide) to the run's totals."""

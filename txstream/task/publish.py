@@ -18,7 +18,7 @@ import pyarrow as pa
 from txstream import faults
 from txstream.errors import AbortableError, FencedError, InfrastructureError, PoisonRecordError, TaskError
 from txstream.serde.avro import AvroCodec
-from txstream.task import worker_heap
+from txstream.task import job_spec, worker_heap
 from txstream.task.collector import RecordCollector, encoded_batch
 from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
@@ -142,11 +142,14 @@ def cached_publishers() -> list[str]:
     return sorted(_PUBLISHERS)
 
 
-def publish_slot(spec: PublishSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def publish_slot(spec: PublishSpec | job_spec.FromJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: docs/architecture.md §3.4 for the ranges of this task's slot (one
-    producer, one transaction for all of them). Yields one result row per range."""
+    producer, one transaction for all of them). Yields one result row per range. `spec`: the
+    batch's, or `FromJob` (the job carries it: task/job_spec.py)."""
     worker_heap.settle()
     from pyspark import TaskContext
+
+    spec = job_spec.resolve(spec)
 
     indexes = spec.read.slot_plans(TaskContext.get().partitionId())
     results = [TaskResult(i) for i in indexes]

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstream.serde.avro import AvroCodec, arrow_type
-from txstream.task import worker_heap
+from txstream.task import job_spec, worker_heap
 from txstream.task.sidefile import ReadResult, write_side_file
 from txstream.task.spec import RANGE_COLUMN, PartitionPlan, ReadSpec
 
@@ -49,7 +49,7 @@ def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa
 
 
 def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = False,
-                tagged: bool = False):  # SparkSession -> DataFrame
+                tagged: bool = False, from_job: bool = False):  # SparkSession -> DataFrame
     """The batch's input DataFrame: one Spark partition per planned range, read by task i; with
     `per_slot`, one per slot (`spec.slot_width` consecutive reading tasks), its ranges read
     together in one Python hand-off.
@@ -69,22 +69,27 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = Fa
     A `mapInArrow` over `spark.range(n, numPartitions=n)` rather than a Python data source:
     partition i holds exactly the number i, so task i reads plan i, and Spark needs no Python
     process on the driver to plan the read (a data source costs three planning round trips per
-    batch and three more Python daemons at start-up)."""
+    batch and three more Python daemons at start-up).
+
+    `from_job`: the tasks read the ranges of the spec their job carries (task/job_spec.py), not
+    `spec`'s, which then gives the frame only its shape: the frame serves every batch of that
+    shape."""
     n = max(1, len(spec.layout) or len(spec.plans))
     # spark.range splits [0, n) into equal consecutive runs: partition j holds slot j's tasks.
     partitions = n // spec.slot_width if per_slot and spec.slot_width > 1 else n
     frame = spark.range(0, n, 1, partitions).mapInArrow(
-        functools.partial(read_planned_range, spec, accounts, tagged),
+        functools.partial(read_planned_range, job_spec.FromJob("read") if from_job else spec, accounts, tagged),
         input_struct(spec.key_schema, spec.value_schema, tagged))
     return frame.drop(RANGE_COLUMN) if tagged else frame
 
 
-def read_planned_range(spec: ReadSpec, accounts: Any, tagged: bool,
+def read_planned_range(spec: ReadSpec | job_spec.FromJob, accounts: Any, tagged: bool,
                        ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Task i's reader: the records of plan i as Arrow batches, then the side file. A task of
     several ranges (a slot read in one partition, range_frame `per_slot`) reads them together.
     `tagged`: each batch ends with RANGE_COLUMN, the reading task of its rows."""
     worker_heap.settle()
+    spec = job_spec.resolve(spec)
     tasks = [task for id_batch in ids for task in id_batch.column(0).to_pylist()]
     ranges = [(task, index) for task, index in zip(tasks, map(spec.plan_at, tasks), strict=True)
               if index >= 0]   # -1: padding, a dry plan

@@ -333,6 +333,7 @@ class _StampsEachCall(PassThrough):
     """A transform whose plan differs at every call: the value ends with the call's number."""
 
     calls = 0
+    transform_each_batch = True
 
     def transform(self, batch):
         from pyspark.sql import functions as F
@@ -342,14 +343,20 @@ class _StampsEachCall(PassThrough):
             "value", F.concat(F.col("value"), F.lit(f"|{type(self).calls}").cast("binary")))
 
 
-@pytest.mark.parametrize("processor", [PassThrough, _StampsEachCall], ids=["same-plan", "plan-per-call"])
-def test_a_batch_job_is_built_once_while_the_transform_returns_the_same_plan(processor, bootstrap_servers,
-                                                                              make_topic, run_processor) -> None:
+class _StampsWhenBuilt(_StampsEachCall):
+    calls = 0
+    transform_each_batch = False
+
+
+@pytest.mark.parametrize("processor", [PassThrough, _StampsWhenBuilt, _StampsEachCall],
+                         ids=["same-plan", "stamps-per-job", "plan-per-call"])
+def test_a_batch_job_is_built_once_and_run_for_the_next_batches(processor, bootstrap_servers,
+                                                                make_topic, run_processor) -> None:
     """The ranges travel with each batch's Spark job (task/job_spec.py), so the driver builds the
-    job once and runs it batch after batch, while the transform, called every batch, returns the
-    same plan (driver/loop.py _batch_frame). A transform whose plan changes gets its own job each
-    batch: no batch runs an older batch's plan. Either way each record is published once, its
-    lineage naming its own partition and offset, and the offsets end at the end."""
+    job once, calling the transform, and runs it batch after batch (driver/loop.py _batch_frame).
+    With `transform_each_batch` the transform is called every batch and a plan that changes gets
+    its own job: no batch runs an older batch's plan. Either way each record is published once,
+    its lineage naming its own partition and offset, and the offsets end at the end."""
     from txstream.kafka import headers
 
     source, sink = make_topic("in", partitions=4), make_topic("out", partitions=2)
@@ -365,15 +372,16 @@ def test_a_batch_job_is_built_once_while_the_transform_returns_the_same_plan(pro
     stamps: set[bytes] = set()
     for record in outputs:
         value = record.value
-        if processor is _StampsEachCall:
+        if processor is not PassThrough:
             value, _, stamp = value.rpartition(b"|")
             stamps.add(stamp)
         assert headers.source_of(list(record.headers.items())) == (source, *values[value])
     assert len(outputs) == len(values), "lost or repeated records\n" + "\n".join(driver.lines)
     assert {headers.source_of(list(r.headers.items()))[1:] for r in outputs} == set(values.values())
-    if processor is PassThrough:
+    if processor is not _StampsEachCall:
         # Spark's per-row Arrow size check is on for the first batch only (spark/arrow_batches.py).
         assert driver.jobs_built <= 2, (driver.jobs_built, batches)
+        assert len(stamps) <= driver.jobs_built, stamps   # one call per job built
     else:
         assert driver.jobs_built == batches and len(stamps) == batches, (driver.jobs_built, batches, stamps)
     assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 60 for p in range(4)}

@@ -54,6 +54,11 @@ class Processor:
     # max_records_per_partition): output appears within seconds of the start even over a
     # backlog, as a consumer's first poll would give it. 0: the first batch is as big as the cap.
     first_batch_records: ClassVar[int] = 10_000
+    # The driver calls `transform` when it builds a batch's Spark job, and runs that job again for
+    # the next batches while their shape holds (docs/architecture.md §2), as a Structured
+    # Streaming query is defined once. True: call it every batch and build a new job whenever
+    # its plan differs from the last (a transform that reads driver-side state each batch).
+    transform_each_batch: ClassVar[bool] = False
     # The batch's time, logged with its plan: the same on every re-run of the batch. Use it
     # (F.lit(self.batch_timestamp)) where a wide transform would use current_timestamp().
     batch_timestamp: datetime | None = None
@@ -71,7 +76,8 @@ class Processor:
         libraries installed on the executors, not from files only the driver's host has."""
 
     def transform(self, batch: DataFrame) -> DataFrame:
-        """Runs on the driver each batch, building the DataFrame plan; its expressions and UDFs run
-        in the executors' tasks. While it returns the same plan batch after batch, the driver
-        runs the Spark job it built before (docs/architecture.md §2)."""
+        """Runs on the driver, building the DataFrame plan; its expressions and UDFs run in the
+        executors' tasks. Called when the driver builds a batch's Spark job, which then serves
+        the next batches of the same shape (a new assignment or a failed batch builds another);
+        every batch with `transform_each_batch`."""
         raise NotImplementedError(f"{type(self).__name__} must implement transform(batch)")

@@ -502,9 +502,9 @@ class Driver:
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started, driver_s=driver_s))
 
     def _batch_frame(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
-        """The batch's job: built once, run again for every batch of the same shape whose
-        transform returns the same plan (the ranges travel with each job: task/job_spec.py).
-        `transform` is still called every batch; only its result is compared."""
+        """The batch's job: built once, run again for every batch of the same shape (the ranges
+        travel with each job: task/job_spec.py). With the processor's `transform_each_batch`,
+        `transform` is called every batch and a plan that differs from the last builds a new job."""
         tagged = per_slot and self.settings.lineage
         arrow = self.arrow.settings() if self.arrow is not None and not self.arrow.users else None
         key = (len(layout.layout) or len(plans), layout.width, per_slot, tagged, arrow)
@@ -512,6 +512,8 @@ class Driver:
         source = job.source if job is not None else range_frame(
             self.spark, self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width),
             None, per_slot, tagged, from_job=True)
+        if job is not None and not self.settings.processor.transform_each_batch:
+            return job.frame
         transformed = self.settings.processor.transform(source)
         if job is not None and transformed.sameSemantics(job.transformed):
             return job.frame

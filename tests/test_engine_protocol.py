@@ -354,9 +354,9 @@ def test_a_batch_job_is_built_once_and_run_for_the_next_batches(processor, boots
                                                                 make_topic, run_processor) -> None:
     """The ranges travel with each batch's Spark job (task/job_spec.py), so the driver builds the
     job once, calling the transform, and runs it batch after batch (driver/loop.py _batch_frame).
-    With `transform_each_batch` the transform is called every batch and a plan that changes gets
-    its own job: no batch runs an older batch's plan. Either way each record is published once,
-    its lineage naming its own partition and offset, and the offsets end at the end."""
+    With `transform_each_batch` every batch gets its own job and transform call: no batch runs an
+    older batch's plan. Either way each record is published once, its lineage naming its own
+    partition and offset, and the offsets end at the end."""
     from txstream.kafka import headers
 
     source, sink = make_topic("in", partitions=4), make_topic("out", partitions=2)

@@ -56,8 +56,9 @@ class Processor:
     first_batch_records: ClassVar[int] = 10_000
     # The driver calls `transform` when it builds a batch's Spark job, and runs that job again for
     # the next batches while their shape holds (docs/architecture.md §2), as a Structured
-    # Streaming query is defined once. True: call it every batch and build a new job whenever
-    # its plan differs from the last (a transform that reads driver-side state each batch).
+    # Streaming query is defined once: what the plan computes once per execution (the broadcast
+    # side of a join) is computed when the job is built. True: a new job every batch (a
+    # transform that reads driver-side state, or a lookup table that changes, every batch).
     transform_each_batch: ClassVar[bool] = False
     # The batch's time, logged with its plan: the same on every re-run of the batch. Use it
     # (F.lit(self.batch_timestamp)) where a wide transform would use current_timestamp().

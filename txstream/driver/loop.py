@@ -67,9 +67,7 @@ class _BatchJob:
     """A narrow batch's Spark job, kept for the next batches of the same shape."""
 
     key: tuple          # reading tasks, slot width, per-slot reading, tagged, Arrow batch settings
-    source: Any         # the input DataFrame (its ranges come with each job)
-    transformed: Any    # what the transform returned for it
-    frame: Any          # the publishing DataFrame the batch collects
+    frame: Any          # the publishing DataFrame the batch collects (its ranges come with each job)
 
 
 @dataclass
@@ -504,25 +502,22 @@ class Driver:
     def _batch_frame(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
         """The batch's job: built once, run again for every batch of the same shape (the ranges
         travel with each job: task/job_spec.py). With the processor's `transform_each_batch`,
-        `transform` is called every batch and a plan that differs from the last builds a new job."""
+        built every batch: `transform` runs again, and so does what its plan computes once per
+        execution (the broadcast side of a join re-reads its table)."""
         tagged = per_slot and self.settings.lineage
         arrow = self.arrow.settings() if self.arrow is not None and not self.arrow.users else None
         key = (len(layout.layout) or len(plans), layout.width, per_slot, tagged, arrow)
-        job = self._job if self._job is not None and self._job.key == key else None
-        source = job.source if job is not None else range_frame(
-            self.spark, self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width),
-            None, per_slot, tagged, from_job=True)
-        if job is not None and not self.settings.processor.transform_each_batch:
-            return job.frame
-        transformed = self.settings.processor.transform(source)
-        if job is not None and transformed.sameSemantics(job.transformed):
-            return job.frame
-        frame = self._publishing_frame(self._to_sink(transformed), layout, per_slot, tagged)
+        if self._job is not None and self._job.key == key and not self.settings.processor.transform_each_batch:
+            return self._job.frame
+        source = range_frame(self.spark, self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width),
+                             None, per_slot, tagged, from_job=True)
+        frame = self._publishing_frame(self._to_sink(self.settings.processor.transform(source)), layout, per_slot,
+                                       tagged)
         if per_slot and (frame is None or not single_chain(frame)):
             self._per_slot_reading = False   # the transform's shape does not change within a run
             return self._batch_frame(plans, layout, False)
         check_narrow(frame, own_coalesce=layout.width > 1 and not per_slot)
-        self._job = _BatchJob(key, source, transformed, frame)
+        self._job = _BatchJob(key, frame)
         self.jobs_built += 1
         return frame
 

@@ -7,8 +7,8 @@ driver time per batch over Py4J at 256 partitions. Instead the closures hold `Fr
 batch's `PublishSpec` (plans, group metadata, fencing) travels as a Spark local property of the
 job that runs it: Spark hands a job's local properties to each of its tasks, retries and
 speculative copies included, so a task always reads the spec of the job it belongs to. The
-driver then builds the DataFrame once and runs it batch after batch while the batch's shape and
-the transform's plan stay the same (driver/loop.py `_batch_frame`).
+driver then builds the DataFrame once and runs it batch after batch while the batch's shape
+stays the same (driver/loop.py `_batch_frame`).
 """
 from __future__ import annotations
 

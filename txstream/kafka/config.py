@@ -29,6 +29,16 @@ def show_client_logs(enabled: bool = True) -> None:
     if enabled and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
 
+# A new client's first request goes out on its bootstrap connection, which librdkafka retires as
+# soon as the cluster's metadata names the real brokers; the request dies with it, and the retry
+# waits for the next connection, which librdkafka spaces by reconnect.backoff.ms / 2 (default
+# 100 ms, the Java client's is 50 ms). Measured against a local broker: a new producer's first
+# metadata 55 ms with the default, 15 ms with 20 ms (init_transactions 65 -> 20 ms with it).
+# Every fresh client pays it: the first batch's producers and readers, and a Python worker that
+# takes a slot it held no producer for. Broken connections still back off exponentially
+# (reconnect.backoff.max.ms). The user's own value wins.
+FAST_FIRST_CONNECT = {"reconnect.backoff.ms": 20}
+
 # Properties that only make sense on the consumer side and that librdkafka refuses (rather than
 # ignores) on a producer or admin client.
 _CONSUMER_ONLY = ("auto.offset.reset", "isolation.level", "group.id", "group.protocol",
@@ -62,7 +72,7 @@ class KafkaClients:
         return cls(bootstrap_servers, common, producer, consumer)
 
     def _base(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap_servers, "logger": LOG}
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": LOG, **FAST_FIRST_CONNECT}
 
     def admin(self, **defaults: Any) -> dict[str, Any]:
         """An AdminClient's configuration: the defaults, then every unprefixed property."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -249,19 +249,23 @@ class _SlotOutput:
             collector.replay()
 
 
-def _produce_all(output: _SlotOutput, pieces: Iterator[Piece], results: list[TaskResult]) -> None:
+def _produce_all(output: _SlotOutput, pieces: Iterator[Piece], results: list[TaskResult],
+                 stop: Callable[[], bool] = lambda: False) -> bool:
     """Produce every output batch, timing the wait for upstream apart from encode+produce (the
-    slot's timings go to its first range's result)."""
+    slot's timings go to its first range's result). Returns False when `stop()` said to give up
+    before the input ended (its output is then never committed)."""
     clock = time.perf_counter
     timing = results[0]
     iterator = iter(pieces)
     while True:
+        if stop():
+            return False
         started = clock()
         piece = next(iterator, None)
         got = clock()
         timing.upstream_s += got - started
         if piece is None:
-            return
+            return True
         batch, runs = piece
         if len(runs) > 1:
             # Keys and values encoded once per batch, not once per run: the columnar encoder's
@@ -306,6 +310,75 @@ def _set(results: list[TaskResult], status: str, committed: list[int | None] | N
             result.message = message
 
 
+class _CommitPrelude:
+    """What a slot's commit needs besides its output, run beside the produce (docs/architecture.md
+    §3.4): the re-check of the committed offsets, then, when they are what the plan saw,
+    `send_offsets_to_transaction` with every range's end. Neither needs the output, and each is a
+    round trip (a stable OffsetFetch; AddOffsetsToTxn and TxnOffsetCommit) that used to sit
+    between the task's start or its last record and the commit; here they overlap the wait for
+    upstream. The transaction commits only after the re-check passed and the offsets were sent.
+
+    The re-check runs first, and after the slot's init (so nothing older can still commit):
+    once this transaction holds the offsets, a stable read of them would wait for it to end."""
+
+    def __init__(self, spec: PublishSpec, plans: list[PartitionPlan], publisher: TransactionalPublisher) -> None:
+        self.spec, self.plans, self.publisher = spec, plans, publisher
+        self.current: list[int | None] = [p.committed for p in plans]
+        self.status: str | None = None   # ALREADY_DONE or STALE_PLAN: this attempt must not commit
+        self.message = ""
+        self._check_error: BaseException | None = None
+        self._send_error: BaseException | None = None
+        self._checked, self._done = threading.Event(), threading.Event()
+        threading.Thread(target=self._run, name=f"commit-prelude-{publisher.transactional_id}", daemon=True).start()
+
+    def _run(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        try:
+            try:
+                self.current = current = committed_offsets(self.spec, self.plans)
+            except BaseException as exc:   # handed to the task's thread
+                self._check_error = exc
+                return
+            if all(c is not None and c == p.end for c, p in zip(current, self.plans, strict=True)):
+                self.status = ALREADY_DONE
+            elif any(c != p.committed for c, p in zip(current, self.plans, strict=True)):
+                moved = [f"{p.topic}[{p.partition}] {c} (planned {p.committed})"
+                         for c, p in zip(current, self.plans, strict=True) if c != p.committed]
+                self.status, self.message = STALE_PLAN, f"committed offsets moved: {', '.join(moved)}"
+            self._checked.set()
+            if self.status is None:
+                try:
+                    self.publisher.send_offsets(
+                        [TopicPartition(p.topic, p.partition, p.end) for p in self.plans], self.spec.group_metadata)
+                except BaseException as exc:   # handed to the task's thread
+                    self._send_error = exc
+        finally:
+            self._checked.set()
+            self._done.set()
+
+    def refused(self) -> bool:
+        """The re-check already found the ranges published or moved (stop producing)."""
+        return self._checked.is_set() and self.status is not None
+
+    def recheck(self) -> str | None:
+        """Wait for the re-check: None (go on), ALREADY_DONE or STALE_PLAN. Raises its error."""
+        self._checked.wait()
+        if self._check_error is not None:
+            raise self._check_error
+        return self.status
+
+    def offsets_sent(self) -> None:
+        """Wait for send_offsets_to_transaction; raises its error (classified by the publisher)."""
+        self._done.wait()
+        if self._send_error is not None:
+            raise self._send_error
+
+    def settle(self) -> None:
+        """Wait until no call of the prelude is running (its outcome is then read or dropped)."""
+        self._done.wait()
+
+
 def publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
                           result: TaskResult) -> None:
     """One range alone (a slot of one): publish_ranges."""
@@ -317,8 +390,6 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
     """docs/architecture.md §3.4: a slot's ranges, one producer (the slot's transactional.id),
     one transaction with every range's end offset. The records are kept (collector.py), so
     that a new transaction after an abort or a fence replays them and goes on with the rest."""
-    from confluent_kafka import TopicPartition
-
     tid = plans[0].transactional_id
     if any((p.transactional_id, p.transactional_ids) != (tid, plans[0].transactional_ids) for p in plans):
         raise InfrastructureError(f"one slot's ranges name several transactional.ids: {plans}")
@@ -333,41 +404,42 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
     for attempt in range(1, 4):
         for result in results:
             result.attempts = attempt
-        # After init_transactions, nothing older can still commit: the committed offsets are final.
-        current = committed_offsets(spec, plans)
-        if all(c is not None and c == p.end for c, p in zip(current, plans, strict=True)):
-            _set(results, ALREADY_DONE, current)
-            return
-        if any(c != p.committed for c, p in zip(current, plans, strict=True)):
-            moved = [f"{p.topic}[{p.partition}] {c} (planned {p.committed})"
-                     for c, p in zip(current, plans, strict=True) if c != p.committed]
-            _set(results, STALE_PLAN, current, f"committed offsets moved: {', '.join(moved)}")
-            return
+        prelude: _CommitPrelude | None = None
         try:
-            publisher.begin()
-            faults.maybe_fail("publish.before_produce", plans[0])
-            with publisher.producing():
-                if output is None:
-                    output = _SlotOutput(spec, plans, publisher.producer)
-                else:
-                    started = time.perf_counter()
-                    output.replay(publisher.producer)
-                    results[0].produce_s += time.perf_counter() - started
-                if not input_done:
-                    _produce_all(output, pieces, results)
-                    input_done = True
-                if dead is None:
-                    dead = [_dead_letters_of_range(spec, p, r) for p, r in zip(plans, results, strict=True)]
-                for pos, records in enumerate(dead):
-                    while dead_added[pos] < len(records):
-                        dead_added[pos] += 1   # kept by the collector before it is produced: replayed if need be
-                        output.of(pos).add_dead_letter(spec.dead_letter_topic, records[dead_added[pos] - 1], spec.app_id)
-                    results[pos].dead_letters = len(records)
-            started = time.perf_counter()
-            publisher.send_offsets([TopicPartition(p.topic, p.partition, p.end) for p in plans], spec.group_metadata)
-            faults.maybe_fail("publish.before_commit", plans[0])
-            publisher.commit()
-            results[0].commit_s += time.perf_counter() - started
+            try:
+                publisher.begin()
+                prelude = _CommitPrelude(spec, plans, publisher)
+                faults.maybe_fail("publish.before_produce", plans[0])
+                with publisher.producing():
+                    if output is None:
+                        output = _SlotOutput(spec, plans, publisher.producer)
+                    else:
+                        started = time.perf_counter()
+                        output.replay(publisher.producer)
+                        results[0].produce_s += time.perf_counter() - started
+                    if not input_done:
+                        input_done = _produce_all(output, pieces, results, stop=prelude.refused)
+                refused = prelude.recheck()
+                if refused is not None:
+                    publisher.abort()   # what this attempt produced is never committed
+                    _set(results, refused, prelude.current, prelude.message)
+                    return
+                with publisher.producing():
+                    if dead is None:
+                        dead = [_dead_letters_of_range(spec, p, r) for p, r in zip(plans, results, strict=True)]
+                    for pos, records in enumerate(dead):
+                        while dead_added[pos] < len(records):
+                            dead_added[pos] += 1   # kept by the collector before it is produced: replayed if need be
+                            output.of(pos).add_dead_letter(spec.dead_letter_topic, records[dead_added[pos] - 1], spec.app_id)
+                        results[pos].dead_letters = len(records)
+                started = time.perf_counter()
+                prelude.offsets_sent()
+                faults.maybe_fail("publish.before_commit", plans[0])
+                publisher.commit()
+                results[0].commit_s += time.perf_counter() - started
+            finally:
+                if prelude is not None:
+                    prelude.settle()   # none of its calls may run beside an abort or the next attempt
             faults.maybe_fail("publish.after_commit", plans[0])
             _set(results, COMMITTED, [p.end for p in plans])
             return

@@ -43,6 +43,10 @@ class Processor:
     wide_mode: ClassVar[str] = "units"
     output_units: ClassVar[int | None] = None
     allow_nondeterministic: ClassVar[bool] = False
+    # Output (a row's `topic`, output_topic or dead_letter_topic) that names an input topic feeds
+    # the run its own output: refused unless set, since the usual cause is a transform that kept
+    # the input's `topic` column.
+    allow_output_to_input_topics: ClassVar[bool] = False
     # Narrow transforms: publishing tasks per batch, each one producer and one transaction for
     # its share of the partitions (None: Spark's cores; docs/architecture.md §3.4).
     task_slots: ClassVar[int | None] = None

@@ -63,6 +63,7 @@ class RunSettings:
     wide_mode: str = "units"
     output_units: int | None = None       # None: the number of input partitions
     allow_nondeterministic: bool = False
+    allow_output_to_input_topics: bool = False   # a topic both read and written: a loop, accepted knowingly
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
     producers_per_slot: int = 4           # transactional.ids per slot (driver/slots.py)
@@ -199,6 +200,14 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     check_wide_settings(extra["wide_mode"], extra["output_units"])
     extra["task_slots"] = extra.get("task_slots") or cls.task_slots
     extra["producers_per_slot"] = extra.get("producers_per_slot") or cls.producers_per_slot
+    output_topic, dead_letter_topic = output or cls.output_topic, dead_letter or cls.dead_letter_topic
+    extra["allow_output_to_input_topics"] = (bool(extra.get("allow_output_to_input_topics"))
+                                             or cls.allow_output_to_input_topics)
+    for role, name in (("output topic", output_topic), ("dead-letter topic", dead_letter_topic)):
+        if name in topics and not extra["allow_output_to_input_topics"]:
+            raise SettingsError(
+                f"the {role} {name!r} is also an input topic: the run would read its own output. "
+                f"Set allow_output_to_input_topics = True on {cls.__name__} if that loop is intended.")
     first = extra.get("first_batch_records")
     extra["first_batch_records"] = cls.first_batch_records if first is None else first
     if extra["first_batch_records"] < 0:
@@ -208,8 +217,8 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
         bootstrap_servers=bootstrap_servers,
         app_id=app_id or cls.app_id or default_app_id(cls),
         input_topics=topics,
-        output_topic=output or cls.output_topic,
-        dead_letter_topic=dead_letter or cls.dead_letter_topic,
+        output_topic=output_topic,
+        dead_letter_topic=dead_letter_topic,
         guarantee=guarantee,
         auto_offset_reset=reset,
         max_records_per_partition=cap,

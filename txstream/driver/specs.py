@@ -26,7 +26,9 @@ class TaskSpecs:
                                    transaction_timeout_s=s.transaction_timeout_s, owner_dir=self.owner_dir,
                                    output_topic=s.output_topic, output_key_schema=s.output_key_schema,
                                    output_value_schema=s.output_value_schema,
-                                   dead_letter_topic=s.dead_letter_topic, lineage=s.lineage)
+                                   dead_letter_topic=s.dead_letter_topic, lineage=s.lineage,
+                                   refused_topics=frozenset() if s.allow_output_to_input_topics
+                                   else frozenset(s.input_topics))
 
     def for_reading(self, batch_id: int, plans: list[PartitionPlan], layout: tuple[int, ...] = (),
                     slot_width: int = 1) -> ReadSpec:

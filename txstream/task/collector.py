@@ -29,6 +29,8 @@ class RecordCollector:
     # The lineage headers every record of this collector carries; default: the source partition
     # and the publication (a wide unit's name its batch and unit instead: task/units.py).
     fixed_headers: list[tuple[str, bytes]] | None = None
+    # Topics a row's `topic` may not name (the run's inputs: PublishSpec.refused_topics).
+    refused_topics: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         topic, partition = self.source
@@ -64,6 +66,8 @@ class RecordCollector:
             self._produce_from(len(sent) - n)
             return n
         topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else None
+        if topics is not None and self.refused_topics:
+            _refuse_input_topics(set(topics) & self.refused_topics)
         partitions = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
         hdrs = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
         offsets = batch.column(names.index("offset")).to_pylist() if "offset" in names else None
@@ -148,3 +152,13 @@ def _encoded(column: pa.Array, codec: AvroCodec | None, what: str) -> list:
     if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_null(typ):
         return column.to_pylist()
     raise OutputError(f"the output `{what}` column is {typ}; it must be binary, string or a struct")
+
+
+def _refuse_input_topics(named: set[str]) -> None:
+    if named:
+        topic = sorted(named)[0]
+        raise OutputError(
+            f"an output row's `topic` is {topic!r}, an input topic of this run: the run would read "
+            "its own output. The usual cause is a transform that kept the input's `topic` column: "
+            "select the output's columns (key, value, ...) or set `topic`. If the loop is intended, "
+            "set allow_output_to_input_topics = True on the processor.")

@@ -218,7 +218,8 @@ def _collector(spec: PublishSpec, plan: PartitionPlan, producer: Any) -> RecordC
     return RecordCollector(
         producer=producer, default_topic=spec.output_topic,
         value_codec=_codec(spec.output_value_schema), key_codec=_codec(spec.output_key_schema),
-        source=(plan.topic, plan.partition), publication=uuid.uuid4().hex, lineage=spec.lineage)
+        source=(plan.topic, plan.partition), publication=uuid.uuid4().hex, lineage=spec.lineage,
+        refused_topics=spec.refused_topics)
 
 
 class _SlotOutput:

@@ -128,6 +128,9 @@ class PublishSpec:
     output_value_schema: dict | None = None
     dead_letter_topic: str | None = None
     lineage: bool = True
+    # Topics an output row may not name: the inputs, unless the processor allows the loop
+    # (processor.py allow_output_to_input_topics).
+    refused_topics: frozenset[str] = frozenset()
     # A worker closes a cached producer that none of its tasks used for this long: its
     # partition's tasks run elsewhere now (task/publish.py).
     producer_idle_s: float = 120.0

@@ -19,6 +19,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
+
 from benchmarks import batchlog
 from benchmarks.common import (
     BENCH_DIR,
@@ -79,6 +81,7 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
                     if log_path.is_relative_to(REPO) else str(log_path), "loadavg_before": os.getloadavg()[0]}
     try:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        broker0 = broker_cpu_s(ctx)
         started = time.monotonic()
         foreign.start()
         proc = start_process(argv, env, str(log_path), str(REPO))
@@ -106,6 +109,9 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
                     break
             time.sleep(0.05)
         sampler.stop()
+        broker1 = broker_cpu_s(ctx)
+        if broker0 is not None and broker1 is not None:
+            result["broker_cpu_s"] = broker1 - broker0
         result.update(foreign.stop())
         sampled_cpu = sampler.cpu_seconds
         self_exit = proc.poll() is not None
@@ -177,7 +183,22 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
     result["records_per_s"] = seeded.records / result["wall_s"]
     result["mb_per_s"] = mb / result["wall_s"]
     result["cpu_s_per_m"] = result["cpu_s"] / (seeded.records / 1e6)
+    if "broker_cpu_s" in result:
+        result["broker_cpu_s_per_m"] = result["broker_cpu_s"] / (seeded.records / 1e6)
     return result
+
+
+def broker_cpu_s(ctx: dict) -> float | None:
+    """User + system CPU of the local broker's JVM so far (None with a cluster of someone else's):
+    the broker's share of a contender's work, e.g. what exactly-once's transactions cost it."""
+    pids = ctx.get("broker_pids") or []
+    if not pids:
+        return None
+    try:
+        times = [psutil.Process(pid).cpu_times() for pid in pids]
+    except psutil.Error:
+        return None
+    return sum(t.user + t.system for t in times)
 
 
 STEADY_MIN_WINDOW_S = 2.0   # a shorter window after the first output is one burst, not a rate
@@ -202,7 +223,7 @@ def steady_state(watcher: OutputWatcher, done: float, records: int, expected: in
 
 
 SUMMARY_KEYS = ("wall_s", "records_per_s", "mb_per_s", "cpu_s", "cpu_s_per_m", "peak_rss_mb", "first_output_s",
-                "steady_records_per_s", "foreign_cores")
+                "steady_records_per_s", "foreign_cores", "broker_cpu_s_per_m")
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -639,6 +660,7 @@ def main(argv=None) -> int:
         run_broker = RunBroker.start(args.bootstrap_servers, log, "txstream-bench-kafka-", timeout=120)
         bootstrap, broker = run_broker.bootstrap, run_broker.description
         ctx["bootstrap"] = bootstrap
+        ctx["broker_pids"] = run_broker.cluster.alive_pids() if run_broker.cluster is not None else []
         log(f"broker: {bootstrap}; logs of each run under {logdir}")
         # Internal topics first, so that no contender pays for their creation (see warm_up_broker).
         results["broker_warm_up_s"] = warm_up_broker(bootstrap, load_s=5 if args.quick else 30)

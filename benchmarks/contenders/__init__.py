@@ -93,7 +93,20 @@ def all_contenders() -> list[Contender]:
             SparkStructuredStreaming(), QuixStreams(),
             Instances(QuixStreams(), 2, {"--state-dir": "/{i}"}, name="quix-x2",
                       label="Quix Streams exactly-once, 2 instances"),
-            KafkaStreams(), KafkaCeiling(), *_baselines(TxStream)]
+            KafkaStreams(), KafkaCeiling(), *_baselines(TxStream), *_variants(TxStream)]
+
+
+def _variants(txstream_cls) -> list[Contender]:
+    """txstream-exactly-once-variant: txstream exactly-once with the extra `txstream run`
+    arguments of TXSTREAM_BENCH_VARIANT (e.g. "-X producer.linger.ms=50"), to measure a setting
+    side by side with the default."""
+    import shlex
+
+    args = shlex.split(os.environ.get("TXSTREAM_BENCH_VARIANT", ""))
+    if not args:
+        return []
+    return [txstream_cls("exactly-once", name="txstream-exactly-once-variant",
+                         label=f"txstream exactly-once, {' '.join(args)}", extra_args=tuple(args))]
 
 
 def _baselines(txstream_cls) -> list[Contender]:

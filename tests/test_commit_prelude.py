@@ -1,7 +1,7 @@
-"""A slot's re-check and send_offsets_to_transaction run beside its produce (task/publish.py
-`_CommitPrelude`, docs/architecture.md §3.4): the offsets go out while the output is still
-arriving, the commit waits for both, and a re-check that finds the plan stale or the ranges done
-stops the produce and commits nothing."""
+"""A slot's re-check runs beside its produce (task/publish.py `_CommitPrelude`,
+docs/architecture.md §3.4); its offsets go into the transaction only once the output is produced,
+so stable readers of the group's offsets are not kept waiting; a re-check that finds the plan
+stale or the ranges done stops the produce and commits nothing."""
 from __future__ import annotations
 
 import threading
@@ -9,11 +9,11 @@ import time
 import uuid
 
 import pyarrow as pa
+from confluent_kafka import Consumer, TopicPartition
 
 from tests.support.kafka import committed, drop_cached_publishers, live_member, produce, read_all
 from txstream.kafka.config import KafkaClients
 from txstream.task import publish
-from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ALREADY_DONE, COMMITTED, STALE_PLAN, TaskResult
 from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec, ReadSpec
 
@@ -33,25 +33,33 @@ def _rows(first: int, count: int) -> pa.RecordBatch:
         [{"key": b"k", "value": f"v{i}".encode(), "offset": i} for i in range(first, first + count)])
 
 
-def test_the_offsets_go_out_while_the_output_is_still_arriving(bootstrap_servers, make_topic, tmp_path,
-                                                                monkeypatch) -> None:
+def test_the_recheck_runs_beside_the_produce_and_the_offsets_wait_for_the_output(
+        bootstrap_servers, make_topic, tmp_path, monkeypatch) -> None:
+    """The re-check answers while the input is still arriving; the offsets are not pending in the
+    transaction meanwhile, so a stable reader of the group's offsets (a read_committed consumer's
+    committed(), as monitoring uses) is answered at once instead of waiting for the batch."""
     source, sink = make_topic("prelude-in", 1), make_topic("prelude-out", 1)
     produce(bootstrap_servers, source, [(b"k", b"v")] * 10)
     app_id = f"prelude-{uuid.uuid4().hex[:8]}"
-    sent = threading.Event()
-    send_offsets = TransactionalPublisher.send_offsets
+    checked = threading.Event()
+    committed_offsets = publish.committed_offsets
 
-    def spy(self, offsets, metadata):
-        send_offsets(self, offsets, metadata)
-        sent.set()
+    def spy(spec, plans):
+        found = committed_offsets(spec, plans)
+        checked.set()
+        return found
 
-    monkeypatch.setattr(TransactionalPublisher, "send_offsets", spy)
-    sent_before_the_last_batch: list[bool] = []
+    monkeypatch.setattr(publish, "committed_offsets", spy)
+    seen_mid_produce: list[tuple[bool, float]] = []
+    reader = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": app_id,
+                       "isolation.level": "read_committed", "enable.auto.commit": False})
 
     def upstream():
         yield _rows(0, 5)
-        # Serially (re-check, produce everything, then send the offsets) this waits in vain.
-        sent_before_the_last_batch.append(sent.wait(WAIT_S))
+        rechecked = checked.wait(WAIT_S)
+        started = time.monotonic()
+        reader.committed([TopicPartition(source, 0)], timeout=WAIT_S)   # stable: waits on pending offsets
+        seen_mid_produce.append((rechecked, time.monotonic() - started))
         yield _rows(5, 5)
 
     plan = PartitionPlan(source, 0, 0, 10, None, f"{app_id}-{source}-0")
@@ -62,7 +70,12 @@ def test_the_offsets_go_out_while_the_output_is_still_arriving(bootstrap_servers
             publish.publish_transactional(spec, plan, upstream(), result)
         finally:
             drop_cached_publishers()
-    assert sent_before_the_last_batch == [True]
+            reader.close()
+    [(rechecked, stable_read_s)] = seen_mid_produce
+    assert rechecked, "the re-check did not answer before the last input batch"
+    # Offsets sent beside the produce keep this read waiting until the transaction ends: here,
+    # never (the task waits for this generator), so it times out after WAIT_S.
+    assert stable_read_s < WAIT_S / 3, f"a stable read during the produce took {stable_read_s:.1f}s"
     assert result.status == COMMITTED, result
     assert committed(bootstrap_servers, app_id, source, 1) == {0: 10}
     assert sorted(r.value for r in read_all(bootstrap_servers, sink)) == sorted(f"v{i}".encode() for i in range(10))

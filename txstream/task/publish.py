@@ -312,15 +312,17 @@ def _set(results: list[TaskResult], status: str, committed: list[int | None] | N
 
 
 class _CommitPrelude:
-    """What a slot's commit needs besides its output, run beside the produce (docs/architecture.md
-    §3.4): the re-check of the committed offsets, then, when they are what the plan saw,
-    `send_offsets_to_transaction` with every range's end. Neither needs the output, and each is a
-    round trip (a stable OffsetFetch; AddOffsetsToTxn and TxnOffsetCommit) that used to sit
-    between the task's start or its last record and the commit; here they overlap the wait for
-    upstream. The transaction commits only after the re-check passed and the offsets were sent.
+    """What a slot's commit needs besides its output (docs/architecture.md §3.4): the re-check of
+    the committed offsets, run beside the produce (a round trip that needs no output, and that
+    used to sit between the task's start and its first record), then, once the output is
+    produced, `send_offsets_to_transaction` with every range's end. The transaction commits only
+    after the re-check passed and the offsets were sent.
 
-    The re-check runs first, and after the slot's init (so nothing older can still commit):
-    once this transaction holds the offsets, a stable read of them would wait for it to end."""
+    The re-check runs after the slot's init (so nothing older can still commit). The offsets go
+    out only after the output: once a transaction holds them, every stable read of them (the
+    next re-check, a read_committed consumer's `committed()`, a monitoring tool) waits until it
+    ends. Sent beside the produce, they kept such readers waiting for whole batches, back to
+    back (a crash test's progress probe saw nothing until the run was over)."""
 
     def __init__(self, spec: PublishSpec, plans: list[PartitionPlan], publisher: TransactionalPublisher) -> None:
         self.spec, self.plans, self.publisher = spec, plans, publisher
@@ -330,6 +332,7 @@ class _CommitPrelude:
         self._check_error: BaseException | None = None
         self._send_error: BaseException | None = None
         self._checked, self._done = threading.Event(), threading.Event()
+        self._send, self._cancelled = threading.Event(), False
         threading.Thread(target=self._run, name=f"commit-prelude-{publisher.transactional_id}", daemon=True).start()
 
     def _run(self) -> None:
@@ -349,6 +352,9 @@ class _CommitPrelude:
                 self.status, self.message = STALE_PLAN, f"committed offsets moved: {', '.join(moved)}"
             self._checked.set()
             if self.status is None:
+                self._send.wait()   # the output is produced (send_offsets), or the attempt is over (settle)
+                if self._cancelled:
+                    return
                 try:
                     self.publisher.send_offsets(
                         [TopicPartition(p.topic, p.partition, p.end) for p in self.plans], self.spec.group_metadata)
@@ -369,14 +375,19 @@ class _CommitPrelude:
             raise self._check_error
         return self.status
 
-    def offsets_sent(self) -> None:
-        """Wait for send_offsets_to_transaction; raises its error (classified by the publisher)."""
+    def send_offsets(self) -> None:
+        """Send the offsets (the output is produced) and wait for them; raises send_offsets'
+        error (classified by the publisher)."""
+        self._send.set()
         self._done.wait()
         if self._send_error is not None:
             raise self._send_error
 
     def settle(self) -> None:
         """Wait until no call of the prelude is running (its outcome is then read or dropped)."""
+        if not self._send.is_set():
+            self._cancelled = True
+            self._send.set()
         self._done.wait()
 
 
@@ -434,7 +445,7 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
                             output.of(pos).add_dead_letter(spec.dead_letter_topic, records[dead_added[pos] - 1], spec.app_id)
                         results[pos].dead_letters = len(records)
                 started = time.perf_counter()
-                prelude.offsets_sent()
+                prelude.send_offsets()
                 faults.maybe_fail("publish.before_commit", plans[0])
                 publisher.commit()
                 results[0].commit_s += time.perf_counter() - started

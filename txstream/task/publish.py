@@ -311,84 +311,57 @@ def _set(results: list[TaskResult], status: str, committed: list[int | None] | N
             result.message = message
 
 
-class _CommitPrelude:
-    """What a slot's commit needs besides its output (docs/architecture.md §3.4): the re-check of
-    the committed offsets, run beside the produce (a round trip that needs no output, and that
-    used to sit between the task's start and its first record), then, once the output is
-    produced, `send_offsets_to_transaction` with every range's end. The transaction commits only
-    after the re-check passed and the offsets were sent.
+class _Recheck:
+    """The slot's re-check of the committed offsets (docs/architecture.md §3.4), run beside the
+    produce: a round trip that needs no output, and that used to sit between the task's start
+    and its first record. It starts after the slot's init (so nothing older can still commit);
+    the transaction commits only after it passed. (The offsets themselves go into the
+    transaction only after the output: once a transaction holds them, every stable read of them,
+    a monitoring tool's included, waits until it ends.)"""
 
-    The re-check runs after the slot's init (so nothing older can still commit). The offsets go
-    out only after the output: once a transaction holds them, every stable read of them (the
-    next re-check, a read_committed consumer's `committed()`, a monitoring tool) waits until it
-    ends. Sent beside the produce, they kept such readers waiting for whole batches, back to
-    back (a crash test's progress probe saw nothing until the run was over)."""
-
-    def __init__(self, spec: PublishSpec, plans: list[PartitionPlan], publisher: TransactionalPublisher) -> None:
-        self.spec, self.plans, self.publisher = spec, plans, publisher
+    def __init__(self, spec: PublishSpec, plans: list[PartitionPlan], tid: str) -> None:
+        self.spec, self.plans = spec, plans
         self.current: list[int | None] = [p.committed for p in plans]
         self.status: str | None = None   # ALREADY_DONE or STALE_PLAN: this attempt must not commit
         self.message = ""
-        self._check_error: BaseException | None = None
-        self._send_error: BaseException | None = None
-        self._checked, self._done = threading.Event(), threading.Event()
-        self._send, self._cancelled = threading.Event(), False
-        threading.Thread(target=self._run, name=f"commit-prelude-{publisher.transactional_id}", daemon=True).start()
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name=f"recheck-{tid}", daemon=True).start()
 
     def _run(self) -> None:
-        from confluent_kafka import TopicPartition
-
         try:
-            try:
-                self.current = current = committed_offsets(self.spec, self.plans)
-            except BaseException as exc:   # handed to the task's thread
-                self._check_error = exc
-                return
-            if all(c is not None and c == p.end for c, p in zip(current, self.plans, strict=True)):
-                self.status = ALREADY_DONE
-            elif any(c != p.committed for c, p in zip(current, self.plans, strict=True)):
-                moved = [f"{p.topic}[{p.partition}] {c} (planned {p.committed})"
-                         for c, p in zip(current, self.plans, strict=True) if c != p.committed]
-                self.status, self.message = STALE_PLAN, f"committed offsets moved: {', '.join(moved)}"
-            self._checked.set()
-            if self.status is None:
-                self._send.wait()   # the output is produced (send_offsets), or the attempt is over (settle)
-                if self._cancelled:
-                    return
-                try:
-                    self.publisher.send_offsets(
-                        [TopicPartition(p.topic, p.partition, p.end) for p in self.plans], self.spec.group_metadata)
-                except BaseException as exc:   # handed to the task's thread
-                    self._send_error = exc
+            self.current = committed_offsets(self.spec, self.plans)
+            self.status, self.message = _verdict(self.plans, self.current)
+        except BaseException as exc:   # handed to the task's thread
+            self._error = exc
         finally:
-            self._checked.set()
             self._done.set()
 
     def refused(self) -> bool:
         """The re-check already found the ranges published or moved (stop producing)."""
-        return self._checked.is_set() and self.status is not None
+        return self._done.is_set() and self.status is not None
 
-    def recheck(self) -> str | None:
+    def outcome(self) -> str | None:
         """Wait for the re-check: None (go on), ALREADY_DONE or STALE_PLAN. Raises its error."""
-        self._checked.wait()
-        if self._check_error is not None:
-            raise self._check_error
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
         return self.status
 
-    def send_offsets(self) -> None:
-        """Send the offsets (the output is produced) and wait for them; raises send_offsets'
-        error (classified by the publisher)."""
-        self._send.set()
-        self._done.wait()
-        if self._send_error is not None:
-            raise self._send_error
-
     def settle(self) -> None:
-        """Wait until no call of the prelude is running (its outcome is then read or dropped)."""
-        if not self._send.is_set():
-            self._cancelled = True
-            self._send.set()
+        """Wait until the re-check is over (its consumer is the worker's, shared with the next
+        attempt's re-check)."""
         self._done.wait()
+
+
+def _verdict(plans: list[PartitionPlan], current: list[int | None]) -> tuple[str | None, str]:
+    """What the committed offsets say of the plans: (None, "") go on; ALREADY_DONE every range
+    is published; STALE_PLAN something other than the plan moved them."""
+    if all(c is not None and c == p.end for c, p in zip(current, plans, strict=True)):
+        return ALREADY_DONE, ""
+    moved = [f"{p.topic}[{p.partition}] {c} (planned {p.committed})"
+             for c, p in zip(current, plans, strict=True) if c != p.committed]
+    return (STALE_PLAN, f"committed offsets moved: {', '.join(moved)}") if moved else (None, "")
 
 
 def publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
@@ -402,6 +375,8 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
     """docs/architecture.md §3.4: a slot's ranges, one producer (the slot's transactional.id),
     one transaction with every range's end offset. The records are kept (collector.py), so
     that a new transaction after an abort or a fence replays them and goes on with the rest."""
+    from confluent_kafka import TopicPartition
+
     tid = plans[0].transactional_id
     if any((p.transactional_id, p.transactional_ids) != (tid, plans[0].transactional_ids) for p in plans):
         raise InfrastructureError(f"one slot's ranges name several transactional.ids: {plans}")
@@ -416,11 +391,11 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
     for attempt in range(1, 4):
         for result in results:
             result.attempts = attempt
-        prelude: _CommitPrelude | None = None
+        recheck: _Recheck | None = None
         try:
             try:
                 publisher.begin()
-                prelude = _CommitPrelude(spec, plans, publisher)
+                recheck = _Recheck(spec, plans, publisher.transactional_id)
                 faults.maybe_fail("publish.before_produce", plans[0])
                 with publisher.producing():
                     if output is None:
@@ -430,11 +405,11 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
                         output.replay(publisher.producer)
                         results[0].produce_s += time.perf_counter() - started
                     if not input_done:
-                        input_done = _produce_all(output, pieces, results, stop=prelude.refused)
-                refused = prelude.recheck()
+                        input_done = _produce_all(output, pieces, results, stop=recheck.refused)
+                refused = recheck.outcome()
                 if refused is not None:
                     publisher.abort()   # what this attempt produced is never committed
-                    _set(results, refused, prelude.current, prelude.message)
+                    _set(results, refused, recheck.current, recheck.message)
                     return
                 with publisher.producing():
                     if dead is None:
@@ -445,13 +420,14 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
                             output.of(pos).add_dead_letter(spec.dead_letter_topic, records[dead_added[pos] - 1], spec.app_id)
                         results[pos].dead_letters = len(records)
                 started = time.perf_counter()
-                prelude.send_offsets()
+                publisher.send_offsets([TopicPartition(p.topic, p.partition, p.end) for p in plans],
+                                       spec.group_metadata)
                 faults.maybe_fail("publish.before_commit", plans[0])
                 publisher.commit()
                 results[0].commit_s += time.perf_counter() - started
             finally:
-                if prelude is not None:
-                    prelude.settle()   # none of its calls may run beside an abort or the next attempt
+                if recheck is not None:
+                    recheck.settle()
             faults.maybe_fail("publish.after_commit", plans[0])
             _set(results, COMMITTED, [p.end for p in plans])
             return
@@ -526,9 +502,10 @@ def _outcome_of_other_attempt(spec: PublishSpec, plans: list[PartitionPlan],
     current: list[int | None] = [p.committed for p in plans]
     while time.monotonic() < deadline:
         current = committed_offsets(spec, plans)
-        if all(c == p.end for c, p in zip(current, plans, strict=True)):
+        status, _moved = _verdict(plans, current)
+        if status == ALREADY_DONE:
             return ALREADY_DONE, current, f"fenced by another attempt, which committed the ranges: {fence}"
-        if any(c != p.committed for c, p in zip(current, plans, strict=True)):
+        if status == STALE_PLAN:
             return STALE_PLAN, current, f"fenced; the offsets moved to {current}"
         time.sleep(0.2)
     return FENCED, current, str(fence)

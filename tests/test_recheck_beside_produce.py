@@ -1,4 +1,4 @@
-"""A slot's re-check runs beside its produce (task/publish.py `_CommitPrelude`,
+"""A slot's re-check runs beside its produce (task/publish.py `_Recheck`,
 docs/architecture.md §3.4); its offsets go into the transaction only once the output is produced,
 so stable readers of the group's offsets are not kept waiting; a re-check that finds the plan
 stale or the ranges done stops the produce and commits nothing."""
@@ -81,13 +81,22 @@ def test_the_recheck_runs_beside_the_produce_and_the_offsets_wait_for_the_output
     assert sorted(r.value for r in read_all(bootstrap_servers, sink)) == sorted(f"v{i}".encode() for i in range(10))
 
 
-def test_a_refused_recheck_stops_the_produce_and_commits_nothing(bootstrap_servers, make_topic, tmp_path) -> None:
+def test_a_refused_recheck_stops_the_produce_and_commits_nothing(bootstrap_servers, make_topic, tmp_path,
+                                                                monkeypatch) -> None:
     """The first batch commits [0, 10). A plan made before it (nothing committed, end 6) is stale,
     one that repeats it (end 10) finds its range done: either way the task stops taking its input
     once the re-check has answered, and nothing more becomes visible."""
     source, sink = make_topic("refused-in", 1), make_topic("refused-out", 1)
     produce(bootstrap_servers, source, [(b"k", b"v")] * 10)
     app_id = f"refused-{uuid.uuid4().hex[:8]}"
+    checked = threading.Event()
+    committed_offsets = publish.committed_offsets
+
+    def spy(spec, plans):
+        found = committed_offsets(spec, plans)
+        checked.set()
+        return found
+
     with live_member(bootstrap_servers, app_id, source) as member:
         spec = _spec(bootstrap_servers, app_id, sink, str(tmp_path))
         metadata = member.consumer_group_metadata()
@@ -96,22 +105,27 @@ def test_a_refused_recheck_stops_the_produce_and_commits_nothing(bootstrap_serve
             first = TaskResult(0)
             publish.publish_transactional(spec.with_batch(1, [done], metadata), done, iter([_rows(0, 10)]), first)
             assert first.status == COMMITTED, first
+            monkeypatch.setattr(publish, "committed_offsets", spy)
             for batch, (end, expected) in enumerate([(6, STALE_PLAN), (10, ALREADY_DONE)], start=2):
                 plan = PartitionPlan(source, 0, 0, end, None, f"{app_id}-{source}-0")
+                checked.clear()
                 taken: list[int] = []
 
                 def endless(taken=taken):
-                    # Paced, and bounded: a task that never stops taking input fails the test in
-                    # 30 s instead of hanging the run.
+                    # Once the re-check has answered, input keeps coming without pause: a task
+                    # that does not stop takes all of it.
                     for n in range(PIECES):
                         taken.append(n)
-                        time.sleep(0.01)
                         yield _rows(100 + n, 1)
+                        if n == 0:
+                            assert checked.wait(WAIT_S), "the re-check did not answer"
 
                 result = TaskResult(0)
                 publish.publish_transactional(spec.with_batch(batch, [plan], metadata), plan, endless(), result)
                 assert result.status == expected, result
-                assert len(taken) < PIECES, "the task kept taking input after the re-check refused the plan"
+                # Two or three (the re-check's answer lands just after the spy's signal); all
+                # PIECES without the stop.
+                assert len(taken) < 100, f"the task took {len(taken)} input batches after the re-check refused"
                 assert result.committed == 10
         finally:
             drop_cached_publishers()

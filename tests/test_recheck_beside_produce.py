@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Callable
 
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
@@ -28,6 +29,20 @@ def _spec(bootstrap_servers: str, app_id: str, sink: str, owner_dir: str) -> Pub
                        output_topic=sink)
 
 
+def _recheck_spy() -> tuple[threading.Event, Callable]:
+    """A stand-in for publish.committed_offsets, the re-check's read: the event is set once a
+    re-check has read the offsets (so a test waits on that, not on time)."""
+    checked = threading.Event()
+    committed_offsets = publish.committed_offsets
+
+    def spy(spec, plans):
+        found = committed_offsets(spec, plans)
+        checked.set()
+        return found
+
+    return checked, spy
+
+
 def _rows(first: int, count: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(
         [{"key": b"k", "value": f"v{i}".encode(), "offset": i} for i in range(first, first + count)])
@@ -41,14 +56,7 @@ def test_the_recheck_runs_beside_the_produce_and_the_offsets_wait_for_the_output
     source, sink = make_topic("prelude-in", 1), make_topic("prelude-out", 1)
     produce(bootstrap_servers, source, [(b"k", b"v")] * 10)
     app_id = f"prelude-{uuid.uuid4().hex[:8]}"
-    checked = threading.Event()
-    committed_offsets = publish.committed_offsets
-
-    def spy(spec, plans):
-        found = committed_offsets(spec, plans)
-        checked.set()
-        return found
-
+    checked, spy = _recheck_spy()
     monkeypatch.setattr(publish, "committed_offsets", spy)
     seen_mid_produce: list[tuple[bool, float]] = []
     reader = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": app_id,
@@ -89,14 +97,7 @@ def test_a_refused_recheck_stops_the_produce_and_commits_nothing(bootstrap_serve
     source, sink = make_topic("refused-in", 1), make_topic("refused-out", 1)
     produce(bootstrap_servers, source, [(b"k", b"v")] * 10)
     app_id = f"refused-{uuid.uuid4().hex[:8]}"
-    checked = threading.Event()
-    committed_offsets = publish.committed_offsets
-
-    def spy(spec, plans):
-        found = committed_offsets(spec, plans)
-        checked.set()
-        return found
-
+    checked, spy = _recheck_spy()
     with live_member(bootstrap_servers, app_id, source) as member:
         spec = _spec(bootstrap_servers, app_id, sink, str(tmp_path))
         metadata = member.consumer_group_metadata()

@@ -29,6 +29,7 @@ def main() -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from benchmarks.harness import broker_cpu_s
     from txstream.kafka import headers
     from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
@@ -40,12 +41,7 @@ def main() -> None:
     cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=tempfile.mkdtemp(prefix="txstream-lineage-cost-"),
                                 die_with_parent=True)
     bootstrap = cluster.start()
-    broker_pid = cluster.alive_pids()[0]
-
-    def broker_cpu_s() -> float:
-        with open(f"/proc/{broker_pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    broker = {"broker_pids": cluster.alive_pids()}   # what harness.broker_cpu_s reads
 
     value = os.urandom(104)
     keys = [f"order-{i}".encode() for i in range(n)]
@@ -78,7 +74,7 @@ def main() -> None:
             producer.init_transactions(30)
             topic = topics[mode]
             before = resource.getrusage(resource.RUSAGE_SELF)
-            started, broker_before = time.perf_counter(), broker_cpu_s()
+            started, broker_before = time.perf_counter(), broker_cpu_s(broker)
             for first in range(0, n, TRANSACTION):
                 producer.begin_transaction()
                 for i in range(first, min(n, first + TRANSACTION)):
@@ -92,7 +88,7 @@ def main() -> None:
             wall = time.perf_counter() - started
             after = resource.getrusage(resource.RUSAGE_SELF)
             client = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-            return wall, client, broker_cpu_s() - broker_before
+            return wall, client, broker_cpu_s(broker) - broker_before
 
         run(MODES[0])   # the broker's and the client's first transactions, not counted
         results: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in MODES}

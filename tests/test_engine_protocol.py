@@ -133,7 +133,6 @@ def test_a_slot_publishes_its_ranges_in_one_transaction_each_range_naming_its_so
     offsets; each output record still names the partition and offset its input came from, and
     each range is its own publication."""
     from txstream.driver.slots import Slots
-    from txstream.kafka import headers
 
     driver, source, sink = driver_with_membership
     commits = DriverCommits(driver.settings.guarantee, driver.membership)
@@ -151,10 +150,9 @@ def test_a_slot_publishes_its_ranges_in_one_transaction_each_range_naming_its_so
     assert len(outputs) == sum(ends.values())
     publications: dict[int, set[bytes]] = {0: set(), 1: set()}
     for record in outputs:
-        partition = int(record.headers[headers.SOURCE_PARTITION])
-        offset = int(record.headers[headers.SOURCE_OFFSET])
+        _topic, partition, offset, publication, _position = record.lineage
         assert inputs[(partition, offset)] == record.value, "an output names another input as its source"
-        publications[partition].add(record.headers[headers.PUBLICATION])
+        publications[partition].add(publication)
     assert all(len(p) == 1 for p in publications.values()) and publications[0] != publications[1]
     assert committed(bootstrap_servers, driver.settings.app_id, source, 2) == ends
 
@@ -268,7 +266,6 @@ def test_a_slot_reads_its_ranges_in_one_spark_partition(lineage, bootstrap_serve
     each record names the partition and offset it came from, and each range is its own
     publication. Either way every record is published once and the offsets end at the end of
     every partition."""
-    from txstream.kafka import headers
 
     source, sink = make_topic("in", partitions=8), make_topic("out", partitions=3)
     values = {f"v{p}-{i}".encode(): (p, i) for p in range(8) for i in range(30)}
@@ -285,8 +282,8 @@ def test_a_slot_reads_its_ranges_in_one_spark_partition(lineage, bootstrap_serve
         source_partition, source_offset = values[value]
         read_in.setdefault(source_partition, set()).add(int(spark_partition))
         if lineage:
-            assert headers.source_of(list(record.headers.items())) == (source, source_partition, source_offset)
-            publications.setdefault(record.headers[headers.PUBLICATION], set()).add(source_partition)
+            assert record.lineage.source == (source, source_partition, source_offset)
+            publications.setdefault(record.lineage.publication, set()).add(source_partition)
         else:
             assert not record.headers
     assert sorted(r.value.rpartition(b"|")[0] for r in outputs) == sorted(values), "lost or repeated records"
@@ -357,7 +354,6 @@ def test_a_batch_job_is_built_once_and_run_for_the_next_batches(processor, boots
     With `transform_each_batch` every batch gets its own job and transform call: no batch runs an
     older batch's plan. Either way each record is published once, its lineage naming its own
     partition and offset, and the offsets end at the end."""
-    from txstream.kafka import headers
 
     source, sink = make_topic("in", partitions=4), make_topic("out", partitions=2)
     values = {f"v{p}-{i}".encode(): (p, i) for p in range(4) for i in range(60)}
@@ -375,9 +371,9 @@ def test_a_batch_job_is_built_once_and_run_for_the_next_batches(processor, boots
         if processor is not PassThrough:
             value, _, stamp = value.rpartition(b"|")
             stamps.add(stamp)
-        assert headers.source_of(list(record.headers.items())) == (source, *values[value])
+        assert record.lineage.source == (source, *values[value])
     assert len(outputs) == len(values), "lost or repeated records\n" + "\n".join(driver.lines)
-    assert {headers.source_of(list(r.headers.items()))[1:] for r in outputs} == set(values.values())
+    assert {r.lineage.source[1:] for r in outputs} == set(values.values())
     if processor is not _StampsEachCall:
         # Spark's per-row Arrow size check is on for the first batch only (spark/arrow_batches.py).
         assert driver.jobs_built <= 2, (driver.jobs_built, batches)

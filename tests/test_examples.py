@@ -10,7 +10,6 @@ from processors.passthrough import PassThrough
 from processors.route_by_currency import RouteByCurrency
 from processors.sample_orders import enriched, orders
 from tests.support.kafka import avro_bytes, committed, java_partition, murmur2, produce, read_all
-from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec, load_schema
 
 ORDER = load_schema("schemas/order.avsc")
@@ -44,7 +43,7 @@ def test_passthrough_copies_everything_once_to_java_partitions(bootstrap_servers
     # Lineage: each output names its source record exactly.
     source_records = {(r.partition, r.offset): r.value for r in read_all(bootstrap_servers, source)}
     for r in out:
-        topic, partition, offset = headers.source_of(list(r.headers.items()))
+        topic, partition, offset = r.lineage.source
         assert topic == source and source_records[(partition, offset)] == r.value
     assert committed(bootstrap_servers, driver.settings.app_id, source, 3) == {
         p: max(o for (q, o) in source_records if q == p) + 1 for p in range(3)}
@@ -77,7 +76,7 @@ def test_fanout_publishes_one_record_per_item_in_one_transaction(bootstrap_serve
     # All lines of one order came from one source offset and one publication.
     by_offset: dict[int, set[bytes]] = {}
     for r in out:
-        by_offset.setdefault(int(r.headers[headers.SOURCE_OFFSET]), set()).add(r.headers[headers.PUBLICATION])
+        by_offset.setdefault(r.lineage.offset, set()).add(r.lineage.publication)
     assert len(by_offset) == 500 and all(len(p) == 1 for p in by_offset.values())
 
 

@@ -25,7 +25,6 @@ from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
 from tests.support.kafka import avro_bytes, committed, produce, read_all
 from txstream.cli.main import main
-from txstream.kafka import headers as hdr
 from txstream.serde.avro import load_schema
 from txstream.tools.topic_io import end_offsets
 
@@ -72,11 +71,10 @@ def check_offsets(shown: dict, source: str, ends: dict[int, int], published: lis
     assert sorted(rows) == sorted(ends)
     for p, end in ends.items():
         assert (rows[p]["committed"], rows[p]["last_stable"], rows[p]["lag"]) == (end, end, 0), rows[p]
-        newest = max((r for r in published if int(r.headers[hdr.SOURCE_PARTITION]) == p),
-                     key=lambda r: int(r.headers[hdr.SOURCE_OFFSET]))
+        newest = max((r for r in published if r.lineage.partition == p), key=lambda r: r.lineage.offset)
         last = rows[p]["last_publication"]
-        assert last["source_offset"] == int(newest.headers[hdr.SOURCE_OFFSET]), last
-        assert last["publication"] == newest.headers[hdr.PUBLICATION].decode(), last
+        assert last["source_offset"] == newest.lineage.offset, last
+        assert last["publication"] == newest.lineage.publication.decode(), last
         assert last["output"].endswith(f"[{newest.partition}]@{newest.offset}"), last
 
 

@@ -45,11 +45,12 @@ def test_the_one_pass_path_builds_the_records_the_per_row_path_builds() -> None:
         assert fast == general, offsets
     records = _collect(_batch([5, 6, 7], False))
     assert [r[:4] for r in records] == [("out", b"a", b"k1", -1), ("out", b"b", None, -1), ("out", b"c", b"k3", -1)]
-    assert records[1][4] == [(headers.SOURCE_TOPIC, b"in"), (headers.SOURCE_PARTITION, b"3"),
-                             (headers.PUBLICATION, b"pub-1"), (headers.SOURCE_OFFSET, b"6"),
-                             (headers.PUBLICATION_SEQ, b"1")]
-    # With one null offset the other rows keep theirs.
-    assert (headers.SOURCE_OFFSET, b"7") in _collect(_batch([5, None, 7], False))[2][4]
+    assert records[1][4] == [(headers.LINEAGE, b"in/3/6/pub-1/1")]
+    assert headers.lineage_of(records[1][4]) == headers.Lineage("in", 3, 6, b"pub-1", b"1")
+    # With one null offset the other rows keep theirs; the null one names its partition only.
+    nulled = _collect(_batch([5, None, 7], False))
+    assert [headers.lineage_of(r[4]).source for r in nulled] == [("in", 3, 5), None, ("in", 3, 7)]
+    assert nulled[1][4] == [(headers.LINEAGE, headers.lineage_value("in", 3, None, "pub-1", 1))]
 
 
 def test_without_lineage_no_headers_are_added() -> None:
@@ -63,10 +64,10 @@ def test_positions_count_every_record_of_a_publication_across_batches_and_dead_l
     collector.add_batch(_batch([5, 6, 7], False))
     collector.add_dead_letter("dlq", (b"k", b"v", None, 0, 8, "decode", "bad"), "app")
     collector.add_batch(_batch([9, 10, 11], True))
-    seqs = [dict(r[4])[headers.PUBLICATION_SEQ] for r in calls.records]
+    seqs = [headers.lineage_of(r[4]).position for r in calls.records]
     assert seqs == [str(i).encode() for i in range(7)]
     collector.replay()   # after an abort: the same records, the same positions
-    assert [dict(r[4])[headers.PUBLICATION_SEQ] for r in calls.records[7:]] == seqs
+    assert [headers.lineage_of(r[4]).position for r in calls.records[7:]] == seqs
 
 
 def test_a_batch_encoded_once_for_several_runs_gives_the_records_each_run_encoded_alone_gives() -> None:
@@ -97,3 +98,32 @@ def test_a_batch_encoded_once_for_several_runs_gives_the_records_each_run_encode
     once = collect(encoded_batch(batch, codec, None))
     assert once == collect(batch)
     assert [codec.decode(r[1])["id"] for r in once] == [f"o{i}" for i in range(9)]
+
+
+def test_lineage_reads_both_formats_and_the_last_one_wins() -> None:
+    """Output written before `txstream.lineage` (five headers) still reads; a dead letter keeps
+    its input's own headers (an upstream app's lineage, in either format) before txstream's."""
+    five = [(headers.SOURCE_TOPIC, b"up"), (headers.SOURCE_PARTITION, b"1"), (headers.SOURCE_OFFSET, b"9"),
+            (headers.PUBLICATION, b"p0"), (headers.PUBLICATION_SEQ, b"4")]
+    compact = [(headers.LINEAGE, headers.lineage_value("in", 3, 6, "p1", 2))]
+    assert headers.lineage_of(five) == headers.Lineage("up", 1, 9, b"p0", b"4")
+    assert headers.lineage_of(five + compact) == headers.Lineage("in", 3, 6, b"p1", b"2")
+    assert headers.lineage_of(compact + five) == headers.Lineage("up", 1, 9, b"p0", b"4")
+    assert headers.lineage_of(compact + [(headers.LINEAGE, b"in/4/7/p2/0")]).source == ("in", 4, 7)
+    # The five-header format wrote `None` for a nulled offset; oldest output has no publication.
+    assert headers.lineage_of(five[:2] + [(headers.SOURCE_OFFSET, b"None")]) == headers.Lineage("up", 1, None, None, None)
+    # No lineage, or a header of that name that is not txstream's.
+    for other in (None, [], [("origin", b"x")], [(headers.LINEAGE, b"not ours")], five[1:]):
+        assert headers.lineage_of(other) is None, other
+    assert headers.source_of(five) == ("up", 1, 9)
+
+
+def test_a_wide_unit_stamps_its_batch_unit_publication_and_position() -> None:
+    calls = _Calls()
+    collector = RecordCollector(producer=calls, default_topic="out", value_codec=None, key_codec=None,
+                                source=("", -1), publication="pub-w", fixed_headers=headers.wide_lineage(7, 2, "pub-w"))
+    collector.add_batch(pa.RecordBatch.from_pydict({"value": pa.array([b"a", b"b"])}))
+    assert [r[4] for r in calls.records] == [
+        [(headers.BATCH, b"7"), (headers.UNIT, b"2"), (headers.PUBLICATION, b"pub-w"), (headers.PUBLICATION_SEQ, str(i).encode())]
+        for i in range(2)]
+    assert all(headers.lineage_of(r[4]) is None for r in calls.records)

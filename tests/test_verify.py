@@ -44,21 +44,27 @@ class Publisher:
     def publish(self, topic: str, sources: list[tuple[str, int, int]], *, fan_out: int = 1,
                 abort: bool = False, publication: bool = True, dead_letter: bool = False,
                 commit_offsets: tuple[str, dict[tuple[str, int], int]] | None = None,
-                seq: bool = False, repeat: tuple[int, int] | None = None) -> str:
-        """`seq`: stamp each record's position in the publication, as txstream does now (older
-        output has none). `repeat=(i, j)`: produce source i's j-th record a second time,
-        verbatim (same headers), in the same transaction."""
+                five: bool = False, seq: bool = True, repeat: tuple[int, int] | None = None) -> str:
+        """Records as txstream writes them (one `txstream.lineage` header), or with `five` (or
+        without a `publication`) in the five-header format older output has, where `seq`
+        stamps each record's position (the oldest output has none). `repeat=(i, j)`: produce
+        source i's j-th record a second time, verbatim (same headers), in the same transaction."""
         pub_id = uuid.uuid4().hex
+        five = five or not publication
         position = 0
         self.producer.begin_transaction()
         for i, (src_topic, src_partition, src_offset) in enumerate(sources):
-            headers = hdr.lineage(src_topic, src_partition, src_offset)
-            if publication:
+            headers = five_headers(src_topic, src_partition, src_offset) if five else []
+            if publication and five:
                 headers.append((hdr.PUBLICATION, pub_id.encode()))
-            if dead_letter:
-                headers += [(hdr.DLQ_STAGE, b"transform"), (hdr.DLQ_ERROR, b"ValueError: bad")]
             for j in range(fan_out):
-                stamped = headers + ([(hdr.PUBLICATION_SEQ, str(position).encode())] if seq else [])
+                if five:
+                    stamped = headers + ([(hdr.PUBLICATION_SEQ, str(position).encode())] if seq else [])
+                else:
+                    stamped = [(hdr.LINEAGE, hdr.lineage_value(src_topic, src_partition, src_offset,
+                                                               pub_id, position))]
+                if dead_letter:
+                    stamped += [(hdr.DLQ_STAGE, b"transform"), (hdr.DLQ_ERROR, b"ValueError: bad")]
                 position += 1
                 self.producer.produce(topic, value=b"out-%d-%d" % (i, j), headers=stamped)
                 if repeat == (i, j):
@@ -79,6 +85,12 @@ class Publisher:
         else:
             self.producer.commit_transaction(60)
         return pub_id
+
+
+def five_headers(topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
+    """The five-header format's source headers (output written before `txstream.lineage`)."""
+    return [(hdr.SOURCE_TOPIC, topic.encode()), (hdr.SOURCE_PARTITION, str(partition).encode()),
+            (hdr.SOURCE_OFFSET, str(offset).encode())]
 
 
 def src(topic: str, offsets, partition: int = 0) -> list[tuple[str, int, int]]:
@@ -119,11 +131,13 @@ def test_clean_one_to_one_run_exits_0(bootstrap_servers: str, topics) -> None:
     assert report.clean
 
 
-def test_offset_published_in_two_committed_transactions_is_a_duplicate(bootstrap_servers: str, topics) -> None:
+@pytest.mark.parametrize("five", [False, True], ids=["txstream.lineage", "five headers"])
+def test_offset_published_in_two_committed_transactions_is_a_duplicate(bootstrap_servers: str, topics,
+                                                                       five: bool) -> None:
     inp, out, _ = topics
     pub = Publisher(bootstrap_servers)
-    pub.publish(out, src(inp, range(0, 10)))
-    pub.publish(out, src(inp, [3]))             # a retried range that was already published
+    pub.publish(out, src(inp, range(0, 10)), five=five)
+    pub.publish(out, src(inp, [3]), five=five)  # a retried range that was already published
 
     report = audit(bootstrap_servers, [inp], [out])
     row, = report.partitions
@@ -154,10 +168,11 @@ def test_duplicate_in_an_aborted_transaction_is_not_seen(bootstrap_servers: str,
     assert code == 0, output
 
 
-def test_fan_out_within_one_publication_is_not_a_duplicate(bootstrap_servers: str, topics) -> None:
+@pytest.mark.parametrize("five", [False, True], ids=["txstream.lineage", "five headers"])
+def test_fan_out_within_one_publication_is_not_a_duplicate(bootstrap_servers: str, topics, five: bool) -> None:
     inp, out, _ = topics
     pub = Publisher(bootstrap_servers)
-    pub.publish(out, src(inp, range(0, 10)), fan_out=3)
+    pub.publish(out, src(inp, range(0, 10)), fan_out=3, five=five)
 
     report = audit(bootstrap_servers, [inp], [out])
     row, = report.partitions
@@ -195,13 +210,14 @@ def test_dead_lettered_offset_is_not_a_gap(bootstrap_servers: str, topics) -> No
     inp, out, dlq = topics
     pub = Publisher(bootstrap_servers)
     pub.producer.begin_transaction()  # one publication: 9 outputs and one dead letter, as in txstream
-    pub_id = b"pub-1"
+    pub_id = "pub-1"
     for o in range(10):
-        headers = hdr.lineage(inp, 0, o) + [(hdr.PUBLICATION, pub_id)]
+        headers = [(hdr.LINEAGE, hdr.lineage_value(inp, 0, o, pub_id, o))]
         if o == 4:
             # As txstream writes it: the input's own headers first (here an upstream app's
-            # lineage and publication), then this app's lineage, publication and error.
-            upstream = hdr.lineage("upstream", 0, 99) + [(hdr.PUBLICATION, b"upstream-pub")]
+            # lineage, in the five-header format an older txstream wrote), then this app's
+            # lineage and error.
+            upstream = five_headers("upstream", 0, 99) + [(hdr.PUBLICATION, b"upstream-pub")]
             pub.producer.produce(dlq, value=b"bad", headers=upstream + headers + [
                 (hdr.DLQ_STAGE, b"decode"), (hdr.DLQ_ERROR, b"not Avro")])
         else:
@@ -355,7 +371,7 @@ def test_an_open_transaction_ends_the_audit_at_the_last_stable_offset(bootstrap_
     stuck = Publisher(bootstrap_servers)
     stuck.producer.begin_transaction()
     for o in range(3):     # a duplicate in flight: read_committed must not see it
-        stuck.producer.produce(out, value=b"x", headers=hdr.lineage(inp, 0, o) + [(hdr.PUBLICATION, b"p2")])
+        stuck.producer.produce(out, value=b"x", headers=[(hdr.LINEAGE, hdr.lineage_value(inp, 0, o, "p2", o))])
     stuck.producer.flush(30)
     try:
         began = time.monotonic()
@@ -375,7 +391,7 @@ def test_an_open_transaction_ends_the_audit_at_the_last_stable_offset(bootstrap_
 def test_a_verbatim_copy_of_a_published_record_is_a_duplicate(bootstrap_servers, make_topic):
     inp, out = make_topic("in"), make_topic("out")
     write_inputs(bootstrap_servers, inp, 10)
-    Publisher(bootstrap_servers).publish(out, src(inp, range(10)), seq=True, repeat=(4, 0))
+    Publisher(bootstrap_servers).publish(out, src(inp, range(10)), repeat=(4, 0))
     for one_to_one in (False, True):
         report = audit(bootstrap_servers, inp, out, one_to_one=one_to_one)
         assert not report.clean and report.partitions[0].duplicate_offsets == [4], report.table()
@@ -385,10 +401,10 @@ def test_a_fan_out_is_clean_and_a_copy_of_one_of_its_records_is_not(bootstrap_se
     inp, clean_out, copied_out = make_topic("in"), make_topic("out"), make_topic("out2")
     write_inputs(bootstrap_servers, inp, 10)
     publisher = Publisher(bootstrap_servers)
-    publisher.publish(clean_out, src(inp, range(10)), fan_out=3, seq=True)
+    publisher.publish(clean_out, src(inp, range(10)), fan_out=3)
     report = audit(bootstrap_servers, inp, clean_out)
     assert report.clean and report.totals["outputs"] == 30, report.table()
-    publisher.publish(copied_out, src(inp, range(10)), fan_out=3, seq=True, repeat=(7, 2))
+    publisher.publish(copied_out, src(inp, range(10)), fan_out=3, repeat=(7, 2))
     report = audit(bootstrap_servers, inp, copied_out)
     assert not report.clean and report.partitions[0].duplicate_offsets == [7], report.table()
 

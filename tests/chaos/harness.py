@@ -404,7 +404,7 @@ class Feeder(threading.Thread):
 class Checker(threading.Thread):
     """Consumes the output with read_committed while the chaos happens.
 
-    Every record must name its source (txstream.source.*) and its publication; a source offset
+    Every record must name its source and its publication (txstream.lineage); a source offset
     seen from two publications (or twice from one) is a duplicate, recorded as it happens."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
@@ -442,8 +442,9 @@ class Checker(threading.Thread):
 
     def _check(self, msg) -> None:
         headers = msg.headers() or []
-        source = hdr.source_of(headers)
-        publication = dict(headers).get(hdr.PUBLICATION)
+        lineage = hdr.lineage_of(headers)
+        source = lineage.source if lineage is not None else None
+        publication = lineage.publication if lineage is not None else None
         with self.lock:
             self.records += 1
             self.pairs[(msg.key(), msg.value())] += 1

@@ -14,6 +14,7 @@ from typing import Iterable
 import fastavro
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from txstream.kafka import headers
 from txstream.kafka.retry import retriable
 from txstream.tools.topic_io import end_offsets, produce_waiting
 
@@ -25,6 +26,11 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: dict[str, bytes]
+
+    @property
+    def lineage(self) -> headers.Lineage | None:
+        """What the record's txstream lineage names (txstream/kafka/headers.py), or None."""
+        return headers.lineage_of(list(self.headers.items()))
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes]],

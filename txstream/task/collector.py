@@ -26,17 +26,16 @@ class RecordCollector:
     publication: str
     lineage: bool = True
     sent: list[tuple] = field(default_factory=list)
-    # The lineage headers every record of this collector carries; default: the source partition
-    # and the publication (a wide unit's name its batch and unit instead: task/units.py).
+    # A wide unit's lineage headers (task/units.py: its batch, unit and publication), which every
+    # record carries with its position; None: the compact `txstream.lineage` of a source partition.
     fixed_headers: list[tuple[str, bytes]] | None = None
     # Topics a row's `topic` may not name (the run's inputs: PublishSpec.refused_topics).
     refused_topics: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         topic, partition = self.source
-        self._lineage_fixed = self.fixed_headers if self.fixed_headers is not None else [
-            (headers.SOURCE_TOPIC, topic.encode()), (headers.SOURCE_PARTITION, str(partition).encode()),
-            (headers.PUBLICATION, self.publication.encode())]
+        self._prefix = headers.lineage_prefix(topic, partition)
+        self._middle = f"/{self.publication}/"
 
     def add_batch(self, batch: pa.RecordBatch) -> int:
         n = batch.num_rows
@@ -47,22 +46,20 @@ class RecordCollector:
         keys = (_encoded(batch.column(names.index("key")), self.key_codec, "key")
                 if "key" in names else [None] * n)
         sent = self.sent
-        offset_nulls = batch.column(names.index("offset")).null_count if "offset" in names else 0
-        if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None \
-                and not offset_nulls:
+        offsets = batch.column(names.index("offset")) if "offset" in names else None
+        if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None:
             # The common shape (one topic, Kafka's partitioner, no headers of its own): one pass.
             topic = self.default_topic
             if not self.lineage:
                 sent.extend([(topic, v, k, -1, None) for v, k in zip(values, keys, strict=False)])
-            elif "offset" in names:
-                fixed, name, seq = self._lineage_fixed, headers.SOURCE_OFFSET, headers.PUBLICATION_SEQ
-                offsets = pc.cast(batch.column(names.index("offset")), pa.string()).cast(pa.binary()).to_pylist()
-                sent.extend([(topic, v, k, -1, [*fixed, (name, o), (seq, s)])
-                             for v, k, o, s in zip(values, keys, offsets, _positions(len(sent), n), strict=False)])
-            else:
-                fixed, seq = self._lineage_fixed, headers.PUBLICATION_SEQ
+            elif self.fixed_headers is not None:
+                fixed, seq = self.fixed_headers, headers.PUBLICATION_SEQ
                 sent.extend([(topic, v, k, -1, [*fixed, (seq, s)])
                              for v, k, s in zip(values, keys, _positions(len(sent), n), strict=False)])
+            else:
+                name = headers.LINEAGE
+                sent.extend([(topic, v, k, -1, [(name, h)]) for v, k, h in
+                             zip(values, keys, self._lineage_values(offsets, len(sent), n), strict=False)])
             self._produce_from(len(sent) - n)
             return n
         topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else None
@@ -70,29 +67,42 @@ class RecordCollector:
             _refuse_input_topics(set(topics) & self.refused_topics)
         partitions = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
         hdrs = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
-        offsets = batch.column(names.index("offset")).to_pylist() if "offset" in names else None
+        offsets = offsets.to_pylist() if offsets is not None else None
+        source_topic, source_partition = self.source
         for i in range(n):
             topic = topics[i] if topics is not None and topics[i] is not None else self.default_topic
             if topic is None:
                 raise OutputError("an output row has no `topic` and the processor declares no output_topic")
             record_headers = [(h["key"], h["value"]) for h in hdrs[i]] if hdrs is not None and hdrs[i] else []
-            if self.lineage:
-                record_headers += self._lineage_fixed
-                if offsets is not None:
-                    record_headers.append((headers.SOURCE_OFFSET, str(offsets[i]).encode()))
-                record_headers.append((headers.PUBLICATION_SEQ, str(len(sent)).encode()))
+            if self.lineage and self.fixed_headers is not None:
+                record_headers += [*self.fixed_headers, (headers.PUBLICATION_SEQ, str(len(sent)).encode())]
+            elif self.lineage:
+                record_headers.append((headers.LINEAGE, headers.lineage_value(
+                    source_topic, source_partition, offsets[i] if offsets is not None else None,
+                    self.publication, len(sent))))
             partition = partitions[i] if partitions is not None and partitions[i] is not None else -1
             sent.append((topic, values[i], keys[i], partition, record_headers))
         self._produce_from(len(sent) - n)
         return n
 
+    def _lineage_values(self, offsets: pa.Array | None, first: int, n: int) -> list[bytes]:
+        """`txstream.lineage` of `n` records from position `first`, built column-wise (what
+        `headers.lineage_value` gives one record): a null or absent offset leaves its field empty."""
+        offset_text = (pc.cast(offsets, pa.string()) if offsets is not None
+                       else pa.nulls(n, pa.string()))
+        joined = pc.binary_join_element_wise(
+            pa.scalar(self._prefix), offset_text, pa.scalar(self._middle),
+            pc.cast(pa.array(np.arange(first, first + n)), pa.string()), "",
+            null_handling="replace", null_replacement="")
+        return joined.cast(pa.binary()).to_pylist()
+
     def add_dead_letter(self, dead_topic: str, record: tuple, app_id: str) -> None:
         key, value, original_headers, timestamp_ms, offset, stage, error = record
         topic, partition = self.source
-        dlq_headers = list(original_headers or []) + headers.lineage(topic, partition, offset) + [
+        dlq_headers = list(original_headers or []) + [
+            (headers.LINEAGE, headers.lineage_value(topic, partition, offset, self.publication, len(self.sent))),
             (headers.DLQ_STAGE, stage.encode()), (headers.DLQ_ERROR, error.encode()[:4000]),
-            (headers.DLQ_APP_ID, app_id.encode()), (headers.PUBLICATION, self.publication.encode()),
-            (headers.PUBLICATION_SEQ, str(len(self.sent)).encode())]
+            (headers.DLQ_APP_ID, app_id.encode())]
         self.sent.append((dead_topic, value, key, -1, dlq_headers))
         self._produce_from(len(self.sent) - 1)
 
@@ -123,7 +133,7 @@ class RecordCollector:
 
 
 def _positions(first: int, n: int) -> list[bytes]:
-    """Records' positions in their publication (`txstream.publication.seq`), as header values."""
+    """Records' positions in a wide publication (`txstream.publication.seq`), as header values."""
     return pc.cast(pa.array(np.arange(first, first + n)), pa.string()).cast(pa.binary()).to_pylist()
 
 

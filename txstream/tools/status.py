@@ -111,12 +111,13 @@ def last_publications(clients: KafkaClients | str, outputs: list[str], tail: int
     for batch in scan(clients, ranges, timeout, purpose="status"):
         for msg in batch:
             read[msg.topic()] += 1
-            source = hdr.source_of(msg.headers())
+            lineage = hdr.lineage_of(msg.headers())
+            source = lineage.source if lineage is not None else None
             if source is None:
                 continue
             key = (source[0], source[1])
             if key not in found or source[2] >= found[key].source_offset:
-                publication = dict(msg.headers() or []).get(hdr.PUBLICATION)
+                publication = lineage.publication
                 found[key] = Publication(source[2], publication.decode() if publication else None,
                                          f"{msg.topic()}[{msg.partition()}]@{msg.offset()}", msg.timestamp()[1])
     words = [f"the last {tail} offsets of each of the {partitions[t]} partitions of {t} "

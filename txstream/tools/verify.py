@@ -245,8 +245,7 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
     dup: dict[tuple[str, int], set[int]] = {k: set() for k in rows}
     dead_set = set(dead)
     out_ranges = {(t, p): (earliest[(t, p)], stable[(t, p)]) for t in [*outputs, *dead] for p in partitions[t]}
-    source_of = hdr.source_of
-    pub_key, seq_key = hdr.PUBLICATION, hdr.PUBLICATION_SEQ
+    lineage_of = hdr.lineage_of
     first_seq: dict[tuple[str, int], dict[int, bytes | None]] = {k: {} for k in rows}
     more_seqs: dict[tuple[str, int], dict[int, set]] = {k: {} for k in rows}
     wide = WideAudit(count_field)
@@ -258,7 +257,8 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
             if msg.offset() >= out_ranges[(msg.topic(), msg.partition())][1]:
                 continue  # published after the snapshot
             headers = msg.headers()
-            src = source_of(headers)
+            lineage = lineage_of(headers)
+            src = lineage.source if lineage is not None else None
             if src is None and msg.topic() not in dead_set:
                 unit = wide_lineage(headers)
                 if unit is not None:
@@ -285,12 +285,7 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
                 dead_offsets[key].add(offset)
             else:
                 row.outputs += 1
-            pub = seq = None
-            for k, v in headers:   # the last one wins, as in source_of: a dead letter keeps
-                if k == pub_key:   # its input's own (upstream) headers before txstream's
-                    pub = v
-                elif k == seq_key:
-                    seq = v
+            pub, seq = lineage.publication, lineage.position
             if pub is None:
                 report.without_publication += 1
             seen = first_pub[key]

@@ -414,7 +414,7 @@ def test_under_one_to_one_a_second_record_of_one_publication_is_a_duplicate(boot
     # second record for an offset is a duplicate even so.
     inp, out = make_topic("in"), make_topic("out")
     write_inputs(bootstrap_servers, inp, 5)
-    Publisher(bootstrap_servers).publish(out, src(inp, range(5)), repeat=(2, 0))
+    Publisher(bootstrap_servers).publish(out, src(inp, range(5)), five=True, seq=False, repeat=(2, 0))
     assert audit(bootstrap_servers, inp, out).clean  # without seq and without --one-to-one: cannot tell
     report = audit(bootstrap_servers, inp, out, one_to_one=True)
     assert report.partitions[0].duplicate_offsets == [2], report.table()

@@ -17,7 +17,9 @@ class _Calls:
         self.records: list[tuple] = []
 
     def produce(self, topic, value, key, partition=-1, headers=None) -> None:
-        self.records.append((topic, value, key, partition, list(headers or [])))
+        # confluent-kafka takes headers as a list of pairs or a dict (the one-pass path's).
+        pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        self.records.append((topic, value, key, partition, pairs))
 
     def poll(self, _timeout: float) -> int:
         return 0
@@ -127,3 +129,28 @@ def test_a_wide_unit_stamps_its_batch_unit_publication_and_position() -> None:
         [(headers.BATCH, b"7"), (headers.UNIT, b"2"), (headers.PUBLICATION, b"pub-w"), (headers.PUBLICATION_SEQ, str(i).encode())]
         for i in range(2)]
     assert all(headers.lineage_of(r[4]) is None for r in calls.records)
+
+
+def test_collections_are_paused_while_a_batch_is_built_and_restored_after_it_even_when_it_fails() -> None:
+    import gc
+
+    import pytest
+
+    from txstream.errors import OutputError
+
+    seen = []
+
+    class _Watching(_Calls):
+        def produce(self, *args, **kwargs) -> None:
+            seen.append(gc.isenabled())
+            super().produce(*args, **kwargs)
+
+    collector = RecordCollector(producer=_Watching(), default_topic="out", value_codec=None, key_codec=None,
+                                source=("in", 3), publication="pub-1")
+    assert gc.isenabled()
+    collector.add_batch(_batch([5, 6, 7], False))
+    assert seen == [False] * 3 and gc.isenabled()
+    struct_value = pa.RecordBatch.from_pydict({"value": pa.array([{"a": 1}])})
+    with pytest.raises(OutputError):
+        collector.add_batch(struct_value)    # a struct and no schema to encode it with
+    assert gc.isenabled()

@@ -6,9 +6,9 @@ Lineage: every output record names the input record it came from, so anyone can 
 exactly-once from the topics alone. Since the compact format one header carries it all,
 `txstream.lineage: <topic>/<partition>/<offset>/<publication>/<position>` (UTF-8; Kafka topic
 names cannot hold `/`). It was five headers before, one per field; each header is a separate
-allocation in the client and a name in every record the broker stores, and five cost 3.4 µs of
-the client's CPU and 1.7 µs of the broker's per record against 2.2 / 1.3 for the one
-(`benchmarks/lineage_cost.py`). Output written in the five-header format still reads.
+allocation in the client and a name in every record the broker stores: five cost 4.0 µs of the
+client's CPU and 2.2 µs of the broker's per record, the one 2.0 / 1.3, none 1.4 / 0.9
+(`benchmarks/lineage_cost.py`, one run). Output written in the five-header format still reads.
 """
 from __future__ import annotations
 

@@ -68,7 +68,8 @@ def test_enricher_decodes_filters_computes_and_encodes_avro(bootstrap_servers, m
 def test_fanout_publishes_one_record_per_item_in_one_transaction(bootstrap_servers, make_topic, run_processor) -> None:
     source, sink = make_topic("orders"), make_topic("items", partitions=3)
     data = seed_orders(bootstrap_servers, source, 500)
-    run_processor(FanOutItems, inputs=[source], output=sink)
+    driver = run_processor(FanOutItems, inputs=[source], output=sink)
+    assert driver.exit_code == 0, "\n".join(driver.lines)
     schema = load_schema("schemas/order_item.avsc")
     out = read_all(bootstrap_servers, sink)
     lines = Counter((v["order_id"], v["line"]) for v in (AvroCodec(schema).decode(r.value) for r in out))

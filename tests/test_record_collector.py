@@ -117,7 +117,7 @@ def test_lineage_reads_both_formats_and_the_last_one_wins() -> None:
     # No lineage, or a header of that name that is not txstream's.
     for other in (None, [], [("origin", b"x")], [(headers.LINEAGE, b"not ours")], five[1:]):
         assert headers.lineage_of(other) is None, other
-    assert headers.source_of(five) == ("up", 1, 9)
+    assert headers.lineage_of(five).source == ("up", 1, 9)
 
 
 def test_a_wide_unit_stamps_its_batch_unit_publication_and_position() -> None:

@@ -15,6 +15,7 @@ import fastavro
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from txstream.kafka import headers
+from txstream.kafka import offsets as kofs
 from txstream.kafka.retry import retriable
 from txstream.tools.topic_io import end_offsets, produce_waiting
 
@@ -91,12 +92,13 @@ def settled_end_offsets(bootstrap: str, topic: str, settle: float) -> dict[int, 
     make the records visible reach the output partitions just after. Read right after a run, a
     partition's LSO can still stand before the last transaction: its records would be missed
     (the fan-out test lost its last batch this way, 2 runs in ~10)."""
+    admin = kofs.admin_client(bootstrap)
+    partitions = [(topic, p) for p in range(kofs.topic_partition_counts(admin, [topic], 30)[topic])]
     deadline = time.monotonic() + settle
     while True:
-        stable = end_offsets(bootstrap, topic, "read_committed")
-        log_end = end_offsets(bootstrap, topic, "read_uncommitted")
-        if all(stable[p][1] == log_end[p][1] for p in stable) or time.monotonic() >= deadline:
-            return stable
+        marks = kofs.watermarks(admin, partitions, 30)   # LSO and log end in one request
+        if all(m.last_stable == m.log_end for m in marks.values()) or time.monotonic() >= deadline:
+            return {p.partition: (m.earliest, m.last_stable) for p, m in marks.items()}
         time.sleep(0.05)
 
 

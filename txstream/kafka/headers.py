@@ -110,11 +110,5 @@ def _offset(value: bytes | None) -> int | None:
         return None   # the five-header format wrote `None` for a nulled offset
 
 
-def source_of(headers: list[tuple[str, bytes]] | None) -> tuple[str, int, int] | None:
-    """(topic, partition, offset) from a record's lineage, or None when it names none."""
-    found = lineage_of(headers)
-    return found.source if found is not None else None
-
-
 def wide_lineage(batch_id: int, unit: int | str, publication: str) -> list[tuple[str, bytes]]:
     return [(BATCH, str(batch_id).encode()), (UNIT, str(unit).encode()), (PUBLICATION, publication.encode())]

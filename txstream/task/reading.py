@@ -10,19 +10,33 @@ dead-letter topic inside the same transaction (sidefile.py, publish.py).
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
+import operator
 import time
 from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from confluent_kafka import Message
 
 from txstream.serde.avro import AvroCodec, arrow_type
 from txstream.task import job_spec, worker_heap
 from txstream.task.sidefile import ReadResult, write_side_file
 from txstream.task.spec import RANGE_COLUMN, PartitionPlan, ReadSpec
+
+# confluent_kafka.Message's accessors, mapped over a fetch's messages (`_Columns.add_all`):
+# the unbound C methods, ~25 ns a call (operator.methodcaller: ~85).
+_ERROR, _KEY, _VALUE, _OFFSET = Message.error, Message.key, Message.value, Message.offset
+_HEADERS, _PARTITION, _TOPIC, _TIMESTAMP = Message.headers, Message.partition, Message.topic, Message.timestamp
+_SECOND = operator.itemgetter(1)
+
+
+def _topic_partition(msg: Any) -> tuple[str, int]:
+    return msg.topic(), msg.partition()
+
 
 HEADERS_ARROW = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
@@ -165,7 +179,7 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
     way allows (`tagged`: each batch's rows name their reading task; otherwise none, and the
     slot's output is one publication: publish._pieces_by_range). `ranges`: (reading task, plan
     index) pairs."""
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import TopicPartition
 
     key_codec, value_codec, schema = _decoding(spec)
     last_done = time.perf_counter()
@@ -178,6 +192,7 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
             reading[(plan.topic, plan.partition)] = _RangeRead(task, index, plan)
     if not reading:
         return
+    one_topic = len({t for t, _ in reading}) == 1
     config = spec.consumer_config()  # never subscribes or commits: assign only
     consumer = _consumer(config)
     done = False
@@ -195,13 +210,7 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
             if biggest:
                 wanted = max(1, min(wanted, spec.chunk_bytes // biggest))
             messages = consumer.consume(num_messages=wanted, timeout=0.1)
-            by_range: dict[tuple[str, int], list] = {}
-            for msg in messages:
-                key = (msg.topic(), msg.partition())
-                if key in reading:
-                    by_range.setdefault(key, []).append(msg)
-                elif msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
-                    raise KafkaException(msg.error())
+            by_range = _by_range(messages, reading, one_topic)
             moved = False
             for key, msgs in by_range.items():
                 r = reading[key]
@@ -244,6 +253,35 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
         done = True
     finally:
         _release(consumer, config, healthy=done)
+
+
+def _by_range(messages: list, reading: dict[tuple[str, int], Any], one_topic: bool) -> dict[tuple[str, int], list]:
+    """`messages` sorted by range, in their order: {(topic, partition): messages}. Messages of
+    partitions no longer read (a finished range's last fetch) are dropped; an error message
+    raises (an end of partition excepted).
+
+    librdkafka hands over a fetch's records partition by partition, so the split is by runs
+    (`groupby` keyed by the messages' own C method: no Python code per message)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    by_range: dict[tuple[str, int], list] = {}
+    if any(map(_ERROR, messages)):
+        for msg in messages:
+            key = (msg.topic(), msg.partition())
+            if key in reading:
+                by_range.setdefault(key, []).append(msg)
+            elif msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(msg.error())
+        return by_range
+    if one_topic:
+        topic = next(iter(reading))[0]
+        runs = (((topic, partition), run) for partition, run in itertools.groupby(messages, _PARTITION))
+    else:
+        runs = itertools.groupby(messages, _topic_partition)
+    for key, run in runs:
+        if key in reading:
+            by_range.setdefault(key, []).extend(run)
+    return by_range
 
 
 def _hand_over(pending: list[tuple[_RangeRead, _Columns]], schema: pa.Schema, key_codec: AvroCodec | None,
@@ -372,7 +410,36 @@ class _Columns:
         return len(self.offsets)
 
     def add_all(self, messages: list, end: int, position: int) -> int:
-        """Collect `messages` below `end`; returns the new read position."""
+        """Collect `messages` below `end`; returns the new read position.
+
+        Column by column, with the messages' own C methods mapped over them, when the messages
+        are what a healthy read hands over: no error, all of this range's partition, offsets
+        rising from `position`; anything else takes `add_each`. With the dispatch by runs
+        (`_by_range`), a slot's reading thread spends 0.45 instead of 0.50 CPU s on 295,000
+        orders (measured; the rest is librdkafka's consume and the columnar decode)."""
+        if not messages:
+            return position
+        offsets = list(map(_OFFSET, messages))
+        if (offsets[0] < position or any(map(_ERROR, messages))
+                or set(map(_PARTITION, messages)) != {self.partition} or set(map(_TOPIC, messages)) != {self.topic}
+                or (len(offsets) > 1 and not bool(np.all(np.diff(np.array(offsets, np.int64)) > 0)))):
+            return self.add_each(messages, end, position)
+        keep = bisect.bisect_left(offsets, end)
+        if keep < len(offsets):
+            messages, offsets, position = messages[:keep], offsets[:keep], end
+        elif offsets:
+            position = offsets[-1] + 1
+        first = len(self.values)
+        self.keys.extend(map(_KEY, messages))
+        self.values.extend(map(_VALUE, messages))
+        self.offsets.extend(offsets)
+        self.timestamps.extend(map(_SECOND, map(_TIMESTAMP, messages)))
+        self.headers.extend(map(_HEADERS, messages))
+        self._count_bytes(first)
+        return position
+
+    def add_each(self, messages: list, end: int, position: int) -> int:
+        """`add_all` message by message, for what its columnar path does not take."""
         from confluent_kafka import KafkaError, KafkaException
 
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
@@ -400,12 +467,15 @@ class _Columns:
             offsets(offset)
             timestamps(msg.timestamp()[1])
             headers(msg.headers())
-        # Sizes per call, not per message (len over the new values at C speed).
+        self._count_bytes(first)
+        return position
+
+    def _count_bytes(self, first: int) -> None:
+        """Sizes of the rows from `first` on, per call, not per message (len at C speed)."""
         added_values = list(map(len, filter(None, self.values[first:])))
         added_keys = list(map(len, filter(None, self.keys[first:])))
         self.bytes += sum(added_values) + sum(added_keys)
         self.largest = max(self.largest, max(added_values, default=0) + max(added_keys, default=0))
-        return position
 
     def to_batch(self, schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None,
                  dead: list[tuple[Any, ...]]) -> pa.RecordBatch | None:

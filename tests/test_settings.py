@@ -45,3 +45,12 @@ def test_first_batch_records_must_not_be_negative() -> None:
     assert resolve(PassThrough, bootstrap_servers="localhost:9092", first_batch_records=0).first_batch_records == 0
     with pytest.raises(SettingsError, match="first batch records"):
         resolve(PassThrough, bootstrap_servers="localhost:9092", first_batch_records=-1)
+
+
+def test_consumers_refetch_quickly_unless_the_user_says_otherwise() -> None:
+    """librdkafka's 1 s fetch.queue.backoff.ms stalled every big read (kafka/config.py QUICK_REFETCH)."""
+    s = _resolve()
+    assert s.clients.consumer("g")["fetch.queue.backoff.ms"] == 10
+    assert "fetch.queue.backoff.ms" not in s.clients.producer()
+    mine = _resolve(**{"consumer.fetch.queue.backoff.ms": "500"})
+    assert mine.clients.consumer("g")["fetch.queue.backoff.ms"] == "500"

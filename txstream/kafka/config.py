@@ -39,6 +39,14 @@ def show_client_logs(enabled: bool = True) -> None:
 # (reconnect.backoff.max.ms). The user's own value wins.
 FAST_FIRST_CONNECT = {"reconnect.backoff.ms": 20}
 
+# Every consumer here reads ranges as fast as it can. Once its queue holds queued.min.messages
+# (counted over the one queue all of its partitions feed), librdkafka postpones each partition's
+# next fetch by fetch.queue.backoff.ms, default 1 s, however soon the queue is drained: a slot
+# reading 295,000 orders sat ~0.4 s in empty consume() calls before its last 23,000 ("Fetch backoff
+# for 1000ms: Local: Queue full"). Measured with 10 ms: that read 1.10 -> 0.45-0.72 s; `verify`'s
+# scan of 590,000 records 1.71 -> 0.75 s. The user's own value wins.
+QUICK_REFETCH = {"fetch.queue.backoff.ms": 10}
+
 # Properties that only make sense on the consumer side and that librdkafka refuses (rather than
 # ignores) on a producer or admin client.
 _CONSUMER_ONLY = ("auto.offset.reset", "isolation.level", "group.id", "group.protocol",
@@ -81,7 +89,7 @@ class KafkaClients:
 
     def consumer(self, group_id: str | None = None, **defaults: Any) -> dict[str, Any]:
         """A Consumer's configuration: the defaults, then the user's (consumer side wins)."""
-        config = {**self._base(), **defaults, **self.common, **self.consumer_only}
+        config = {**self._base(), **QUICK_REFETCH, **defaults, **self.common, **self.consumer_only}
         if group_id is not None:
             config["group.id"] = group_id
         return config

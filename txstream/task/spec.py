@@ -35,12 +35,6 @@ READER_DEFAULTS: dict[str, Any] = {
     # per broker) for the full 500 ms: per range read after the first in a worker, measured 504 ms
     # -> 14 ms (250 records), and a slot reads its ranges one after another.
     "fetch.wait.max.ms": 10,
-    # A slot's fetches fill the consumer's queue past queued.min.messages at once (librdkafka
-    # counts it over the one queue all of the slot's partitions feed), and librdkafka then
-    # postpones each partition's next fetch by this much, default 1 s, however soon the reader
-    # drains the queue: a slot reading 295,000 orders stalled ~0.4 s for its last 23,000
-    # ("Fetch backoff for 1000ms: Local: Queue full"). Measured in-process: 1.10 -> 0.45-0.50 s.
-    "fetch.queue.backoff.ms": 10,
 }
 
 # Every producer: idempotent, acks=all (settings.py refuses -X that contradicts these).

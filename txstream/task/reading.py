@@ -427,7 +427,7 @@ class _Columns:
         keep = bisect.bisect_left(offsets, end)
         if keep < len(offsets):
             messages, offsets, position = messages[:keep], offsets[:keep], end
-        elif offsets:
+        else:
             position = offsets[-1] + 1
         first = len(self.values)
         self.keys.extend(map(_KEY, messages))

@@ -61,6 +61,7 @@ class TreeSampler:
         self.interval = interval
         self.roots: list[int] = []
         self.cpu: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu seconds
+        self.roles: dict[tuple[int, float], str] = {}  # (pid, create_time) -> process_role
         self.peak_rss = 0
         self._procs: dict[tuple[int, float], psutil.Process] = {}
         self._stop = threading.Event()
@@ -97,6 +98,8 @@ class TreeSampler:
                         key = (proc.pid, proc.create_time())
                         times = proc.cpu_times()
                         mem = proc.memory_info().rss
+                        if key not in self.roles:
+                            self.roles[key] = process_role(proc.cmdline())
                 except psutil.Error:
                     continue
                 self.cpu[key] = times.user + times.system
@@ -112,6 +115,27 @@ class TreeSampler:
     @property
     def cpu_seconds(self) -> float:
         return sum(self.cpu.values())
+
+    @property
+    def cpu_by_role(self) -> dict[str, float]:
+        """CPU seconds per process role (process_role), to tell start-up and per-record costs
+        apart by where they are paid."""
+        out: dict[str, float] = {}
+        for key, seconds in self.cpu.items():
+            role = self.roles.get(key, "main")
+            out[role] = out.get(role, 0.0) + seconds
+        return out
+
+
+def process_role(cmdline: list[str]) -> str:
+    """'JVM' (Spark's driver, Kafka Streams), 'Python workers' (Spark's daemon and the workers it
+    forks) or 'main' (the contender's own process and anything else)."""
+    if cmdline and cmdline[0].rsplit("/", 1)[-1].startswith("java"):
+        return "JVM"
+    text = " ".join(cmdline)
+    if "worker_daemon" in text or "pyspark.daemon" in text or "pyspark/daemon" in text:
+        return "Python workers"
+    return "main"
 
 
 class OutputWatcher:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from itertools import pairwise
 from pathlib import Path
 
@@ -167,6 +168,7 @@ def markdown(results: dict) -> str:
         lines += ["", "records/s = input records / wall time (start of the process to the last output record); "
                   "steady records/s = input records processed after the first output record / (done - first "
                   "output), n/a when the output came in one burst (e.g. txstream with all input in one batch)."]
+        lines += cpu_by_role(results["contenders"], results.get("input", {}).get("records", 0))
         lines += batch_table(results["contenders"])
     else:
         lines.append(f"Steady input of {s['rate']:,.0f} records/s; latency = time a read_committed consumer sees "
@@ -524,3 +526,21 @@ def write_all(results: dict, directory: Path, prefix: str) -> list[Path]:
     except Exception as exc:  # the table and JSON still stand
         print(f"(no chart: {exc})")
     return paths
+
+
+def cpu_by_role(contenders: dict, records: int) -> list[str]:
+    """Where each contender of several processes spent its CPU, per million input records (median
+    over its runs): the JVM, Spark's Python workers, the main process."""
+    lines = []
+    for e in contenders.values():
+        runs = [r["cpu_by_role_s"] for r in e.get("runs", []) if r.get("ok") and r.get("cpu_by_role_s")]
+        if not runs or not records:
+            continue
+        roles = sorted({role for run in runs for role in run})
+        parts = [f"{role} {statistics.median(run.get(role, 0.0) for run in runs) / (records / 1e6):,.1f}"
+                 for role in roles]
+        lines.append(f"- {e['label']}: " + ", ".join(parts))
+    if not lines:
+        return []
+    return ["", "CPU s per M records by process (median over runs; start-up included, so a small run shows "
+            "mostly start-up):", "", *lines]

@@ -98,8 +98,8 @@ class TreeSampler:
                         key = (proc.pid, proc.create_time())
                         times = proc.cpu_times()
                         mem = proc.memory_info().rss
-                        if key not in self.roles:
-                            self.roles[key] = process_role(proc.cmdline())
+                        # Each sample: Spark's launcher script becomes the JVM by exec (same pid).
+                        self.roles[key] = process_role(proc.cmdline())
                 except psutil.Error:
                     continue
                 self.cpu[key] = times.user + times.system
@@ -127,13 +127,18 @@ class TreeSampler:
         return out
 
 
+WORKER_MODULES = ("txstream.spark.worker_daemon", "pyspark.daemon")
+
+
 def process_role(cmdline: list[str]) -> str:
     """'JVM' (Spark's driver, Kafka Streams), 'Python workers' (Spark's daemon and the workers it
-    forks) or 'main' (the contender's own process and anything else)."""
-    if cmdline and cmdline[0].rsplit("/", 1)[-1].startswith("java"):
+    forks: `python -m <daemon module>`) or 'main' (the contender's own process and anything else).
+    By executable and module, not by any word of the command line: Spark's launcher names the
+    daemon module in its --conf arguments."""
+    exe = cmdline[0].rsplit("/", 1)[-1] if cmdline else ""
+    if exe.startswith("java"):
         return "JVM"
-    text = " ".join(cmdline)
-    if "worker_daemon" in text or "pyspark.daemon" in text or "pyspark/daemon" in text:
+    if exe.startswith("python") and len(cmdline) > 2 and cmdline[1] == "-m" and cmdline[2] in WORKER_MODULES:
         return "Python workers"
     return "main"
 

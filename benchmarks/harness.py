@@ -133,8 +133,9 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
         else:
             done = time.monotonic()
             how = "timeout"
-        if len(sampler.cpu_by_role) > 1:
-            result["cpu_by_role_s"] = sampler.cpu_by_role
+        by_role = sampler.cpu_by_role
+        if len(by_role) > 1:
+            result["cpu_by_role_s"] = by_role
         result.update(wall_s=done - started, cpu_s=cpu, peak_rss_mb=sampler.peak_rss / 2**20, done_by=how,
                       first_output_s=(watcher.first_at - started) if watcher.first_at else None)
         result.update(steady_state(watcher, done, seeded.records, expected))

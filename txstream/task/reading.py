@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from txstream.serde.avro import AvroCodec, arrow_type
 from txstream.task import job_spec, worker_heap
@@ -179,8 +179,6 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
     way allows (`tagged`: each batch's rows name their reading task; otherwise none, and the
     slot's output is one publication: publish._pieces_by_range). `ranges`: (reading task, plan
     index) pairs."""
-    from confluent_kafka import TopicPartition
-
     key_codec, value_codec, schema = _decoding(spec)
     last_done = time.perf_counter()
     reading: dict[tuple[str, int], _RangeRead] = {}
@@ -262,8 +260,6 @@ def _by_range(messages: list, reading: dict[tuple[str, int], Any], one_topic: bo
 
     librdkafka hands over a fetch's records partition by partition, so the split is by runs
     (`groupby` keyed by the messages' own C method: no Python code per message)."""
-    from confluent_kafka import KafkaError, KafkaException
-
     by_range: dict[tuple[str, int], list] = {}
     if any(map(_ERROR, messages)):
         for msg in messages:
@@ -274,6 +270,8 @@ def _by_range(messages: list, reading: dict[tuple[str, int], Any], one_topic: bo
                 raise KafkaException(msg.error())
         return by_range
     if one_topic:
+        # Keyed by partition alone: a stray record of another topic lands in a range's list,
+        # where add_all's topic check sends it through add_each, which drops it.
         topic = next(iter(reading))[0]
         runs = (((topic, partition), run) for partition, run in itertools.groupby(messages, _PARTITION))
     else:
@@ -305,8 +303,6 @@ def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]],
     """Yield Arrow batches of `[plan.start, plan.end)`; append undecodable records to `dead`.
     A batch ends at `chunk_records` records or `chunk_bytes` of keys and values, whichever comes
     first; `largest[0]` becomes the largest record's bytes (spark/arrow_batches.py)."""
-    from confluent_kafka import TopicPartition
-
     topic, partition, start, end = plan.topic, plan.partition, plan.start, plan.end
     if end <= start:
         return
@@ -367,8 +363,6 @@ def _consumer(config: dict[str, Any]) -> Any:
     Reading never subscribes or commits (assign only), so any partition can be read by any
     consumer; reusing one saves its connections and metadata (~50 ms per task, which is much
     of a small batch's read)."""
-    from confluent_kafka import Consumer
-
     cached = _CONSUMERS.pop(repr(sorted(config.items())), None)
     return cached if cached is not None else Consumer(config)
 
@@ -440,8 +434,6 @@ class _Columns:
 
     def add_each(self, messages: list, end: int, position: int) -> int:
         """`add_all` message by message, for what its columnar path does not take."""
-        from confluent_kafka import KafkaError, KafkaException
-
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         timestamps, headers = self.timestamps.append, self.headers.append
         first = len(self.values)

@@ -98,7 +98,7 @@ def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offse
     from tests.support.kafka import avro_bytes
     from txstream.serde.avro import load_schema
     from txstream.task.reading import read_ranges_together
-    from txstream.task.sidefile import read_side_file
+    from txstream.task.sidefile import read_side_files
     from txstream.task.spec import RANGE_COLUMN
 
     order = load_schema(str(Path(__file__).resolve().parents[1] / "schemas/order.avsc"))
@@ -122,7 +122,9 @@ def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offse
         mine = [r for r in rows if r["partition"] == p]
         assert [r["offset"] for r in mine] == [o for o in range(per_partition) if poisoned.get(p) != o], p
         assert {r[RANGE_COLUMN] for r in mine} == {100 + p}
+    # One side file for the slot's ranges, taken whole by its publisher.
+    found = read_side_files(spec.side_dir, spec.batch_id, list(range(partitions)))
     for p in range(partitions):
-        read = read_side_file(spec.side_dir, spec.batch_id, p)
+        read = found.get(p)
         assert read is not None and read.records == per_partition - (p in poisoned), p
         assert [d[4] for d in read.dead_letters] == ([poisoned[p]] if p in poisoned else []), p

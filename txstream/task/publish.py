@@ -22,7 +22,7 @@ from txstream.task import job_spec, worker_heap
 from txstream.task.collector import RecordCollector, encoded_batch
 from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
-from txstream.task.sidefile import read_side_file
+from txstream.task.sidefile import read_side_files
 from txstream.task.spec import EXACTLY_ONCE, RANGE_COLUMN, PartitionPlan, PublishSpec
 
 _PUBLISHERS: dict[str, TransactionalPublisher] = {}   # per Python worker, across batches
@@ -160,8 +160,7 @@ def publish_slot(spec: PublishSpec | job_spec.FromJob, batches: Iterator[pa.Reco
             publish_ranges(spec, plans, pieces, results)
         else:
             _publish_plain(spec, plans, pieces, results)
-        for result in results:
-            _take_side_file(spec, result)  # if no path above took it (an early return)
+        _take_side_files(spec, results)  # if no path above took them (an early return)
         yield results_batch(results)
     else:
         for batch in batches:  # a slot of padding only: nothing can arrive
@@ -214,10 +213,12 @@ def _codec(schema: dict | None) -> AvroCodec | None:
     return AvroCodec(schema) if schema else None
 
 
-def _collector(spec: PublishSpec, plan: PartitionPlan, producer: Any) -> RecordCollector:
+def _collector(spec: PublishSpec, plan: PartitionPlan, producer: Any,
+               codecs: tuple[AvroCodec | None, AvroCodec | None] | None = None) -> RecordCollector:
+    """`codecs`: (value, key) codecs to share (a slot's collectors); else built for this one."""
+    value_codec, key_codec = codecs or (_codec(spec.output_value_schema), _codec(spec.output_key_schema))
     return RecordCollector(
-        producer=producer, default_topic=spec.output_topic,
-        value_codec=_codec(spec.output_value_schema), key_codec=_codec(spec.output_key_schema),
+        producer=producer, default_topic=spec.output_topic, value_codec=value_codec, key_codec=key_codec,
         source=(plan.topic, plan.partition), publication=uuid.uuid4().hex, lineage=spec.lineage,
         refused_topics=spec.refused_topics)
 
@@ -234,14 +235,21 @@ class _SlotOutput:
     def of(self, pos: int) -> RecordCollector:
         collector = self.collectors.get(pos)
         if collector is None:
-            collector = self.collectors[pos] = _collector(self.spec, self.plans[pos], self.producer)
+            # The slot's codecs, not a pair per range: building them was 7% of a publishing
+            # worker's samples at 256 partitions (128 ranges a slot).
+            collector = self.collectors[pos] = _collector(self.spec, self.plans[pos], self.producer, self.codecs)
         return collector
+
+    @property
+    def codecs(self) -> tuple[AvroCodec | None, AvroCodec | None]:
+        """The output's (value, key) codecs, built once for the slot."""
+        if self._codecs is None:
+            self._codecs = (_codec(self.spec.output_value_schema), _codec(self.spec.output_key_schema))
+        return self._codecs
 
     def encoded(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """`batch` with its struct key and value encoded (binary), as every collector of the slot would."""
-        if self._codecs is None:
-            self._codecs = (_codec(self.spec.output_value_schema), _codec(self.spec.output_key_schema))
-        return encoded_batch(batch, *self._codecs)
+        return encoded_batch(batch, *self.codecs)
 
     def replay(self, producer: Any) -> None:
         self.producer = producer
@@ -279,26 +287,33 @@ def _produce_all(output: _SlotOutput, pieces: Iterator[Piece], results: list[Tas
         timing.produce_s += clock() - got
 
 
-def _take_side_file(spec: PublishSpec, result: TaskResult) -> list[tuple[Any, ...]]:
-    """Consume the reader's side file of this task attempt's range `result.index` (once): its
-    counts go to `result`, its undecodable records are returned."""
-    read = read_side_file(spec.read.side_dir, spec.read.batch_id, result.index)
-    if read is None:
-        return []
-    result.records_in, result.read_s = read.records, read.read_seconds
-    result.largest_record = read.largest_record
-    return read.dead_letters
+def _take_side_files(spec: PublishSpec, results: list[TaskResult]) -> list[list[tuple[Any, ...]]]:
+    """Consume the reader's side file(s) of this task attempt's ranges (once, all of the slot's
+    together): their counts go to `results`, their undecodable records are returned, per range."""
+    found = read_side_files(spec.read.side_dir, spec.read.batch_id, [r.index for r in results])
+    dead: list[list[tuple[Any, ...]]] = []
+    for result in results:
+        read = found.get(result.index)
+        if read is None:
+            dead.append([])
+            continue
+        result.records_in, result.read_s = read.records, read.read_seconds
+        result.largest_record = read.largest_record
+        dead.append(read.dead_letters)
+    return dead
 
 
-def _dead_letters_of_range(spec: PublishSpec, plan: PartitionPlan, result: TaskResult) -> list[tuple[Any, ...]]:
-    """The reader's undecodable records of this range (its side file, taken once)."""
-    dead = _take_side_file(spec, result)
-    if dead and not spec.dead_letter_topic:
-        _key, _value, _h, _ts, offset, stage, error = dead[0]
-        raise PoisonRecordError(
-            f"record {plan.topic}[{plan.partition}]@{offset} failed at {stage}: {error}. "
-            f"{len(dead)} record(s) of this range failed; declare a dead_letter_topic on the processor "
-            "(or --dead-letter-topic) to set such records aside. Nothing of this range was published.")
+def _dead_letters_of_ranges(spec: PublishSpec, plans: list[PartitionPlan],
+                            results: list[TaskResult]) -> list[list[tuple[Any, ...]]]:
+    """The reader's undecodable records of each range (the side files, taken once)."""
+    dead = _take_side_files(spec, results)
+    for plan, records in zip(plans, dead, strict=True):
+        if records and not spec.dead_letter_topic:
+            _key, _value, _h, _ts, offset, stage, error = records[0]
+            raise PoisonRecordError(
+                f"record {plan.topic}[{plan.partition}]@{offset} failed at {stage}: {error}. "
+                f"{len(records)} record(s) of this range failed; declare a dead_letter_topic on the processor "
+                "(or --dead-letter-topic) to set such records aside. Nothing of this range was published.")
     return dead
 
 
@@ -413,7 +428,7 @@ def publish_ranges(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
                     return
                 with publisher.producing():
                     if dead is None:
-                        dead = [_dead_letters_of_range(spec, p, r) for p, r in zip(plans, results, strict=True)]
+                        dead = _dead_letters_of_ranges(spec, plans, results)
                     for pos, records in enumerate(dead):
                         while dead_added[pos] < len(records):
                             dead_added[pos] += 1   # kept by the collector before it is produced: replayed if need be
@@ -541,8 +556,7 @@ def _publish_plain(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
     _PLAIN_ERRORS.clear()
     output = _SlotOutput(spec, plans, producer)
     _produce_all(output, pieces, results)
-    for pos, (plan, result) in enumerate(zip(plans, results, strict=True)):
-        dead = _dead_letters_of_range(spec, plan, result)
+    for pos, (dead, result) in enumerate(zip(_dead_letters_of_ranges(spec, plans, results), results, strict=True)):
         for record in dead:
             output.of(pos).add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
         result.dead_letters = len(dead)

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from txstream.serde.avro import AvroCodec, arrow_type
 from txstream.task import job_spec, worker_heap
-from txstream.task.sidefile import ReadResult, write_side_file
+from txstream.task.sidefile import ReadResult, write_side_file, write_side_files
 from txstream.task.spec import RANGE_COLUMN, PartitionPlan, ReadSpec
 
 # confluent_kafka.Message's accessors, mapped over a fetch's messages (`_Columns.add_all`):
@@ -174,21 +174,24 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
     librdkafka fetches them in the same requests. Read one after another, each range paid its own
     assignment and first fetch: ~12 ms per range of 350 records here (a slot of 128 ranges,
     1.5 s), about what reading them in one Spark partition each costs (range_frame). Each range
-    still ends exactly at its planned end (`_Columns.add_all`) and gets its own side file, written
-    as soon as it is complete; batches of different ranges may interleave, which a slot read this
+    still ends exactly at its planned end (`_Columns.add_all`) and has its own account (count,
+    dead letters) in the slot's one side file, written once every range is read (sidefile.py);
+    batches of different ranges may interleave, which a slot read this
     way allows (`tagged`: each batch's rows name their reading task; otherwise none, and the
     slot's output is one publication: publish._pieces_by_range). `ranges`: (reading task, plan
     index) pairs."""
     key_codec, value_codec, schema = _decoding(spec)
     last_done = time.perf_counter()
     reading: dict[tuple[str, int], _RangeRead] = {}
+    accounts: dict[int, ReadResult] = {}   # every range's, one side file once all are read
     for task, index in ranges:
         plan = spec.plans[index]
         if plan.end <= plan.start:
-            _range_read(spec, None, index, ReadResult(0, [], 0.0, 0))
+            _range_done(plan, accounts, index, ReadResult(0, [], 0.0, 0))
         else:
             reading[(plan.topic, plan.partition)] = _RangeRead(task, index, plan)
     if not reading:
+        write_side_files(spec.side_dir, spec.batch_id, accounts)
         return
     one_topic = len({t for t, _ in reading}) == 1
     config = spec.consumer_config()  # never subscribes or commits: assign only
@@ -246,11 +249,21 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
                     yield batch
             if not pending:
                 for r in finished:   # all their rows handed over: their accounts are final
-                    _range_read(spec, None, r.index, ReadResult(r.count, r.dead, r.seconds, r.largest))
+                    _range_done(r.plan, accounts, r.index, ReadResult(r.count, r.dead, r.seconds, r.largest))
                 finished = []
         done = True
     finally:
         _release(consumer, config, healthy=done)
+    # Complete before the JVM sees this iterator end (read_planned_range).
+    write_side_files(spec.side_dir, spec.batch_id, accounts)
+
+
+def _range_done(plan: PartitionPlan, accounts: dict[int, ReadResult], index: int, result: ReadResult) -> None:
+    """A range of a slot is read: its account joins the slot's side file."""
+    from txstream import faults
+
+    faults.maybe_fail("read.end", plan)
+    accounts[index] = result
 
 
 def _by_range(messages: list, reading: dict[tuple[str, int], Any], one_topic: bool) -> dict[tuple[str, int], list]:

@@ -154,3 +154,43 @@ def test_collections_are_paused_while_a_batch_is_built_and_restored_after_it_eve
     with pytest.raises(OutputError):
         collector.add_batch(struct_value)    # a struct and no schema to encode it with
     assert gc.isenabled()
+
+
+def test_runs_built_at_once_give_the_records_each_run_added_alone_gives() -> None:
+    """A slot's batch of several ranges (task/publish.py `_produce_all`): `add_runs` builds every
+    run's records in one pass, positions continuing where each collector stands, a range's runs
+    recurring in the batch, a nulled offset, one collector without lineage; header for header
+    what `add_batch` per run produces."""
+    from txstream.task.collector import add_runs
+
+    n = 12
+    offsets = [100 + i for i in range(n)]
+    offsets[5] = None
+    batch = pa.RecordBatch.from_pydict({"key": pa.array([f"k{i}".encode() if i % 4 else None for i in range(n)]),
+                                        "value": pa.array([f"v{i}".encode() for i in range(n)]),
+                                        "offset": pa.array(offsets, pa.int64())})
+    runs = [(0, 0, 3), (1, 3, 4), (0, 4, 7), (2, 7, 9), (1, 9, 12)]
+
+    def collectors(calls: _Calls) -> dict[int, RecordCollector]:
+        made = {pos: RecordCollector(producer=calls, default_topic="out", value_codec=None, key_codec=None,
+                                     source=("in", pos), publication=f"pub-{pos}", lineage=pos != 2)
+                for pos in range(3)}
+        made[1].add_batch(_batch([1, 2, 3], False))   # positions of range 1 start at 3
+        return made
+
+    alone_calls = _Calls()
+    alone = collectors(alone_calls)
+    for pos, first, last in runs:
+        alone[pos].add_batch(batch.slice(first, last - first))
+    together_calls = _Calls()
+    together = collectors(together_calls)
+    seen: list[int] = []
+    counts = add_runs(together, batch, runs, seen.append)
+
+    assert counts == [3, 1, 3, 2, 3] and seen == [0, 1, 0, 2, 1]
+    assert together_calls.records == alone_calls.records
+    assert [len(c.sent) for c in together.values()] == [len(c.sent) for c in alone.values()]
+    assert headers.lineage_of(together_calls.records[3 + 3][4]) == headers.Lineage("in", 1, 103, b"pub-1", b"3")
+    # Shapes it does not take: the caller goes run by run.
+    assert add_runs(together, batch, [(0, 0, 5), (1, 6, 12)], seen.append) is None
+    assert add_runs(together, batch.append_column("topic", pa.array(["out"] * n)), runs) is None

@@ -3,7 +3,7 @@ partitions, headers, lineage. Keeps what it sent, so an aborted transaction can 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +37,8 @@ class RecordCollector:
 
     def __post_init__(self) -> None:
         topic, partition = self.source
-        self._prefix = headers.lineage_prefix(topic, partition)
-        self._middle = f"/{self.publication}/"
+        self.lineage_prefix = headers.lineage_prefix(topic, partition)
+        self.lineage_middle = f"/{self.publication}/"
 
     def add_batch(self, batch: pa.RecordBatch) -> int:
         if batch.num_rows == 0:
@@ -98,10 +98,22 @@ class RecordCollector:
         offset_text = (pc.cast(offsets, pa.string()) if offsets is not None
                        else pa.nulls(n, pa.string()))
         joined = pc.binary_join_element_wise(
-            pa.scalar(self._prefix), offset_text, pa.scalar(self._middle),
+            pa.scalar(self.lineage_prefix), offset_text, pa.scalar(self.lineage_middle),
             pc.cast(pa.array(np.arange(first, first + n)), pa.string()), "",
             null_handling="replace", null_replacement="")
         return joined.cast(pa.binary()).to_pylist()
+
+    def one_pass(self, names: list[str]) -> bool:
+        """Whether a batch of these columns takes the one-pass path of `add_batch` with the
+        compact lineage (or none): what `add_runs` builds for several collectors at once."""
+        return (not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None
+                and self.fixed_headers is None)
+
+    def add_records(self, records: list[tuple]) -> int:
+        """Records built for this collector (`add_runs`): kept, then produced."""
+        self.sent.extend(records)
+        self._produce_from(len(self.sent) - len(records))
+        return len(records)
 
     def add_dead_letter(self, dead_topic: str, record: tuple, app_id: str) -> None:
         key, value, original_headers, timestamp_ms, offset, stage, error = record
@@ -137,6 +149,75 @@ class RecordCollector:
                         raise OutputError(f"output partition {partition} of topic {topic!r} does not exist") from None
                     raise
         poll(0)
+
+
+def add_runs(collectors: Mapping[int, RecordCollector], batch: pa.RecordBatch, runs: list[tuple[int, int, int]],
+             produced: Callable[[int], None] = lambda _pos: None) -> list[int] | None:
+    """A slot's batch of several ranges' runs, `(collector position, first row, end row)` covering
+    the batch in order, built at once and produced run by run: the records each run's
+    `add_batch` would produce, header for header. Each `add_batch` call cost ~0.2 ms before its
+    first record (its Arrow compute calls and list building), which a slot of 128 ranges paid for
+    each of its ~100-row runs (measured: 128 runs of 100 records 37 ms, one of 12,800 10 ms, no
+    producer). Returns each run's record count, or None when the batch is not of the one-pass
+    shape (the caller then takes `add_batch` per run). `produced(pos)`: after each run."""
+    names = batch.schema.names
+    if not runs or not all(collectors[pos].one_pass(names) for pos, _, _ in runs):
+        return None
+    covered = 0
+    for _, start, end in runs:
+        if start != covered:
+            return None
+        covered = end
+    if covered != batch.num_rows:
+        return None
+    with _collections_paused():
+        first = collectors[runs[0][0]]
+        n = batch.num_rows
+        values = _encoded(batch.column(names.index("value")), first.value_codec, "value")
+        keys = (_encoded(batch.column(names.index("key")), first.key_codec, "key")
+                if "key" in names else [None] * n)
+        lineages: list | None = None
+        if any(collectors[pos].lineage for pos, _, _ in runs):
+            lineages = _lineage_of_runs(collectors, batch, runs)
+        counts = []
+        for pos, start, end in runs:
+            collector = collectors[pos]
+            topic = collector.default_topic
+            if lineages is None or not collector.lineage:
+                records = [(topic, v, k, -1, None) for v, k in zip(values[start:end], keys[start:end], strict=False)]
+            else:
+                name = headers.LINEAGE
+                records = [(topic, v, k, -1, {name: h}) for v, k, h in
+                           zip(values[start:end], keys[start:end], lineages[start:end], strict=False)]
+            counts.append(collector.add_records(records))
+            produced(pos)
+        return counts
+
+
+def _lineage_of_runs(collectors: Mapping[int, RecordCollector], batch: pa.RecordBatch,
+                     runs: list[tuple[int, int, int]]) -> list[bytes]:
+    """`txstream.lineage` of every row of `batch`, each from its run's collector (its source, its
+    publication, its next positions: a collector's runs recur in one batch), in one pass of Arrow
+    compute calls (`RecordCollector._lineage_values` gives one run's)."""
+    n = batch.num_rows
+    names = batch.schema.names
+    lengths = np.array([end - start for _, start, end in runs], np.int64)
+    which = pa.array(np.repeat(np.arange(len(runs), dtype=np.int32), lengths))
+    prefixes = pc.take(pa.array([collectors[pos].lineage_prefix for pos, _, _ in runs], pa.string()), which)
+    middles = pc.take(pa.array([collectors[pos].lineage_middle for pos, _, _ in runs], pa.string()), which)
+    next_position = {pos: len(collectors[pos].sent) for pos, _, _ in runs}
+    starts = []
+    for pos, start, end in runs:
+        starts.append(next_position[pos])
+        next_position[pos] += end - start
+    # Each row's position: its run's first position plus its place in the run.
+    run_first_row = np.repeat(np.array([start for _, start, _ in runs], np.int64), lengths)
+    positions = np.repeat(np.array(starts, np.int64), lengths) + (np.arange(n, dtype=np.int64) - run_first_row)
+    offsets = batch.column(names.index("offset")) if "offset" in names else None
+    offset_text = pc.cast(offsets, pa.string()) if offsets is not None else pa.nulls(n, pa.string())
+    joined = pc.binary_join_element_wise(prefixes, offset_text, middles, pc.cast(pa.array(positions), pa.string()), "",
+                                         null_handling="replace", null_replacement="")
+    return joined.cast(pa.binary()).to_pylist()
 
 
 @contextmanager

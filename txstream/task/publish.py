@@ -19,7 +19,7 @@ from txstream import faults
 from txstream.errors import AbortableError, FencedError, InfrastructureError, PoisonRecordError, TaskError
 from txstream.serde.avro import AvroCodec
 from txstream.task import job_spec, worker_heap
-from txstream.task.collector import RecordCollector, encoded_batch
+from txstream.task.collector import RecordCollector, add_runs, encoded_batch
 from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
 from txstream.task.sidefile import read_side_files
@@ -280,6 +280,14 @@ def _produce_all(output: _SlotOutput, pieces: Iterator[Piece], results: list[Tas
             # Keys and values encoded once per batch, not once per run: the columnar encoder's
             # fixed cost per call (~0.5 ms) was most of a slot's produce time at 128 ranges.
             batch = output.encoded(batch)
+            # And the records of all runs built at once (collector.add_runs).
+            counts = add_runs({pos: output.of(pos) for pos, _, _ in runs}, batch, runs,
+                              lambda pos: faults.maybe_fail("publish.mid_produce", output.plans[pos]))
+            if counts is not None:
+                for (pos, _, _), count in zip(runs, counts, strict=True):
+                    results[pos].records_out += count
+                timing.produce_s += clock() - got
+                continue
         for pos, first, last in runs:
             part = batch if len(runs) == 1 else batch.slice(first, last - first)
             results[pos].records_out += output.of(pos).add_batch(part)

@@ -54,3 +54,14 @@ def test_consumers_refetch_quickly_unless_the_user_says_otherwise() -> None:
     assert "fetch.queue.backoff.ms" not in s.clients.producer()
     mine = _resolve(**{"consumer.fetch.queue.backoff.ms": "500"})
     assert mine.clients.consumer("g")["fetch.queue.backoff.ms"] == "500"
+
+
+def test_stable_readers_ask_again_quickly_unless_the_user_says_otherwise() -> None:
+    """librdkafka waits retry.backoff.ms (100 ms) before asking again for offsets whose transaction
+    markers are not written yet (kafka/config.py QUICK_STABLE_RETRY): the re-check's and the
+    driver's stable reads get 10 ms, other clients keep librdkafka's default."""
+    s = _resolve()
+    reader = s.clients.stable_reader("g")
+    assert (reader["retry.backoff.ms"], reader["isolation.level"], reader["enable.auto.commit"]) == (10, "read_committed", False)
+    assert "retry.backoff.ms" not in s.clients.consumer("g") and "retry.backoff.ms" not in s.clients.producer()
+    assert _resolve(**{"consumer.retry.backoff.ms": "250"}).clients.stable_reader("g")["retry.backoff.ms"] == "250"

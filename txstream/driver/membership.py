@@ -26,10 +26,8 @@ DEFAULT_ASSIGNMENT = "cooperative-sticky"
 class GroupMembership:
     def __init__(self, clients: KafkaClients | str, app_id: str, topics: list[str],
                  wait_for_batch: Callable[[], None], on_change: Callable[[str, list[TopicPartition]], None] | None = None) -> None:
-        config = as_clients(clients).consumer(app_id, **{
-            "enable.auto.commit": False,
+        config = as_clients(clients).stable_reader(app_id, **{
             "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 1_000,
             "max.poll.interval.ms": 300_000,

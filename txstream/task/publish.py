@@ -35,7 +35,7 @@ def _group_reader(spec: PublishSpec) -> Any:
 
     # read_committed makes librdkafka ask for stable offsets (KIP-447): a commit still pending
     # in an open transaction is resolved before the answer.
-    config = spec.clients.consumer(spec.app_id, **{"isolation.level": "read_committed", "enable.auto.commit": False})
+    config = spec.clients.stable_reader(spec.app_id)
     key = repr(sorted((k, str(v)) for k, v in config.items()))
     if key not in _GROUP_READERS:
         _GROUP_READERS[key] = Consumer(config)

@@ -194,3 +194,5 @@ def test_runs_built_at_once_give_the_records_each_run_added_alone_gives() -> Non
     # Shapes it does not take: the caller goes run by run.
     assert add_runs(together, batch, [(0, 0, 5), (1, 6, 12)], seen.append) is None
     assert add_runs(together, batch.append_column("topic", pa.array(["out"] * n)), runs) is None
+    together[2].value_codec = object()   # collectors that do not share their codecs
+    assert add_runs(together, batch, runs) is None

@@ -163,6 +163,8 @@ def add_runs(collectors: Mapping[int, RecordCollector], batch: pa.RecordBatch, r
     names = batch.schema.names
     if not runs or not all(collectors[pos].one_pass(names) for pos, _, _ in runs):
         return None
+    if len({(id(collectors[pos].value_codec), id(collectors[pos].key_codec)) for pos, _, _ in runs}) > 1:
+        return None   # the keys and values are encoded once, so the collectors must share their codecs
     covered = 0
     for _, start, end in runs:
         if start != covered:

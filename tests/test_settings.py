@@ -65,3 +65,20 @@ def test_stable_readers_ask_again_quickly_unless_the_user_says_otherwise() -> No
     assert (reader["retry.backoff.ms"], reader["isolation.level"], reader["enable.auto.commit"]) == (10, "read_committed", False)
     assert "retry.backoff.ms" not in s.clients.consumer("g") and "retry.backoff.ms" not in s.clients.producer()
     assert _resolve(**{"consumer.retry.backoff.ms": "250"}).clients.stable_reader("g")["retry.backoff.ms"] == "250"
+
+
+def test_transactional_producers_linger_longer_unless_the_user_says_otherwise() -> None:
+    """A transaction's output is invisible until its commit, which sends what waits at once
+    (task/spec.py TRANSACTIONAL_LINGER): 100 ms there, 5 ms where output is visible when acknowledged."""
+    from txstream.kafka.config import KafkaClients
+    from txstream.task.spec import EXACTLY_ONCE, PublishSpec, ReadSpec
+
+    def spec(clients: KafkaClients) -> PublishSpec:
+        return PublishSpec(read=ReadSpec(clients=clients, app_id="a", side_dir="s"), guarantee=EXACTLY_ONCE,
+                           transaction_timeout_s=60, owner_dir=None)
+
+    default = spec(KafkaClients("localhost:9092"))
+    assert default.producer_config(transactional=True)["linger.ms"] == 100
+    assert default.producer_config(transactional=False)["linger.ms"] == 5
+    mine = spec(KafkaClients.from_properties("localhost:9092", {"producer.linger.ms": "20"}))
+    assert mine.producer_config(transactional=True)["linger.ms"] == "20"

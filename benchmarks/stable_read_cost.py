@@ -19,8 +19,6 @@ import tempfile
 import time
 import uuid
 
-SETTINGS = {"librdkafka's default (100 ms)": {}, "txstream's": None}   # None: QUICK_STABLE_RETRY
-
 
 def main() -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
@@ -74,10 +72,11 @@ def main() -> None:
             return waits
 
         run({})   # the coordinators' first transactions and groups, not counted
-        results: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        settings = {"librdkafka's default (100 ms)": {}, "txstream's": QUICK_STABLE_RETRY}
+        results: dict[str, list[float]] = {name: [] for name in settings}
         for round_no in range(args.rounds):
-            for name in (list(SETTINGS) if round_no % 2 == 0 else list(SETTINGS)[::-1]):
-                results[name] += run(SETTINGS[name] if SETTINGS[name] is not None else QUICK_STABLE_RETRY)
+            for name in (list(settings) if round_no % 2 == 0 else list(settings)[::-1]):
+                results[name] += run(settings[name])
         print(f"committed() of 4 partitions right after commit_transaction, {args.commits} transactions x "
               f"{args.rounds} rounds per setting\n")
         print("| retry.backoff.ms | median ms | p90 ms | max ms | reads over 50 ms |")

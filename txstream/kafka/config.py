@@ -51,8 +51,8 @@ QUICK_REFETCH = {"fetch.queue.backoff.ms": 10}
 # commit whose transaction markers are not written yet gets UNSTABLE_OFFSET_COMMIT, and librdkafka
 # asks again after retry.backoff.ms, default 100 ms. The markers follow the commit within a few
 # ms, so a read right after a commit waited 100 ms: measured against a local broker
-# (benchmarks/stable_read_cost.py), committed() right after commit_transaction 104 ms median (49
-# of 60 reads over 50 ms) with the default, 14 ms with 10 ms. It is the re-check after a fencing
+# (benchmarks/stable_read_cost.py), committed() right after commit_transaction 94 ms median (83
+# of 120 reads over 50 ms) with the default, 13 ms (2 of 120) with 10 ms. It is the re-check after a fencing
 # init_transactions (the first batch, a retry, a restart after a crash) and the driver's read
 # after a batch. Retries still back off exponentially to retry.backoff.max.ms (1 s) when the
 # broker is away. The user's own value wins.

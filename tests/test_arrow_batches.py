@@ -43,6 +43,12 @@ def test_rows_per_batch_follow_the_last_batch_and_measure_again_after_a_failure(
         arrow.before_batch()
         assert (spark.conf.get(MAX_BYTES_KEY), spark.conf.get(MAX_ROWS_KEY)) == (NO_BYTE_CHECK, "409")
         assert _batch_rows(spark) == 409   # what the Python side of the hop is handed
+        # The count moves only when it must: down at once for a larger record, up only when a
+        # record allows four times as many rows (each count is a job of its own, driver/loop.py).
+        for largest, rows in ((12_000, 349), (10_240, 349), (6_000, 349), (2_000, 2_097), (100, 10_000),
+                              (150, 10_000), (1_048_576, 4)):
+            arrow.after_batch([{"largest_record": largest}])
+            assert arrow.settings() == (NO_BYTE_CHECK, str(rows)), largest
         arrow.after_batch(None)   # a failed batch: the next one measures every row again
         arrow.before_batch()
         assert (spark.conf.get(MAX_BYTES_KEY), spark.conf.get(MAX_ROWS_KEY)) == (SPARK_BYTE_CHECK, "10000")

@@ -381,3 +381,26 @@ def test_a_batch_job_is_built_once_and_run_for_the_next_batches(processor, boots
     else:
         assert driver.jobs_built == batches and len(stamps) == batches, (driver.jobs_built, batches, stamps)
     assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 60 for p in range(4)}
+
+
+def test_records_that_vary_in_size_between_batches_keep_one_job(bootstrap_servers, make_topic,
+                                                                run_processor) -> None:
+    """The Arrow batch size after a batch follows its largest record (spark/arrow_batches.py) and
+    is part of the batch's job: after a first batch whose largest record is 7.8 KB, batches whose
+    largest are 5.9 to 7.4 KB, each a different one, keep one count and so one job, and every
+    record is published once."""
+    source, sink = make_topic("sizes-in", partitions=4), make_topic("sizes-out", partitions=2)
+    values = {}
+    for p in range(4):
+        sizes = [7_800] + [5_200 + (i * 37 + p * 11) % 2_600 for i in range(1, 60)]
+        records = [f"{p}-{i}-".encode() + b"x" * size for i, size in enumerate(sizes)]
+        values.update({v: (p, i) for i, v in enumerate(records)})
+        produce(bootstrap_servers, source, [(b"k", v) for v in records], partition=p)
+    driver = run_processor(PassThrough, inputs=[source], output=sink, max_records_per_partition=10,
+                           first_batch_records=0)
+    assert driver.exit_code == 0, driver.lines
+    assert driver.totals["batches"] >= 6, driver.lines
+    assert driver.jobs_built <= 2, (driver.jobs_built, driver.totals["batches"])
+    outputs = read_all(bootstrap_servers, sink)
+    assert sorted(r.value for r in outputs) == sorted(values)
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 60 for p in range(4)}

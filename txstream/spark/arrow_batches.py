@@ -11,9 +11,14 @@ because the Avro encoder works a batch at a time.
 So, per batch (driver/loop.py): a run's first batch, and the one after any failed batch, keep
 Spark's per-row check; after a clean batch the check is off and a batch holds 64 MB over 16 times
 the largest record that batch read, at most 10,000 rows (Spark's default; 100 B records get
-10,000, 10 KB records 409). A record up to 16 times larger than any of the batch before still
-fits Spark's bound; a larger jump makes one larger batch (the reader's own batches stay within
-64 MB, task/reading.py), and should that batch fail, its retry measures every row again. A
+10,000, 10 KB records 409). The count is part of the batch's Spark job, which the driver builds
+again when it changes (driver/loop.py; ~0.3 s here), so it changes only when it must: down when
+the last batch's largest record needs fewer rows, up when that record allows four times as many.
+Records whose sizes vary from batch to batch (a 1 KB median with a tail to 50 KB) otherwise gave
+nearly every batch its own count and its own job. A record up to 16 times larger than any of the
+batch before still fits Spark's bound; a larger jump makes one larger batch (the reader's own
+batches stay within 64 MB, task/reading.py), and should that batch fail, its retry measures every
+row again. A
 transform whose rows are much larger than its input records, or a user who wants Spark's
 behaviour, sets either setting (`--conf`): txstream then leaves both alone. Wide batches keep
 Spark's check (their results do not report record sizes).
@@ -44,14 +49,14 @@ class ArrowBatches:
         # txstream sets neither at start (spark/setup.py), so one in the SparkConf is the user's.
         self.users = conf.contains(MAX_BYTES_KEY) or conf.contains(MAX_ROWS_KEY)
         self.spark = spark
-        self.largest: int | None = None   # the last clean batch's largest record; None: measure rows
+        self.rows: int | None = None   # rows per batch after the last clean batch; None: measure rows
         self._applied: tuple[str, str] | None = None
 
     def settings(self) -> tuple[str, str]:
         """(maxBytesPerBatch, maxRecordsPerBatch) for the next batch."""
-        if not self.largest:
+        if not self.rows:
             return SPARK_BYTE_CHECK, str(MAX_ROWS)
-        return NO_BYTE_CHECK, str(rows_per_batch(self.largest))
+        return NO_BYTE_CHECK, str(self.rows)
 
     def before_batch(self) -> None:
         if self.users:
@@ -64,4 +69,10 @@ class ArrowBatches:
 
     def after_batch(self, rows: list[dict] | None) -> None:
         """A finished batch's results (None: the batch failed)."""
-        self.largest = max((int(row.get("largest_record") or 0) for row in rows or []), default=0) or None
+        largest = max((int(row.get("largest_record") or 0) for row in rows or []), default=0)
+        if not largest:   # a failed batch, or a wide one (no sizes): Spark's check again
+            self.rows = None
+            return
+        fits = rows_per_batch(largest)
+        if self.rows is None or fits < self.rows or fits >= 4 * self.rows:
+            self.rows = fits

@@ -179,6 +179,31 @@ def test_slots_name_their_producer_after_a_partition_the_instance_owns() -> None
     assert sorted(i for i in layout.layout if i >= 0) == list(range(5)) and layout.layout.count(-1) == 1
 
 
+def test_with_the_owned_shape_every_batch_has_the_same_layout_size() -> None:
+    """Slots.shape (every slot of the owned partitions): a batch with records in some partitions
+    only is laid out as wide as one with records in all, each plan once, in its own slot's run."""
+    from txstream.driver.slots import Slots
+
+    def plan(p: int) -> PartitionPlan:
+        return PartitionPlan("t", p, 0, 10, None, "")
+
+    slots = Slots("app", 2)
+    owned = [("t", p) for p in range(7)]
+    sizes = set()
+    for some in ([0, 1, 2, 3, 4, 5, 6], [3], [1, 5], [0, 2, 4, 6], [6, 1, 2]):
+        plans = slots.assign([plan(p) for p in some], owned)
+        assert slots.shape == {"app-t-0": 4, "app-t-1": 3}
+        layout = Slots.layout(plans, slots.shape)
+        sizes.add((len(layout.layout), layout.width))
+        assert sorted(i for i in layout.layout if i >= 0) == list(range(len(plans)))
+        for task, index in enumerate(layout.layout):
+            if index >= 0:   # the slot's run holds only that slot's partitions
+                assert plans[index].transactional_ids[0] == ["app-t-0", "app-t-1"][task // layout.width]
+    assert sizes == {(8, 4)}
+    # A plan outside the shape (not owned): the layout follows the plans.
+    assert Slots.layout(slots.assign([plan(9)], owned), slots.shape).layout == (0,)
+
+
 def test_a_slot_has_several_ids_and_claims_the_one_used_least_recently() -> None:
     """--producers-per-slot 3: a slot's ids are its first partition's and `~1`, `~2`; the id a
     task without a held producer initialises (the claim) is the one no batch used for longest."""
@@ -381,6 +406,28 @@ def test_a_batch_job_is_built_once_and_run_for_the_next_batches(processor, boots
     else:
         assert driver.jobs_built == batches and len(stamps) == batches, (driver.jobs_built, batches, stamps)
     assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 60 for p in range(4)}
+
+
+def test_batches_with_records_in_different_partitions_keep_one_job(bootstrap_servers, make_topic,
+                                                                   run_processor) -> None:
+    """A sparse stream's batches each have records in another set of partitions; the layout
+    keeps the owned partitions' shape (driver/slots.py), so they run one job after the first
+    batch's, and every record is published once, its lineage naming its own partition and offset."""
+    source, sink = make_topic("sparse-in", partitions=8), make_topic("sparse-out", partitions=2)
+    values = {}
+    for p in range(8):
+        records = [f"v{p}-{i}".encode() for i in range(10 * (p + 1))]   # partition p has p+1 batches
+        values.update({v: (p, i) for i, v in enumerate(records)})
+        produce(bootstrap_servers, source, [(b"k", v) for v in records], partition=p)
+    driver = run_processor(PassThrough, inputs=[source], output=sink, max_records_per_partition=10,
+                           first_batch_records=0)
+    assert driver.exit_code == 0, driver.lines
+    assert driver.totals["batches"] == 8, driver.lines
+    assert driver.jobs_built <= 2, (driver.jobs_built, driver.lines)
+    outputs = read_all(bootstrap_servers, sink)
+    assert len(outputs) == len(values), "lost or repeated records\n" + "\n".join(driver.lines)
+    assert {r.value: r.lineage.source for r in outputs} == {v: (source, *pi) for v, pi in values.items()}
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 8) == {p: 10 * (p + 1) for p in range(8)}
 
 
 def test_records_that_vary_in_size_between_batches_keep_one_job(bootstrap_servers, make_topic,

@@ -474,7 +474,7 @@ class Driver:
         commits.before_batch(plans)
         # One publishing task per slot (driver/slots.py): its ranges are read one after another
         # and published in one transaction.
-        layout = Slots.layout(plans)
+        layout = Slots.layout(plans, self._fixed_shape())
         fence_all, changes = self.fence_all_next, self.membership.generation_changes
         self._clean_at = None   # until this batch is known clean
         spec = self.specs.for_publishing(self.batch_id, plans, self.membership.group_metadata(),
@@ -498,6 +498,16 @@ class Driver:
         self._learn_rate(plans, rows)
         self._planning_started = None
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started, driver_s=driver_s))
+
+    def _fixed_shape(self) -> dict[str, int] | None:
+        """Every slot of the owned partitions, for a layout of the same size in every batch
+        (driver/slots.py Slots.layout), where padding is free: a slot read in one partition, or
+        slots of one partition each. A transform that needs a Spark partition per range pays a
+        Python hand-off per padded range, so its layout follows the batch's plans."""
+        shape = self.slots.shape if self.slots is not None else None
+        if not shape or not (self._per_slot_reading or max(shape.values()) == 1):
+            return None
+        return shape
 
     def _batch_frame(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
         """The batch's job: built once, run again for every batch of the same shape (the ranges

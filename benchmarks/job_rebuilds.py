@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 
 from benchmarks import batchlog
+from benchmarks.common import create_topics
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,13 +69,10 @@ def _feed(bootstrap: str, topic: str, rate: float, seconds: float) -> None:
     producer.flush(30)
 
 
-def _run(tree: Path, bootstrap: str, source: str, extra: list[str], stop_after: float | None) -> tuple[str, float]:
+def _run(tree: Path, bootstrap: str, source: str, partitions: int, extra: list[str],
+         stop_after: float | None) -> tuple[str, float]:
     output = f"{source}-out-{uuid.uuid4().hex[:6]}"
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    partitions = len(admin.list_topics(source, timeout=30).topics[source].partitions)
-    admin.create_topics([NewTopic(output, partitions, 1)])[output].result(30)
+    create_topics(bootstrap, [output], partitions)
     argv = [sys.executable, "-m", "txstream.cli", "run", "processors/passthrough.py:PassThrough",
             "--bootstrap-servers", bootstrap, "--app-id", f"rebuilds-{uuid.uuid4().hex[:8]}",
             "--input", source, "--output", output, "--master", "local[2]", *extra]
@@ -98,8 +96,6 @@ def _figures(log: str, wall: float) -> dict:
 
 
 def main() -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,25 +109,24 @@ def main() -> None:
                                 die_with_parent=True)
     bootstrap = cluster.start()
     try:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
         scenarios = ["sizes", "sparse"] if args.scenario == "both" else [args.scenario]
         for scenario in scenarios:
             rows: dict[str, list[dict]] = {name: [] for name in trees}
             source = f"rebuilds-{scenario}-{uuid.uuid4().hex[:6]}"
             if scenario == "sizes":
-                admin.create_topics([NewTopic(source, 4, 1)])[source].result(30)
+                create_topics(bootstrap, [source], 4)
                 _seed_sizes(bootstrap, source)
             for round_no in range(args.rounds):
                 for name in (list(trees) if round_no % 2 == 0 else list(trees)[::-1]):
                     if scenario == "sizes":
-                        log, wall = _run(trees[name], bootstrap, source,
+                        log, wall = _run(trees[name], bootstrap, source, 4,
                                          ["--max-records-per-partition", "500", "--until-caught-up"], None)
                     else:
                         topic = f"{source}-{round_no}-{name.replace(' ', '-')}"
-                        admin.create_topics([NewTopic(topic, 16, 1)])[topic].result(30)
+                        create_topics(bootstrap, [topic], 16)
                         feeder = threading.Thread(target=_feed, args=(bootstrap, topic, 100, 40))
                         feeder.start()
-                        log, wall = _run(trees[name], bootstrap, topic, [], 45)
+                        log, wall = _run(trees[name], bootstrap, topic, 16, [], 45)
                         feeder.join()
                     rows[name].append(_figures(log, wall))
             what = ("lognormal record sizes, 40,000 records, 500 per partition per batch" if scenario == "sizes"

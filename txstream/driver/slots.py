@@ -32,6 +32,7 @@ Zombie fencing, the argument (docs/architecture.md §3.4 says it in full):
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from txstream.driver.planning import transactional_id
@@ -75,18 +76,13 @@ class Slots:
         """The plans, each with its slot's ids (named after its first owned partition) and the
         batch's claim id: the slot's id used least recently (most likely held by no worker)."""
         ordered = sorted(owned)
-        position = {key: i for i, key in enumerate(ordered)}
-
-        def first_of_slot(key: tuple[str, int]) -> tuple[str, int]:
-            return ordered[position[key] % self.count] if key in position else key
-
-        self.shape = {}
-        for key in ordered:
-            base = transactional_id(self.app_id, *first_of_slot(key))
-            self.shape[base] = self.shape.get(base, 0) + 1
+        # Each owned partition's slot, named by the slot's first partition's id.
+        slot_of = {key: transactional_id(self.app_id, *ordered[i % self.count]) for i, key in enumerate(ordered)}
+        self.shape = dict(Counter(slot_of.values()))
         assigned = []
         for p in plans:
-            pool = slot_pool(transactional_id(self.app_id, *first_of_slot((p.topic, p.partition))), self.producers)
+            key = (p.topic, p.partition)
+            pool = slot_pool(slot_of.get(key) or transactional_id(self.app_id, *key), self.producers)
             claim = min(pool, key=lambda tid: self._used.get(tid, -1))   # ties: the first
             assigned.append(replace(p, transactional_id=claim, pool=pool if len(pool) > 1 else ()))
         return assigned

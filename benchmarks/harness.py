@@ -572,6 +572,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "partitions, record-size; own results files")
     ap.add_argument("--batch-sizes", default="1000,5000,20000,100000",
                     help="--sweep batch: txstream --max-records-per-partition values (default 1000,5000,20000,100000)")
+    ap.add_argument("--sweep-batches", type=int, default=None,
+                    help="--sweep batch: each point's input is at least this many batches of its size "
+                         "(default 5; 2 with --quick; capped by --max-input-mb)")
     ap.add_argument("--partition-counts", default="4,16,64,256", help="--sweep partitions: values (default 4,16,64,256; 1024 works, slowly)")
     ap.add_argument("--batch-records", type=int, default=None,
                     help="--sweep partitions: records per txstream batch at every point (--max-records-per-partition "
@@ -580,7 +583,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--value-sizes", default="100,1000,10000",
                     help="--sweep record-size: order value sizes in bytes, padded note (default 100,1000,10000)")
     ap.add_argument("--max-input-mb", type=float, default=300,
-                    help="--sweep record-size: fewer records at a point whose input would exceed this (default 300)")
+                    help="--sweep record-size and batch: fewer records at a point whose input would exceed this "
+                         "(default 300)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds before a run counts as failed (default 900, 300 with --quick)")
     ap.add_argument("--output-prefix", default=None, help="results file name prefix (default: timestamp)")
@@ -592,6 +596,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.batch_records is None:
         args.batch_records = 2_000 if args.quick else 25_000
+    if args.sweep_batches is None:
+        args.sweep_batches = 2 if args.quick else 5
     if args.records is None:
         args.records = (20_000 if args.quick else 10 * args.batch_records if args.sweep == "partitions"
                         else 100_000 if args.sweep else 200_000)

@@ -5,7 +5,10 @@
   transaction per input partition per batch, so N records per transaction, N x partitions per
   batch. The hand-written loop commits every N x partitions records (the same records per offset
   commit as one txstream batch; its one transaction spans every partition), with the commit
-  interval out of the way. One input topic for every point.
+  interval out of the way. Each point reads at least `--sweep-batches` batches of its size
+  (default 5; `--records` when that is more, `--max-input-mb` the cap): with one 100,000-record
+  input for every point, the 20,000 point was two batches and the 100,000 point one, so its
+  "after the first batch" figures measured one batch or none. Points of equal input share a topic.
 - partitions: 4, 16, 64, 256 (`--partition-counts`); txstream exactly-once, Kafka Streams
   (exactly_once_v2, the reference for partitions scaling: KIP-447) and the hand-written loop,
   each point on its own input topic with that many partitions (output topics too). txstream's
@@ -37,6 +40,7 @@ PARAMETER = {
     "partitions": "partitions",
     "record-size": "order value bytes",
 }
+APPROX_ORDER_BYTES = 145   # an order record of ~100 B value, its key and a little (for --max-input-mb)
 COUNT_ONLY_INTERVAL_MS = 3_600_000  # the hand-written loop's commit interval when the count decides
 
 
@@ -56,14 +60,16 @@ def variant(name: str, kind: str, value: int, partitions: int, batch_records: in
 def points(args) -> list[dict]:
     kind = args.sweep
     if kind == "batch":
-        return [{"value": v, "label": f"{v:,}", "partitions": args.partitions, "records": args.records,
+        cap = max(1000, int(args.max_input_mb * 1e6 // APPROX_ORDER_BYTES))
+        return [{"value": v, "label": f"{v:,}", "partitions": args.partitions,
+                 "records": min(cap, max(args.records, args.sweep_batches * v * args.partitions)),
                  "value_size": None, "shared_input": True} for v in args.batch_sizes]
     if kind == "partitions":
         return [{"value": v, "label": str(v), "partitions": v, "records": args.records, "value_size": None}
                 for v in args.partition_counts]
     out = []
     for v in args.value_sizes:
-        approx = v + 45  # value + key (about 33 B) + a little
+        approx = v + APPROX_ORDER_BYTES - 100  # value + key (about 33 B) + a little
         cap = int(args.max_input_mb * 1e6 // approx)
         records = min(args.records, max(1000, cap))
         out.append({"value": v, "label": f"{v:,} B", "partitions": args.partitions, "records": records,
@@ -79,16 +85,17 @@ def run(args, ctx: dict, results: dict) -> list[Contender]:
     names = args.sweep_contenders or DEFAULTS[kind]
     results.update(sweep=kind, parameter=PARAMETER[kind], points=[])
     used: list[Contender] = []
-    shared_input = None
+    shared_inputs: dict[int, tuple] = {}   # records -> (seeded, partitions, input) of points that share
     for point in points(args):
         log(f"=== {kind} sweep: {PARAMETER[kind]} = {point['label']} ===")
         ctx["point"] = f"-{kind}-{point['value']}"
-        if point.get("shared_input") and shared_input is not None:
-            ctx["seeded"], ctx["partitions"], inp = shared_input
+        if point.get("shared_input") and point["records"] in shared_inputs:
+            ctx["seeded"], ctx["partitions"], inp = shared_inputs[point["records"]]
         else:
             topic = f"bench-in-{ctx['stamp']}-{kind}-{point['value']}"
             inp = seed(ctx, topic, point["records"], point["partitions"], point["value_size"])
-            shared_input = (ctx["seeded"], ctx["partitions"], inp)
+            if point.get("shared_input"):
+                shared_inputs[point["records"]] = (ctx["seeded"], ctx["partitions"], inp)
         entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
         results["points"].append(entry)
         contenders = [variant(name, kind, point["value"], point["partitions"], args.batch_records) for name in names]

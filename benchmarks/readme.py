@@ -240,8 +240,11 @@ def sweep_section(path: Path, results: dict) -> list[str]:
     fewer = [f"{p['input']['records']:,} at {p['label']}" for p in pts if p["input"]["records"] != most]
     capped = (f" ({', '.join(fewer)}: input capped at {results['settings'].get('max_input_mb', 0):.0f} MB)"
               if fewer else "")
+    per_point = f"{most:,} records per point{capped}"
+    if results["sweep"] == "batch" and fewer:   # at least --sweep-batches batches of each point's size
+        per_point = "records per point " + " / ".join(f"{p['input']['records']:,}" for p in pts)
     lines = [f"**{SWEEP_TITLES.get(results['sweep'], results['sweep'])} sweep**{quick}: {results['parameter']}; "
-             f"{most:,} records per point{capped}"
+             f"{per_point}"
              + (f", {pts[0]['input']['partitions']} partitions" if results["sweep"] != "partitions" else "")
              + f"; {_machine(results)}; {_link(path)}.", ""]
     mbs = results["sweep"] == "record-size"

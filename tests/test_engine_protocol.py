@@ -451,3 +451,86 @@ def test_records_that_vary_in_size_between_batches_keep_one_job(bootstrap_server
     outputs = read_all(bootstrap_servers, sink)
     assert sorted(r.value for r in outputs) == sorted(values)
     assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 60 for p in range(4)}
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_clean_batches_plan_from_the_ends_they_committed(guarantee, bootstrap_servers, make_topic,
+                                                         run_processor) -> None:
+    """After a clean batch the driver plans the next from the ends that batch committed, without
+    reading the group's offsets again (driver/membership.py `remember`): one stable read for a
+    run of batches, and every record published once, the offsets at the ends."""
+    source, sink = make_topic("known-in", partitions=4), make_topic("known-out", partitions=2)
+    values = [f"v{p}-{i}".encode() for p in range(4) for i in range(30)]
+    for p in range(4):
+        produce(bootstrap_servers, source, [(b"k", v) for v in values if v.startswith(f"v{p}-".encode())],
+                partition=p)
+    driver = run_processor(PassThrough, inputs=[source], output=sink, max_records_per_partition=10,
+                           first_batch_records=0, guarantee=guarantee)
+    assert driver.exit_code == 0, driver.lines
+    assert driver.totals["batches"] == 3, driver.lines
+    assert driver.stable_reads == 1, driver.lines
+    assert sorted(r.value for r in read_all(bootstrap_servers, sink)) == sorted(values)
+    assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 30 for p in range(4)}
+
+
+def test_remembered_offsets_hold_only_while_the_assignment_is_unchanged(bootstrap_servers, make_topic) -> None:
+    """GroupMembership answers with offsets it read or was told are committed only until its
+    assignment changes (a rebalance), a batch fails (forget) or a caller asks for a fresh read;
+    without `remember` (the wide driver) every call reads."""
+    source = make_topic("remember-in", partitions=2)
+    group = f"remember-{uuid.uuid4().hex[:6]}"
+    member = GroupMembership(bootstrap_servers, group, [source], lambda: None, remember=True)
+    plain = GroupMembership(bootstrap_servers, f"{group}-plain", [source], lambda: None)
+    other = None
+    try:
+        for m in (member, plain):
+            _wait_until(lambda m=m: (m.poll(0.1), len(m.owned()) == 2)[1], "assignment")
+        owned = member.owned()
+        member.commit([TopicPartition(source, 0, 5), TopicPartition(source, 1, 7)])
+        assert member.committed(owned) == {(source, 0): 5, (source, 1): 7}
+        assert member.stable_reads == 1
+        member.commit([TopicPartition(source, 0, 9), TopicPartition(source, 1, 11)])
+        member.remember({(source, 0): 9, (source, 1): 11}, member.generation_changes)
+        assert member.committed(owned) == {(source, 0): 9, (source, 1): 11}
+        assert member.stable_reads == 1   # answered from what it was told
+        assert member.committed(owned, fresh=True) == {(source, 0): 9, (source, 1): 11}
+        assert member.stable_reads == 2
+        member.forget()
+        assert member.committed(owned) == {(source, 0): 9, (source, 1): 11}
+        assert member.stable_reads == 3
+        # Told under an older assignment: not taken.
+        member.remember({(source, 0): 1, (source, 1): 1}, member.generation_changes - 1)
+        assert member.committed(owned) == {(source, 0): 9, (source, 1): 11}
+        assert member.stable_reads == 4
+        # A second member joins: the rebalance moves a partition, and the next answer is read.
+        changes = member.generation_changes
+        other = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group,
+                          "partition.assignment.strategy": "cooperative-sticky"})
+        other.subscribe([source])
+
+        def rebalanced() -> bool:
+            member.poll(0.05)
+            other.poll(0.05)
+            return member.generation_changes > changes and len(member.owned()) == 1
+
+        _wait_until(rebalanced, "the rebalance")
+        mine = member.owned()
+        assert member.committed(mine) == {(mine[0].topic, mine[0].partition): 9 if mine[0].partition == 0 else 11}
+        assert member.stable_reads == 5
+        for _ in range(3):
+            plain.committed(plain.owned())
+        assert plain.stable_reads == 3
+    finally:
+        if other is not None:
+            other.close()
+        member.close()
+        plain.close()
+
+
+def _wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f}s")

@@ -133,6 +133,7 @@ class Driver:
         self._per_slot_reading = True   # until a batch's plan is not a single chain (run_batch)
         self.targets: dict[tuple[str, int], int] = {}
         self.totals = {"records_in": 0, "records_out": 0, "dead_letters": 0, "batches": 0}
+        self.stable_reads = 0   # the group's committed offsets read from Kafka (membership.py), at close
         self._rate: float | None = None    # records/s per partition, measured
         self._failures = 0                  # batches or plans failed in a row
         self.commits: DriverCommits | None = None
@@ -292,7 +293,8 @@ class Driver:
                 self.echo(f"{slots} task slots: a batch's ranges are published by one task per slot, through "
                           "the slot's producer, in one transaction (driver/slots.py)")
             self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
-                                              self._wait_for_batch, self._on_group_change)
+                                              self._wait_for_batch, self._on_group_change,
+                                              remember=self.wide is None)
             self.commits = DriverCommits(s.guarantee, self.membership)
             planner = Planner(self.admin, s.app_id, s.auto_offset_reset, s.max_records_per_partition)
             self._wait_for_assignment()
@@ -359,6 +361,8 @@ class Driver:
     def _batch_failed(self, plans: list[PartitionPlan], exc: BaseException) -> None:
         """Stop, isolate a poison record, or retry the batch, as the error's type says."""
         self._job = None   # the next batch builds its job afresh
+        if self.membership is not None:
+            self.membership.forget()   # what the batch committed is unknown: read it
         error = understand(exc)
         if decide(error) is Decision.ISOLATE:
             try:
@@ -427,8 +431,9 @@ class Driver:
             self.telemetry.event("dead_letter", None, topic=plan.topic, partition=plan.partition, offset=offset,
                                  stage="transform", count=1, error=message)
             return
-        current = self.membership.committed([TopicPartition(plan.topic, plan.partition)])
+        current = self.membership.committed([TopicPartition(plan.topic, plan.partition)], fresh=True)
         spec = self.specs.for_publishing(self.batch_id, [plan], self.membership.group_metadata())
+        self.membership.forget()   # the dead letter commits past its offset
         status = publish_dead_letter(spec, replace(plan, committed=current.get((plan.topic, plan.partition))),
                                      record, self.membership)
         if status == STALE_PLAN:
@@ -492,9 +497,13 @@ class Driver:
         commits.after_batch(plans, rows)
         if self.slots is not None:
             self.slots.note(rows)
-        # Clean: every range published by one attempt's producer, nothing left open or racing.
+        # Clean: every range published by one attempt's producer, nothing left open or racing;
+        # and every plan's end is committed (by its transaction, or by the driver after the acks).
         if all(row["status"] in (COMMITTED, ALREADY_DONE, ACKED) for row in rows):
             self._clean_at = changes
+            self.membership.remember({(p.topic, p.partition): p.end for p in plans}, changes)
+        else:
+            self.membership.forget()
         self._learn_rate(plans, rows)
         self._planning_started = None
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started, driver_s=driver_s))
@@ -693,6 +702,7 @@ class Driver:
             if self.wide is not None:
                 self.wide.close()
             if self.membership is not None:
+                self.stable_reads = self.membership.stable_reads
                 self.membership.close()
                 self.membership = None
             if self.spark is not None and self._own_spark:

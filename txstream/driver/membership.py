@@ -25,7 +25,8 @@ DEFAULT_ASSIGNMENT = "cooperative-sticky"
 
 class GroupMembership:
     def __init__(self, clients: KafkaClients | str, app_id: str, topics: list[str],
-                 wait_for_batch: Callable[[], None], on_change: Callable[[str, list[TopicPartition]], None] | None = None) -> None:
+                 wait_for_batch: Callable[[], None], on_change: Callable[[str, list[TopicPartition]], None] | None = None,
+                 remember: bool = False) -> None:
         config = as_clients(clients).stable_reader(app_id, **{
             "enable.auto.offset.store": False,
             "session.timeout.ms": 10_000,
@@ -49,6 +50,12 @@ class GroupMembership:
         self._wait_for_batch = wait_for_batch
         self._on_change = on_change
         self.generation_changes = 0
+        # The committed offsets as last read or committed (remember/forget), and the
+        # generation_changes they hold for; `stable_reads` counts the reads that went to Kafka.
+        self._remember = remember
+        self._known: dict[tuple[str, int], int | None] = {}
+        self._known_at: int | None = None
+        self.stable_reads = 0
         self.consumer.subscribe(topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost)
 
     # -- rebalance callbacks (run inside poll, on the driver's main thread) ----------------------
@@ -102,13 +109,43 @@ class GroupMembership:
     def group_metadata(self) -> bytes:
         return self.consumer.consumer_group_metadata()
 
-    def committed(self, partitions: list[TopicPartition], timeout: float = 30) -> dict[tuple[str, int], int | None]:
-        """The group's committed offsets, read stably (read_committed asks for stable offsets)."""
+    def committed(self, partitions: list[TopicPartition], timeout: float = 30,
+                  fresh: bool = False) -> dict[tuple[str, int], int | None]:
+        """The group's committed offsets, read stably (read_committed asks for stable offsets).
+
+        With `remember` (the narrow driver), offsets this driver read or saw committed since its
+        assignment last changed are answered without asking Kafka (`fresh` asks anyway). Under
+        exactly-once that read came right after the batch's transactions committed, before their
+        markers were written, and so waited for them: ~10 ms of a 0.25 s batch. The tasks' re-check
+        still reads stably, and a plan whose start is not what is committed publishes nothing
+        (docs/architecture.md §3, invariant 2)."""
         if not partitions:
             return {}
-        wanted = [TopicPartition(p.topic, p.partition) for p in partitions]
+        keys = [(p.topic, p.partition) for p in partitions]
+        if (not fresh and self._known_at == self.generation_changes
+                and all(key in self._known for key in keys)):
+            return {key: self._known[key] for key in keys}
+        wanted = [TopicPartition(t, p) for t, p in keys]
         result = retriable(lambda: self.consumer.committed(wanted, timeout), timeout)
-        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in result}
+        self.stable_reads += 1
+        offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in result}
+        if self._remember and not fresh:
+            if self._known_at != self.generation_changes:
+                self._known, self._known_at = {}, self.generation_changes
+            self._known.update(offsets)
+        return offsets
+
+    def remember(self, offsets: dict[tuple[str, int], int], since: int) -> None:
+        """`offsets` are committed now (a clean batch's ends) and the assignment has not changed
+        since generation_changes was `since`: the next `committed` may answer with them."""
+        if self._remember and since == self.generation_changes == self._known_at:
+            self._known.update(offsets)
+        else:
+            self.forget()
+
+    def forget(self) -> None:
+        """The next `committed` asks Kafka (after a failed or unclean batch, a dead letter)."""
+        self._known, self._known_at = {}, None
 
     def commit(self, offsets: list[TopicPartition]) -> None:
         """Synchronous offset commit by the member (at-least-once and at-most-once)."""

@@ -115,10 +115,11 @@ class GroupMembership:
 
         With `remember` (the narrow driver), offsets this driver read or saw committed since its
         assignment last changed are answered without asking Kafka (`fresh` asks anyway). Under
-        exactly-once that read came right after the batch's transactions committed, before their
-        markers were written, and so waited for them: ~10 ms of a 0.25 s batch. The tasks' re-check
-        still reads stably, and a plan whose start is not what is committed publishes nothing
-        (docs/architecture.md §3, invariant 2)."""
+        exactly-once that read came right after the batch's transactions committed, and could wait
+        for their markers; on a local broker the driver's time before a batch went 8 -> 6 ms on
+        average, the batch time within the noise (benchmarks/results/side-by-side, -known-offsets).
+        The tasks' re-check still reads stably, and a plan whose start is not what is committed
+        publishes nothing (docs/architecture.md §3, invariant 2)."""
         if not partitions:
             return {}
         keys = [(p.topic, p.partition) for p in partitions]

@@ -8,6 +8,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from processors.passthrough import PassThrough
 from tests.support.kafka import committed, produce, read_all
+from tests.support.waiting import wait_until
 from txstream.driver.commits import DriverCommits
 from txstream.driver.loop import Driver
 from txstream.driver.membership import GroupMembership
@@ -484,7 +485,7 @@ def test_remembered_offsets_hold_only_while_the_assignment_is_unchanged(bootstra
     other = None
     try:
         for m in (member, plain):
-            _wait_until(lambda m=m: (m.poll(0.1), len(m.owned()) == 2)[1], "assignment")
+            wait_until(lambda m=m: (m.poll(0.1), len(m.owned()) == 2)[1], 60, "the assignment", every=0)
         owned = member.owned()
         member.commit([TopicPartition(source, 0, 5), TopicPartition(source, 1, 7)])
         assert member.committed(owned) == {(source, 0): 5, (source, 1): 7}
@@ -513,7 +514,7 @@ def test_remembered_offsets_hold_only_while_the_assignment_is_unchanged(bootstra
             other.poll(0.05)
             return member.generation_changes > changes and len(member.owned()) == 1
 
-        _wait_until(rebalanced, "the rebalance")
+        wait_until(rebalanced, 60, "the rebalance", every=0)
         mine = member.owned()
         assert member.committed(mine) == {(mine[0].topic, mine[0].partition): 9 if mine[0].partition == 0 else 11}
         assert member.stable_reads == 5
@@ -525,12 +526,3 @@ def test_remembered_offsets_hold_only_while_the_assignment_is_unchanged(bootstra
             other.close()
         member.close()
         plain.close()
-
-
-def _wait_until(condition, what: str, timeout: float = 60.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f}s")

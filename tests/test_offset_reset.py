@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -18,6 +17,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
 from processors.passthrough import PassThrough
 from tests.support.kafka import committed, produce, read_all
+from tests.support.waiting import wait_until
 from txstream.driver.loop import Driver
 from txstream.errors import NoCommittedOffsetError
 from txstream.settings import resolve
@@ -37,13 +37,6 @@ def seed(bootstrap: str, topic: str, partitions: int, per_partition: int, tag: s
 
 def values(bootstrap: str, topic: str) -> Counter:
     return Counter(r.value for r in read_all(bootstrap, topic))
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
-        time.sleep(0.2)
 
 
 def offsets_cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:

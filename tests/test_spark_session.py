@@ -30,14 +30,39 @@ def test_the_driver_jvm_maps_the_class_archive(spark) -> None:
     assert "-XX:TieredStopAtLevel=1" in arguments, arguments   # a local driver JVM: C1 only
 
 
+def test_the_local_executor_reads_arrow_without_per_access_checks(spark) -> None:
+    """spark/setup.py ARROW_JAVA_OPTIONS, read by Arrow's own classes (not only set as properties)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm.java.lang.System.getProperty("arrow.enable_unsafe_memory_access") == "true"
+    assert jvm.org.apache.arrow.memory.BoundsChecking.BOUNDS_CHECKING_ENABLED is False
+    assert jvm.org.apache.arrow.vector.NullCheckingForGet.NULL_CHECKING_ENABLED is False
+    # Nulls still arrive as nulls through the Python hops (Spark asks isNullAt before a get).
+    rows = spark.range(0, 4, 1, 2).selectExpr("id", "IF(id % 2 = 0, NULL, CAST(id AS STRING)) AS s") \
+        .mapInArrow(_same, "id long, s string").collect()
+    assert sorted((r.id, r.s) for r in rows) == [(0, None), (1, "1"), (2, None), (3, "3")]
+
+
+def _same(batches):  # a mapInArrow function
+    yield from batches
+
+
 def test_a_local_driver_jvm_compiles_with_c1_only_unless_the_user_names_a_tier(tmp_path) -> None:
     from txstream.spark.session import _java_options
 
     home = str(tmp_path)
-    assert _java_options({}, home).split()[-1] == "-XX:TieredStopAtLevel=1"
+    assert "-XX:TieredStopAtLevel=1" in _java_options({}, home).split()
     mine = _java_options({"spark.driver.extraJavaOptions": "-Xmx2g -XX:TieredStopAtLevel=4"}, home)
     assert "-XX:TieredStopAtLevel=4" in mine and "TieredStopAtLevel=1" not in mine, mine
     assert "TieredStopAtLevel" not in _java_options({"spark.driver.extraJavaOptions": "-XX:-TieredCompilation"}, home)
+
+
+def test_arrow_checks_stay_on_where_the_user_asks(tmp_path) -> None:
+    from txstream.spark.session import _java_options
+    from txstream.spark.setup import ARROW_JAVA_OPTIONS
+
+    assert ARROW_JAVA_OPTIONS in _java_options({}, str(tmp_path))
+    mine = _java_options({"spark.driver.extraJavaOptions": "-Darrow.enable_unsafe_memory_access=false"}, str(tmp_path))
+    assert "unsafe_memory_access=true" not in mine and "null_check_for_get" not in mine, mine
 
 
 def _worker_state(batches):  # a mapInArrow function

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from txstream.spark.setup import LOCAL_DEFAULTS, is_local, read_defaults, resolve
+from txstream.spark.setup import ARROW_JAVA_OPTIONS, LOCAL_DEFAULTS, is_local, read_defaults, resolve
 
 
 def _conf_dir(tmp_path: Path, text: str) -> dict[str, str]:
@@ -61,6 +61,19 @@ def test_a_standalone_master_gets_cores_max_from_the_input_partitions_unless_set
     assert resolve("spark://m:7077", {"spark.cores.max": "2"}, None, env={}, cores_hint=6).to_set["spark.cores.max"] == "2"
     assert "spark.cores.max" not in resolve("local[2]", {}, None, env={}, cores_hint=6).to_set
     assert "spark.cores.max" not in resolve("yarn", {}, None, env={}, cores_hint=6).to_set
+
+
+def test_a_cluster_masters_executors_read_arrow_without_per_access_checks(tmp_path: Path) -> None:
+    """Added to the user's executor options wherever they set them; left out where they name the
+    properties; a local master's executor is the driver JVM (spark/session.py's options)."""
+    executor = "spark.executor.extraJavaOptions"
+    assert resolve("spark://m:7077", {}, None, env={}).to_set[executor] == ARROW_JAVA_OPTIONS
+    env = _conf_dir(tmp_path, "spark.executor.extraJavaOptions -XX:+UseG1GC\n")
+    assert resolve("spark://m:7077", {}, None, env=env).to_set[executor] == f"-XX:+UseG1GC {ARROW_JAVA_OPTIONS}"
+    assert resolve("spark://m:7077", {executor: "-Xss4m"}, None, env=env).to_set[executor] == f"-Xss4m {ARROW_JAVA_OPTIONS}"
+    off = "-Darrow.enable_null_check_for_get=true"
+    assert executor not in resolve("spark://m:7077", {}, None, env=_conf_dir(tmp_path, f"{executor} {off}\n")).to_set
+    assert executor not in resolve("local[2]", {}, None, env={}).to_set
 
 
 def test_the_ui_port_asked_for_wins_and_a_cluster_gets_its_ui() -> None:

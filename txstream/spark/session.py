@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from txstream.local.paths import cache_dir
-from txstream.spark.setup import SparkSetup, is_local, resolve, ui_settings, under_spark_submit
+from txstream.spark.setup import SparkSetup, is_local, resolve, ui_settings, under_spark_submit, with_arrow_options
 
 log = logging.getLogger("txstream")
 
@@ -67,7 +67,8 @@ def class_archive(home: str | None = None) -> Path:
 
 def _java_options(spark_conf: dict[str, str], home: str) -> str:
     """The driver JVM's options: the user's, plus the class archive when there is one, plus the
-    JIT's first tier only (`-XX:TieredStopAtLevel=1`) unless the user's options name a tier.
+    JIT's first tier only (`-XX:TieredStopAtLevel=1`) unless the user's options name a tier, plus
+    Arrow without its per-access checks (spark/setup.py ARROW_JAVA_OPTIONS).
 
     Loading Spark's classes is most of a session's start-up here (measured: 12 s -> 7 s to a
     session, 5 s -> 2.5 s for its first job, 2 cores). `python -m txstream.spark.session`
@@ -87,7 +88,7 @@ def _java_options(spark_conf: dict[str, str], home: str) -> str:
         options = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off".strip()
     if "Tiered" not in options:   # -XX:TieredStopAtLevel=N or -XX:-TieredCompilation: the user's choice
         options = f"{options} -XX:TieredStopAtLevel=1".strip()
-    return options
+    return with_arrow_options(options)
 
 
 def _local_environment(setup: SparkSetup) -> None:

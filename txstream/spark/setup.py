@@ -35,6 +35,23 @@ COMMON_DEFAULTS = {
     # frozen worker heap (txstream/task/worker_heap.py) alone, 0.5 s with both. Spark >= 4.1.
     "spark.python.unix.domain.socket.enabled": "true",
 }
+# Arrow's Java library checks every buffer access against the buffer's bounds and every get()
+# against the null bitmap unless told not to: in a 1M-order run, ArrowBuf's checks were the two
+# hottest frames of the executor's task threads (JFR, ~18% of their samples). Every Arrow batch
+# the executor reads or writes is one Spark or txstream's own Python workers (pyarrow) built, and
+# Spark asks isNullAt before every get, so the checks never fire. Measured, 1M orders, 3 runs side
+# by side: JVM CPU 20.8 -> 18.7 s per M records, records/s +7%. Added to the executors' JVM
+# options (the driver's on a local master, which is the executor) unless the user's name them.
+ARROW_JAVA_OPTIONS = "-Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
+
+
+def with_arrow_options(options: str) -> str:
+    """The JVM options with ARROW_JAVA_OPTIONS added, unless they set either property already."""
+    if "arrow.enable_unsafe_memory_access" in options or "arrow.enable_null_check_for_get" in options:
+        return options
+    return f"{options} {ARROW_JAVA_OPTIONS}".strip()
+
+
 # Local masters only: the executors are this process's children on this machine.
 LOCAL_DEFAULTS = {
     "spark.python.daemon.module": "txstream.spark.worker_daemon",
@@ -143,6 +160,11 @@ def resolve(master_option: str | None, cli_conf: dict[str, str], submitted_conf:
     if ui_port is not None:   # asked for on the command line: wins over the files
         to_set.update(ui_settings(master, ui_port))
     to_set.update(cli_conf)
+    if not local:   # (a local master's executor is the driver JVM: spark/session.py's options)
+        executor = "spark.executor.extraJavaOptions"
+        options = with_arrow_options(to_set.get(executor, user.get(executor, "")))
+        if options != user.get(executor, ""):
+            to_set[executor] = options
     keep_submitted_master = submitted_conf is not None and source == "spark-submit"
     return SparkSetup(master=None if keep_submitted_master else master, master_source=source, local=local,
                       user_conf=user, to_set=to_set)

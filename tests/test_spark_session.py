@@ -89,6 +89,27 @@ def test_python_workers_start_with_the_engine_imported_and_no_jar_on_their_path(
     assert spark.conf.get("spark.python.unix.domain.socket.enabled") == "true"
 
 
+def _daemon(batches):  # a mapInArrow function
+    import os
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"daemon": os.getppid()}])
+
+
+def test_the_warm_up_starts_the_daemon_the_batches_workers_come_from(spark) -> None:
+    """warm_python_workers is an RDD job; its workers are only worth starting if Spark hands the
+    batches' mapInArrow tasks to the same daemon (it keeps one per Python function environment).
+    Whichever of the two ran first in this session, a second daemon would show here."""
+    from txstream.spark.session import warm_python_workers
+
+    warmed = warm_python_workers(spark)
+    assert warmed, "the warm-up ran no Python worker"
+    batches = {r.daemon for r in spark.range(0, 4, 1, 2).mapInArrow(_daemon, "daemon long").collect()}
+    assert batches == warmed, (batches, warmed)
+    assert "SPARK_SIMPLIFIED_TRACEBACK" not in spark.sparkContext.environment   # left as it was
+
+
 def test_the_spark_ui_is_off_locally_on_for_a_cluster_and_where_asked() -> None:
     from txstream.spark.session import ui_settings
 

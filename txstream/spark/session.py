@@ -198,7 +198,7 @@ def warm_python_workers(spark) -> set[int]:
 
     An RDD job, not a DataFrame's: it needs none of Catalyst's planning, which on a cold JVM
     competes with the driver's own first DataFrame (measured, 200,000 orders, 10 pairs
-    alternating: first output 9.0 against 9.5 s, median). Its workers must come from the daemon
+    alternating: first output 9.0 against 9.6 s, median). Its workers must come from the daemon
     the batches' mapInArrow tasks use: Spark keeps one daemon per Python function environment,
     and its SQL runners add SPARK_SIMPLIFIED_TRACEBACK=1 to theirs when the setting is on, so the
     RDD's functions carry the same. `cache()` keeps pyspark from fusing the two functions into
@@ -229,8 +229,7 @@ def warm_python_workers(spark) -> set[int]:
 def _daemon_of_worker(items):
     import os
 
-    yield from _import_engine([])
-    for _ in items:
+    for _ in _import_engine(items):
         pass
     yield os.getppid()   # a worker is forked by its daemon
 

@@ -162,9 +162,10 @@ def resolve(master_option: str | None, cli_conf: dict[str, str], submitted_conf:
     to_set.update(cli_conf)
     if not local:   # (a local master's executor is the driver JVM: spark/session.py's options)
         executor = "spark.executor.extraJavaOptions"
-        options = with_arrow_options(to_set.get(executor, user.get(executor, "")))
-        if options != user.get(executor, ""):
-            to_set[executor] = options
+        theirs = user.get(executor, "")   # (the command line's value, when it has one)
+        ours = with_arrow_options(theirs)
+        if ours != theirs:
+            to_set[executor] = ours
     keep_submitted_master = submitted_conf is not None and source == "spark-submit"
     return SparkSetup(master=None if keep_submitted_master else master, master_source=source, local=local,
                       user_conf=user, to_set=to_set)

@@ -16,8 +16,10 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.cluster import KafkaClusterFixture, create_cluster
+from tests.support.kafka import close_clients_left_open
 
 _BROKER_KIND = {"kind": "no broker (none of the selected tests needed one)"}
+_CLOSED_AT_END: list[str] = []   # clients the tests left open, closed before exit (summary line)
 # Set by tests/cluster/conftest.py: whether the simulated hosts could be made, or why not.
 MULTI_HOST = {"state": ""}
 
@@ -105,18 +107,51 @@ def bootstrap_servers(kafka_cluster_factory: Callable[..., KafkaClusterFixture])
     try:
         yield cluster.bootstrap_servers
     finally:
-        cluster.stop()
+        try:
+            _CLOSED_AT_END.extend(close_clients_left_open())   # while their broker still answers
+        finally:
+            cluster.stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish() -> None:
+    """After every fixture's teardown: whatever client is still open (one of a cluster a test
+    module stopped) is closed now, not by the interpreter's shutdown."""
+    _CLOSED_AT_END.extend(close_clients_left_open())
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"txstream tests ran against: {_BROKER_KIND['kind']}")
     if MULTI_HOST["state"]:
         terminalreporter.write_line(f"multi-host tests (tests/cluster): {MULTI_HOST['state']}")
+    if _CLOSED_AT_END:
+        kinds = ", ".join(f"{_CLOSED_AT_END.count(k)} {k.lower()}s" for k in sorted(set(_CLOSED_AT_END)))
+        terminalreporter.write_line(f"Kafka clients the tests left open (task caches, fenced zombies), closed before exit: {kinds}")
+
+
+class _SessionAdmin:
+    """The session's AdminClient, released when its broker stops. AdminClient has no close():
+    it goes when the last reference does, and a test's closure or frame can outlive the test
+    (CI: the session's admin, still alive after the broker stopped, retried it until exit). The
+    tests hold this holder; the fixture's teardown drops the client itself."""
+
+    def __init__(self, client: AdminClient) -> None:
+        self._client: AdminClient | None = client
+
+    def __getattr__(self, name: str):
+        if self._client is None:
+            raise RuntimeError("the session's AdminClient is gone: its broker stopped")
+        return getattr(self._client, name)
+
+    def release(self) -> None:
+        self._client = None
 
 
 @pytest.fixture(scope="session")
-def admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers})
+def admin(bootstrap_servers: str) -> Iterator[AdminClient]:
+    holder = _SessionAdmin(AdminClient({"bootstrap.servers": bootstrap_servers}))
+    yield holder  # type: ignore[misc]
+    holder.release()
 
 
 @pytest.fixture

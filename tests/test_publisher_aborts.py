@@ -15,6 +15,7 @@ import uuid
 from collections import Counter
 
 import pyarrow as pa
+import pytest
 
 from tests.support.kafka import committed, drop_cached_publishers, live_member, produce, read_all
 from txstream.errors import AbortableError
@@ -102,3 +103,19 @@ def test_offsets_of_a_generation_gone_fail_the_commit_and_the_slot_publishes_not
             drop_cached_publishers()
     assert committed(bootstrap_servers, app_id, source, 1) == {0: 5}
     assert sorted(r.value for r in read_all(bootstrap_servers, sink)) == [f"v{i}".encode() for i in range(5)]
+
+
+def test_a_closed_publisher_aborts_and_releases_its_producer_at_once(bootstrap_servers, make_topic) -> None:
+    """Closing aborts the open transaction and destroys the producer then, not at Python's next
+    cyclic collection (its delivery callback is a bound method: a cycle)."""
+    topic = make_topic("closed", 1)
+    publisher = TransactionalPublisher(KafkaClients(bootstrap_servers).producer(**PRODUCER_DEFAULTS),
+                                       f"closed-{uuid.uuid4().hex}", None)
+    publisher.init()
+    publisher.begin()
+    with publisher.producing():
+        publisher.producer.produce(topic, b"never committed", partition=0)
+    publisher.close()
+    with pytest.raises(RuntimeError, match="closed"):   # destroyed, though the publisher is still held
+        publisher.producer.poll(0)
+    assert read_all(bootstrap_servers, topic) == []

@@ -125,7 +125,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if MULTI_HOST["state"]:
         terminalreporter.write_line(f"multi-host tests (tests/cluster): {MULTI_HOST['state']}")
     if _CLOSED_AT_END:
-        kinds = ", ".join(f"{_CLOSED_AT_END.count(k)} {k.lower()}s" for k in sorted(set(_CLOSED_AT_END)))
+        counts = {kind: _CLOSED_AT_END.count(kind) for kind in sorted(set(_CLOSED_AT_END))}
+        kinds = ", ".join(f"{n} {kind.lower()}{'s' if n > 1 else ''}" for kind, n in counts.items())
         terminalreporter.write_line(f"Kafka clients the tests left open (task caches, fenced zombies), closed before exit: {kinds}")
 
 

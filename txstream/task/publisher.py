@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -184,8 +185,12 @@ class TransactionalPublisher:
         try:
             self.producer.flush(5)
             self.producer.purge(in_queue=True, in_flight=True)   # what is left was never to be committed
-            self.producer.close()
-        except Exception:   # a fenced producer's close() reports the abort it could not do; closed all the same
+            with warnings.catch_warnings():
+                # close() tries an abort first; a fenced producer's fails, is said in a
+                # RuntimeWarning and an exception, and the producer is destroyed all the same.
+                warnings.simplefilter("ignore", RuntimeWarning)
+                self.producer.close()
+        except Exception:   # that exception
             pass
 
     # -- error classification -------------------------------------------------------------

@@ -16,9 +16,16 @@ its own fresh output topic, rounds interleaved (the order rotates each round):
 - `spark-ss-foreachbatch`: benchmarks/contenders/spark_ss_wide.py, Spark Structured Streaming,
   `foreachBatch` grouping each micro-batch and writing it with `batch_df.write.format("kafka")`
   (at-least-once), `trigger(availableNow=True)`, `maxOffsetsPerTrigger` = txstream's batch size.
+- `kafka-streams`: benchmarks/contenders/kstreams/.../CustomerTotals.java, Kafka Streams with
+  `processing.guarantee=exactly_once_v2` and 2 stream threads: decode, keep amount > 0, key by
+  customer, `repartition()` through Kafka, add to a changelogged store, and every
+  `--kstreams-emit-interval-ms` (wall clock) one CustomerTotals per customer of the interval, the
+  store emptied: per interval what the others do per batch. It runs until stopped: the harness
+  reads the output (read_committed) and stops it once the output's orders add up to the input's.
 
-All run on `local[2]` with batches of `--max-records-per-partition` x partitions records.
-records/s = input records / wall seconds from process start to exit (Spark start-up included);
+The Spark ones run on `local[2]` with batches of `--max-records-per-partition` x partitions records.
+records/s = input records / wall seconds from process start to exit (Spark start-up included;
+Kafka Streams: to the moment its output was complete);
 in-batch records/s = input records / the sum of the batches' seconds (txstream's batch lines,
 Spark's `triggerExecution` per micro-batch). Every run's output is read back (read_committed) and
 decoded (schemas/customer_totals.avsc): it must be non-empty, the `orders` fields must add up to
@@ -67,8 +74,11 @@ CONTENDERS = {
     "txstream-units": "txstream wide, --wide-mode units (exactly-once)",
     "txstream-single-transaction": "txstream wide, --wide-mode single-transaction (exactly-once)",
     "spark-ss-foreachbatch": "Spark SS foreachBatch + Kafka sink (at-least-once)",
+    "kafka-streams": "Kafka Streams exactly_once_v2, repartition + totals per interval",
 }
-EXACTLY_ONCE = {"txstream-units", "txstream-single-transaction"}
+EXACTLY_ONCE = {"txstream-units", "txstream-single-transaction", "kafka-streams"}
+RUN_UNTIL_STOPPED = {"kafka-streams"}   # stopped by the harness once its output is complete
+KSTREAMS_MAIN = "txstream.bench.kstreams.CustomerTotals"
 T0 = time.monotonic()
 
 
@@ -162,6 +172,14 @@ def verify(records, expected: dict, exactly_once: bool) -> dict:
 
 def _command(contender: str, ctx: dict, out: str, dlq: str, app_id: str, workdir: str) -> list[str]:
     args = ctx["args"]
+    if contender == "kafka-streams":
+        from benchmarks.contenders.kafka_streams import JAR, LIB, THREADS
+
+        return ["java", "-Xmx512m", "-XX:+UseG1GC", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                "-cp", f"{JAR}:{LIB}/*", KSTREAMS_MAIN, "--bootstrap-servers", ctx["bootstrap"],
+                "--input", ctx["source"], "--output", out, "--application-id", app_id, "--state-dir", workdir,
+                "--threads", str(THREADS), "--input-schema", str(ORDER_SCHEMA_PATH),
+                "--output-schema", str(TOTALS_SCHEMA_PATH), "--emit-interval-ms", str(args.kstreams_emit_interval_ms)]
     if contender.startswith("txstream-"):
         mode = contender.removeprefix("txstream-")
         return [sys.executable, "-m", "txstream.cli", "run", PROCESSOR, "-b", ctx["bootstrap"], "--app-id", app_id,
@@ -179,7 +197,32 @@ SPARK_BATCH = re.compile(r"^spark-batch (\d+)\s+in (\d+)\s+([\d.]+)s$", re.M)
 CAUGHT_UP = re.compile(r"caught up: (\d+) batches, (\d+) records in, (\d+) out, (\d+) dead-lettered")
 
 
+def _wait_for_totals(bootstrap: str, topic: str, orders: int, proc, deadline: float) -> float | None:
+    """When the output's `orders` (read_committed) first add up to `orders`: the end of a run that
+    does not stop by itself. None if the process exits first or the deadline passes."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    schema = load_schema(TOTALS_SCHEMA_PATH)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-wide-watch-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        seen = 0
+        while time.monotonic() < deadline and proc.poll() is None:
+            for msg in consumer.consume(1000, 0.2):
+                if msg.error() is None:
+                    seen += decode(schema, msg.value())["orders"]
+            if seen >= orders:
+                return time.monotonic()
+        return None
+    finally:
+        consumer.close()
+
+
 def _batches(contender: str, text: str) -> dict:
+    if contender == "kafka-streams":
+        return {"batches": None, "in_batch_s": None, "records_in": None, "records_out": None, "batch_s": []}
     if contender.startswith("txstream-"):
         from benchmarks import batchlog
 
@@ -224,7 +267,8 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
     tag = f"{contender}-{round_no}-{uuid.uuid4().hex[:6]}"
     out, dlq, app_id = f"bench-wide-out-{tag}", f"bench-wide-out-{tag}-dlq", f"bench-wide-{tag}"
     create_topics(bootstrap, [out, dlq], args.partitions)
-    ctx["topics"] += [out, dlq, f"{app_id}.units"]
+    ctx["topics"] += [out, dlq, f"{app_id}.units", f"{app_id}-by-customer-repartition",
+                      f"{app_id}-batch-totals-changelog"]
     workdir = tempfile.mkdtemp(prefix="bench-wide-")
     log_path = ctx["logdir"] / f"{tag}.log"
     argv = _command(contender, ctx, out, dlq, app_id, workdir)
@@ -241,17 +285,23 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
         proc = start_process(argv, env, str(log_path), str(REPO))
         sampler.add_root(proc.pid)
         sampler.start()
-        try:
-            code = proc.wait(args.timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-        wall = time.monotonic() - started
+        if contender in RUN_UNTIL_STOPPED:
+            done_at = _wait_for_totals(bootstrap, out, ctx["expected"]["orders"], proc, started + args.timeout)
+            code = 0 if done_at is not None else proc.poll()   # None: timed out; the process is stopped below
+            wall = (done_at or time.monotonic()) - started
+        else:
+            try:
+                code = proc.wait(args.timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            wall = time.monotonic() - started
         sampler.stop()
         foreign.stop()
         result.update(_foreign_work(foreign, sampler, time.monotonic() - foreign_from))
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         rusage_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-        cpu = max(sampler.cpu_seconds, rusage_cpu) if code is not None else sampler.cpu_seconds
+        exited = code is not None and contender not in RUN_UNTIL_STOPPED
+        cpu = max(sampler.cpu_seconds, rusage_cpu) if exited else sampler.cpu_seconds
     finally:
         sampler.stop()
         foreign.stop()
@@ -298,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="txstream's batch cap per partition; Spark's maxOffsetsPerTrigger is this x partitions "
                              "[default: 20000]")
     parser.add_argument("--contender", action="append", choices=list(CONTENDERS),
-                        help="contender(s) to run (repeatable) [default: all three]")
+                        help="contender(s) to run (repeatable) [default: all]")
     parser.add_argument("--bootstrap-servers", default=None,
                         help="an existing Kafka cluster [default: start a local broker for the run]")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run counts as failed")
@@ -307,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                              "from the default]")
     parser.add_argument("--no-readme", action="store_true",
                         help="do not regenerate README.md's Performance section at the end")
+    parser.add_argument("--kstreams-emit-interval-ms", type=int, default=1000,
+                        help="Kafka Streams: how often each task emits its customers' totals (wall clock) "
+                             "[default: 1000]")
     args = parser.parse_args(argv)
     if args.records is None:
         args.records = 20_000 if args.quick else 200_000
@@ -339,6 +392,19 @@ def main(argv: list[str] | None = None) -> int:
                 unavailable["spark-ss-foreachbatch"] = str(exc)
                 contenders = [c for c in contenders if c != "spark-ss-foreachbatch"]
                 log(f"spark-ss-foreachbatch unavailable: {exc}")
+        if "kafka-streams" in contenders:
+            from benchmarks.contenders import Unavailable
+            from benchmarks.contenders.kafka_streams import build, java_version
+            from txstream.local.cluster import KAFKA_VERSION
+
+            try:
+                build(KAFKA_VERSION, log)
+                meta["kafka_streams"] = {"version": KAFKA_VERSION, "java": java_version(),
+                                         "emit_interval_ms": args.kstreams_emit_interval_ms}
+            except Unavailable as exc:
+                unavailable["kafka-streams"] = str(exc)
+                contenders = [c for c in contenders if c != "kafka-streams"]
+                log(f"kafka-streams unavailable: {exc}")
         run_broker = RunBroker.start(args.bootstrap_servers, log, "txstream-bench-wide-kafka-")
         bootstrap, broker = run_broker.bootstrap, run_broker.description
         ctx["bootstrap"] = bootstrap
@@ -514,6 +580,13 @@ def markdown(meta: dict, results: list[dict], summary: dict, contenders: list[st
               "batch_df.write.format(\"kafka\")), trigger(availableNow=True), maxOffsetsPerTrigger = batch size, "
               "shuffle partitions 8 (Spark disables AQE for streaming plans). At-least-once: no transactions. "
               "Batch seconds are each micro-batch's `durationMs.triggerExecution`.",
+              "- Kafka Streams: `benchmarks/contenders/kstreams/src/main/java/txstream/bench/kstreams/CustomerTotals.java`, "
+              "exactly_once_v2, 2 stream threads, commit.interval.ms at its exactly-once default (100 ms): decode -> "
+              "where(amount > 0) -> key by customer -> `repartition()` (a Kafka topic: Kafka Streams' shuffle) -> "
+              "a persistent, changelogged store of each customer's totals -> every "
+              f"{args.get('kstreams_emit_interval_ms', 1000)} ms (wall clock) one CustomerTotals per customer, the store "
+              "emptied. It runs until stopped: its wall time ends when the output's orders (read_committed) add up to "
+              "the input's. No batch lines (no batches).",
               "- Check (every run): output non-empty; sum(orders) = input orders with amount > 0; sum(items) and "
               "sum(amount) match; every customer with such an order present; key = customer_id; no duplicate "
               "(customer, batch_time) for the exactly-once contenders.",

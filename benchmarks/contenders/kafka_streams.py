@@ -12,6 +12,9 @@ It runs until stopped, like the hand-written loop: the harness counts the output
 (read_committed) and sends SIGTERM once every expected record is there; the application's
 shutdown hook then calls `KafkaStreams.close()`.
 
+The same jar holds the wide benchmark's Kafka Streams contender, CustomerTotals.java (started by
+benchmarks/wide.py with this module's `build()`, JAR and LIB).
+
 Built with the machine's Maven (`mvn -B -q package`, kafka-streams at the version of the broker
 txstream runs, `txstream.local.cluster.KAFKA_VERSION`) into benchmarks/contenders/kstreams/target
 on first use, and again only when pom.xml, src/ or the Kafka version change (a digest of them is

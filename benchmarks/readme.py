@@ -200,7 +200,7 @@ def latency_section(path: Path, results: dict) -> list[str]:
 
 def wide_section(path: Path, results: dict) -> list[str]:
     """benchmarks/wide.py: a per-batch groupBy(customer).agg(), txstream's two publication modes
-    next to Spark SS foreachBatch with Spark's Kafka sink."""
+    next to Spark SS foreachBatch with Spark's Kafka sink and Kafka Streams (totals per interval)."""
     args = results.get("args") or {}
     inp = results.get("input") or {}
     labels = results.get("contenders") or {}
@@ -225,7 +225,8 @@ def wide_section(path: Path, results: dict) -> list[str]:
                      f"{_x(entry.get('vs_units_records_per_s'))} | {_x(entry.get('vs_units_in_batch'))} |")
     for name, why in (results.get("unavailable") or {}).items():
         lines.append(f"| {labels.get(name, name)} | unavailable: {str(why).replace('|', '/')[:120]} | | | | | | | |")
-    lines += ["", "records/s over wall time (Spark start-up included); in-batch = records / the batches' own "
+    lines += ["", "records/s over wall time (Spark start-up included; Kafka Streams, which runs until stopped: from its "
+              "start to the moment its output added up to the input); in-batch = records / the batches' own "
               "seconds; ratios against txstream's units mode (> 1: faster than it)."]
     return lines
 

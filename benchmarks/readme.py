@@ -211,22 +211,27 @@ def wide_section(path: Path, results: dict) -> list[str]:
              f"{inp.get('records', args.get('records', 0)):,} orders in {inp.get('partitions', args.get('partitions'))} "
              f"partitions, batches of {inp.get('records_per_batch', 0):,} records, {args.get('runs')} round(s), "
              f"median; {_machine(results | {'git_at_start': git})}; {_link(path)}.", "",
-             "| contender | records/s | in-batch records/s | batches | CPU s | peak RSS MB | other work (cores) "
-             "| vs units: records/s | vs units: in-batch |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| contender | records/s | first output s | steady records/s | in-batch records/s | batches | CPU s "
+             "| peak RSS MB | other work (cores) | vs units: records/s | vs units: steady | vs units: in-batch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in summary.items():
         label = labels.get(name, name)
         if not entry.get("ok_runs"):
-            lines.append(f"| {label} | failed ({entry.get('failed_runs', 0)} run(s)) | | | | | | | |")
+            lines.append(f"| {label} | failed ({entry.get('failed_runs', 0)} run(s)) | | | | | | | | | | |")
             continue
-        lines.append(f"| {label} | {_n(entry.get('records_per_s'))} | {_n(entry.get('in_batch_records_per_s'))} | "
+        steady_ratio = 1.0 if name == "txstream-units" and entry.get("steady_records_per_s") else \
+            entry.get("vs_units_steady")
+        lines.append(f"| {label} | {_n(entry.get('records_per_s'))} | {_n(entry.get('first_output_s'), '.1f')} | "
+                     f"{_n(entry.get('steady_records_per_s'))} | {_n(entry.get('in_batch_records_per_s'))} | "
                      f"{_n(entry.get('batches'), 'g')} | {_n(entry.get('cpu_s'), '.0f')} | "
                      f"{_n(entry.get('peak_rss_mb'))} | {_n(entry.get('foreign_cores'), '.2f')} | "
-                     f"{_x(entry.get('vs_units_records_per_s'))} | {_x(entry.get('vs_units_in_batch'))} |")
+                     f"{_x(entry.get('vs_units_records_per_s'))} | {_x(steady_ratio)} | "
+                     f"{_x(entry.get('vs_units_in_batch'))} |")
     for name, why in (results.get("unavailable") or {}).items():
-        lines.append(f"| {labels.get(name, name)} | unavailable: {str(why).replace('|', '/')[:120]} | | | | | | | |")
+        lines.append(f"| {labels.get(name, name)} | unavailable: {str(why).replace('|', '/')[:120]} | | | | | | | | | | |")
     lines += ["", "records/s over wall time (Spark start-up included; Kafka Streams, which runs until stopped: from its "
-              "start to the moment its output added up to the input); in-batch = records / the batches' own "
+              "start to the moment its output added up to the input); steady = from the first totals readable to the "
+              "output's completion, start-up left out; in-batch = records / the batches' own "
               "seconds; ratios against txstream's units mode (> 1: faster than it)."]
     return lines
 

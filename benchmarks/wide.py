@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from datetime import datetime, timezone
@@ -197,27 +198,70 @@ SPARK_BATCH = re.compile(r"^spark-batch (\d+)\s+in (\d+)\s+([\d.]+)s$", re.M)
 CAUGHT_UP = re.compile(r"caught up: (\d+) batches, (\d+) records in, (\d+) out, (\d+) dead-lettered")
 
 
-def _wait_for_totals(bootstrap: str, topic: str, orders: int, proc, deadline: float) -> float | None:
-    """When the output's `orders` (read_committed) first add up to `orders`: the end of a run that
-    does not stop by itself. None if the process exits first or the deadline passes."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+class TotalsWatcher:
+    """Reads a run's output (read_committed) while it runs, adding up its `orders`: when the first
+    totals arrived (and how many orders they held), and when the orders first added up to the
+    input's (`done_at`): the end of a run that does not stop by itself, and for every run the
+    span its steady rate is measured over."""
 
-    schema = load_schema(TOTALS_SCHEMA_PATH)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-wide-watch-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        seen = 0
-        while time.monotonic() < deadline and proc.poll() is None:
-            for msg in consumer.consume(1000, 0.2):
-                if msg.error() is None:
-                    seen += decode(schema, msg.value())["orders"]
-            if seen >= orders:
-                return time.monotonic()
-        return None
-    finally:
-        consumer.close()
+    def __init__(self, bootstrap: str, topic: str, orders: int) -> None:
+        self.bootstrap, self.topic, self.orders = bootstrap, topic, orders
+        self.first_at: float | None = None
+        self.orders_at_first = 0
+        self.done_at: float | None = None
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch-{topic}", daemon=True)
+
+    def start(self) -> TotalsWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def wait(self, proc, deadline: float) -> float | None:
+        """Until the output is complete (its time), `proc` exits or the deadline passes (None)."""
+        while (self.done_at is None and (proc is None or proc.poll() is None) and time.monotonic() < deadline
+               and self.error is None):
+            time.sleep(0.05)
+        return self.done_at
+
+    def _run(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        schema = load_schema(TOTALS_SCHEMA_PATH)
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"bench-wide-watch-{uuid.uuid4().hex}",
+                             "isolation.level": "read_committed", "enable.auto.commit": False})
+        try:
+            partitions = consumer.list_topics(self.topic, timeout=30).topics[self.topic].partitions
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
+            seen = 0
+            while not self._stop.is_set() and self.done_at is None:
+                messages = [m for m in consumer.consume(1000, 0.2) if m.error() is None]
+                if not messages:
+                    continue
+                now = time.monotonic()
+                seen += sum(decode(schema, m.value())["orders"] for m in messages)
+                if self.first_at is None:
+                    self.first_at, self.orders_at_first = now, seen
+                if seen >= self.orders:
+                    self.done_at = now
+        except Exception as exc:   # reported with the run
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            consumer.close()
+
+    def figures(self, started: float, records: int) -> dict:
+        """First output after start, and the input records/s from the first output to the last
+        (records the first totals did not cover, over that span; None when it came in one go)."""
+        out: dict = {"first_output_s": round(self.first_at - started, 2) if self.first_at else None,
+                     "steady_records_per_s": None}
+        if self.first_at is not None and self.done_at is not None and self.done_at - self.first_at > 0.5:
+            rest = records * (1 - self.orders_at_first / self.orders)
+            out["steady_records_per_s"] = round(rest / (self.done_at - self.first_at))
+        return out
 
 
 def _batches(contender: str, text: str) -> dict:
@@ -277,16 +321,17 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
     result: dict = {"contender": contender, "round": round_no, "output_topic": out, "log": str(log_path),
                     "loadavg_before": round(os.getloadavg()[0], 2)}
     sampler, foreign = TreeSampler(), ForeignLoad()
-    proc = None
+    proc = watcher = None
     try:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        watcher = TotalsWatcher(bootstrap, out, ctx["expected"]["orders"]).start()
         foreign.start()
         started = foreign_from = time.monotonic()
         proc = start_process(argv, env, str(log_path), str(REPO))
         sampler.add_root(proc.pid)
         sampler.start()
         if contender in RUN_UNTIL_STOPPED:
-            done_at = _wait_for_totals(bootstrap, out, ctx["expected"]["orders"], proc, started + args.timeout)
+            done_at = watcher.wait(proc, started + args.timeout)
             code = 0 if done_at is not None else proc.poll()   # None: timed out; the process is stopped below
             wall = (done_at or time.monotonic()) - started
         else:
@@ -302,10 +347,15 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
         rusage_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         exited = code is not None and contender not in RUN_UNTIL_STOPPED
         cpu = max(sampler.cpu_seconds, rusage_cpu) if exited else sampler.cpu_seconds
+        if contender not in RUN_UNTIL_STOPPED and code == 0:
+            watcher.wait(None, time.monotonic() + 30)   # a read_committed reader may trail the exit a little
+        result.update(watcher.figures(started, args.records))
     finally:
         sampler.stop()
         foreign.stop()
         stop_process(proc)
+        if watcher is not None:
+            watcher.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     text = log_path.read_text(errors="replace")
     batches = _batches(contender, text)
@@ -500,12 +550,17 @@ def summarize(results: list[dict], contenders: list[str]) -> dict:
                 cpu_s=_median([r["cpu_s"] for r in runs]),
                 peak_rss_mb=_median([r["peak_rss_mb"] for r in runs]),
                 foreign_cores=_median([r.get("foreign_cores") for r in runs]),
+                first_output_s=_median([r.get("first_output_s") for r in runs]),
+                steady_records_per_s=_median([r.get("steady_records_per_s") for r in runs]),
             )
             if base_rate:
                 entry["vs_units_records_per_s"] = round(entry["records_per_s"] / base_rate, 3)
                 per_round = [r["records_per_s"] / base_by_round[r["round"]]["records_per_s"]
                              for r in runs if r["round"] in base_by_round]
                 entry["vs_units_records_per_s_per_round"] = [round(x, 3) for x in per_round]
+            base_steady = _median([r.get("steady_records_per_s") for r in base_by_round.values()])
+            if base_steady and entry["steady_records_per_s"]:
+                entry["vs_units_steady"] = round(entry["steady_records_per_s"] / base_steady, 3)
             if base_in and entry["in_batch_records_per_s"]:
                 entry["vs_units_in_batch"] = round(entry["in_batch_records_per_s"] / base_in, 3)
                 per_round = [r["in_batch_records_per_s"] / base_by_round[r["round"]]["in_batch_records_per_s"]
@@ -532,16 +587,20 @@ def markdown(meta: dict, results: list[dict], summary: dict, contenders: list[st
              f"(shared), load {hw['loadavg_at_start'][0]:.2f} at start, {hw.get('loadavg_at_end', [0])[0]:.2f} at end. "
              f"Started {meta['started_at']}; git {meta.get('versions', {}).get('git', '?')}.", "",
              "records/s = input records / wall seconds from process start to exit (JVM and Spark session start-up "
-             "included); in-batch = input records / the sum of the batches' own seconds.", "",
-             "| contender | records/s (median) | runs | wall s | in-batch records/s | in-batch s | batches | "
-             "output records | CPU s | peak RSS MB | other work (cores) | vs units: records/s | vs units: in-batch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "included; Kafka Streams: to its output's completion); first output = when the first totals were "
+             "readable (read_committed); steady = the input records the first totals did not cover / the seconds from "
+             "the first totals to the output's completion (start-up left out, for every contender alike); in-batch = "
+             "input records / the sum of the batches' own seconds.", "",
+             "| contender | records/s (median) | runs | wall s | first output s | steady records/s | in-batch records/s | "
+             "in-batch s | batches | output records | CPU s | peak RSS MB | other work (cores) | vs units: records/s | "
+             "vs units: steady | vs units: in-batch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in contenders:
         s = summary.get(c, {})
         runs = [r for r in results if r["contender"] == c]
         each = ", ".join(f"{r['records_per_s']:,}" + ("" if r.get("ok") else " (failed)") for r in runs)
         if not s.get("ok_runs"):
-            lines.append(f"| {CONTENDERS[c]} | failed | {each} | | | | | | | | | | |")
+            lines.append(f"| {CONTENDERS[c]} | failed | {each} | | | | | | | | | | | | | |")
             continue
         ratio = "1 (baseline)" if c == BASELINE else (
             f"{s['vs_units_records_per_s']:.2f}x (per round: "
@@ -550,23 +609,26 @@ def markdown(meta: dict, results: list[dict], summary: dict, contenders: list[st
         ratio_in = "1 (baseline)" if c == BASELINE else (
             f"{s['vs_units_in_batch']:.2f}x (per round: {', '.join(f'{x:.2f}' for x in s['vs_units_in_batch_per_round'])})"
             if "vs_units_in_batch" in s else "-")
+        steady = "1 (baseline)" if c == BASELINE else (f"{s['vs_units_steady']:.2f}x" if "vs_units_steady" in s else "-")
         lines.append(f"| {CONTENDERS[c]} | {fmt(s['records_per_s'])} | {each} | {fmt(s['seconds'], '.1f')} | "
+                     f"{fmt(s['first_output_s'], '.1f')} | {fmt(s['steady_records_per_s'])} | "
                      f"{fmt(s['in_batch_records_per_s'])} | {fmt(s['in_batch_s'], '.1f')} | {fmt(s['batches'], 'g')} | "
                      f"{fmt(s['output_records'])} | {fmt(s['cpu_s'], '.0f')} | {fmt(s['peak_rss_mb'])} | "
-                     f"{fmt(s['foreign_cores'], '.2f')} | {ratio} | {ratio_in} |")
+                     f"{fmt(s['foreign_cores'], '.2f')} | {ratio} | {steady} | {ratio_in} |")
     for c, why in unavailable.items():
-        lines.append(f"| {CONTENDERS[c]} | unavailable: {why} | | | | | | | | | | | |")
+        lines.append(f"| {CONTENDERS[c]} | unavailable: {why} | | | | | | | | | | | | | | |")
     lines += ["", "Ratios: contender / units mode (> 1 means faster than the units mode), of the medians and per round "
               "(each against the units run of the same round).", "",
               "## Runs", "",
-              "| round | contender | wall s | records/s | in-batch s | batch seconds | output records | sum(orders) | "
-              "duplicates | load before/after | other work | check |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| round | contender | wall s | records/s | first output s | steady records/s | in-batch s | batch seconds | "
+              "output records | sum(orders) | duplicates | load before/after | other work | check |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         check = r.get("check", {})
         status = "ok" if r.get("ok") else f"FAILED: {r.get('problem', '')}"
         batch_s = " ".join(f"{s:.2f}" for s in r.get("batch_s", []))
         lines.append(f"| {r['round']} | {r['contender']} | {r['seconds']:.1f} | {r['records_per_s']:,} | "
+                     f"{fmt(r.get('first_output_s'), '.1f')} | {fmt(r.get('steady_records_per_s'))} | "
                      f"{fmt(r.get('in_batch_s'), '.2f')} | {batch_s} | {fmt(check.get('output_records'))} | "
                      f"{fmt(check.get('sum_orders'))} | {check.get('duplicates', '-')} | "
                      f"{r['loadavg_before']:.2f}/{r['loadavg_after']:.2f} | {fmt(r.get('foreign_cores'), '.2f')} | "

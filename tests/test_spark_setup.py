@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from txstream.spark.setup import ARROW_JAVA_OPTIONS, LOCAL_DEFAULTS, is_local, read_defaults, resolve
+from txstream.spark.setup import (
+    ARROW_JAVA_OPTIONS,
+    LOCAL_DEFAULTS,
+    is_local,
+    read_defaults,
+    resolve,
+    with_arrow_options,
+)
 
 
 def _conf_dir(tmp_path: Path, text: str) -> dict[str, str]:
@@ -74,6 +81,19 @@ def test_a_cluster_masters_executors_read_arrow_without_per_access_checks(tmp_pa
     off = "-Darrow.enable_null_check_for_get=true"
     assert executor not in resolve("spark://m:7077", {}, None, env=_conf_dir(tmp_path, f"{executor} {off}\n")).to_set
     assert executor not in resolve("local[2]", {}, None, env={}).to_set
+
+
+def test_only_options_that_set_the_arrow_properties_keep_them_out() -> None:
+    """A property named as such (-Dname or -Dname=value, quoted or not) is the user's; the same
+    words elsewhere (a path, another property's value) are not."""
+    mine = "-Darrow.enable_unsafe_memory_access=false"
+    assert with_arrow_options(f"-Xss4m {mine}") == f"-Xss4m {mine}"
+    assert with_arrow_options("'-Darrow.enable_null_check_for_get'") == "'-Darrow.enable_null_check_for_get'"
+    path = "-Dlog.dir=/var/arrow.enable_unsafe_memory_access"
+    assert with_arrow_options(path) == f"{path} {ARROW_JAVA_OPTIONS}"
+    assert with_arrow_options("-Darrow.enable_unsafe_memory_accessor=1") == \
+        f"-Darrow.enable_unsafe_memory_accessor=1 {ARROW_JAVA_OPTIONS}"
+    assert with_arrow_options("") == ARROW_JAVA_OPTIONS
 
 
 def test_the_ui_port_asked_for_wins_and_a_cluster_gets_its_ui() -> None:

@@ -45,9 +45,19 @@ COMMON_DEFAULTS = {
 ARROW_JAVA_OPTIONS = "-Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
 
 
+def _system_properties(options: str) -> set[str]:
+    """The names the JVM options set with -Dname[=value] (split as a shell would; the JVM's
+    launcher gets them from spark-submit that way)."""
+    try:
+        words = shlex.split(options)
+    except ValueError:   # an unbalanced quote: the JVM will say so; judge by whitespace here
+        words = options.split()
+    return {w[2:].split("=", 1)[0] for w in words if w.startswith("-D")}
+
+
 def with_arrow_options(options: str) -> str:
     """The JVM options with ARROW_JAVA_OPTIONS added, unless they set either property already."""
-    if "arrow.enable_unsafe_memory_access" in options or "arrow.enable_null_check_for_get" in options:
+    if _system_properties(options) & _system_properties(ARROW_JAVA_OPTIONS):
         return options
     return f"{options} {ARROW_JAVA_OPTIONS}".strip()
 

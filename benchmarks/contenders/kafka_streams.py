@@ -13,7 +13,8 @@ It runs until stopped, like the hand-written loop: the harness counts the output
 shutdown hook then calls `KafkaStreams.close()`.
 
 The same jar holds the wide benchmark's Kafka Streams contender, CustomerTotals.java (started by
-benchmarks/wide.py with this module's `build()`, JAR and LIB).
+benchmarks/wide.py with this module's `build()`, JAR and LIB); StreamsApp.java is what the two share
+(command line, settings, running until SIGTERM).
 
 Built with the machine's Maven (`mvn -B -q package`, kafka-streams at the version of the broker
 txstream runs, `txstream.local.cluster.KAFKA_VERSION`) into benchmarks/contenders/kstreams/target

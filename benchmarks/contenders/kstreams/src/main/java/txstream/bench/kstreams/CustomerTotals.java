@@ -9,9 +9,6 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
-import java.util.Properties;
-import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.LongAdder;
 
 import org.apache.avro.Schema;
@@ -23,14 +20,10 @@ import org.apache.avro.io.BinaryDecoder;
 import org.apache.avro.io.BinaryEncoder;
 import org.apache.avro.io.DecoderFactory;
 import org.apache.avro.io.EncoderFactory;
-import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.common.serialization.Serdes;
-import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsBuilder;
-import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
-import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.Repartitioned;
@@ -188,7 +181,7 @@ public final class CustomerTotals {
     }
 
     public static void main(String[] argv) throws Exception {
-        Map<String, String> args = EnrichOrders.parseArgs(argv);
+        Map<String, String> args = StreamsApp.parseArgs(argv);
         Schema inSchema = new Schema.Parser().parse(new File(args.get("input-schema")));
         Schema outSchema = new Schema.Parser().parse(new File(args.get("output-schema")));
         long intervalMs = Long.parseLong(args.getOrDefault("emit-interval-ms", "1000"));
@@ -203,46 +196,8 @@ public final class CustomerTotals {
                .to(args.get("output"), Produced.with(Serdes.String(), Serdes.ByteArray()));
         Topology topology = builder.build();
 
-        Properties props = new Properties();
-        props.put(StreamsConfig.APPLICATION_ID_CONFIG, args.get("application-id"));
-        props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args.get("bootstrap-servers"));
-        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
-        props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, args.getOrDefault("threads", "2"));
-        props.put(StreamsConfig.STATE_DIR_CONFIG, args.get("state-dir"));
-        props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
-
-        KafkaStreams streams = new KafkaStreams(topology, props);
-        CountDownLatch finished = new CountDownLatch(1);
-        AtomicBoolean stopping = new AtomicBoolean(false);
-        AtomicBoolean failed = new AtomicBoolean(false);
-        long started = System.nanoTime();
-        streams.setStateListener((now, before) -> {
-            System.err.printf("kafka-streams: %s -> %s after %.1fs%n", before, now,
-                              (System.nanoTime() - started) / 1e9);
-            if (now == KafkaStreams.State.ERROR || now == KafkaStreams.State.NOT_RUNNING) {
-                finished.countDown();
-            }
-        });
-        streams.setUncaughtExceptionHandler(e -> {
-            System.err.println("kafka-streams: stream thread failed: " + e);
-            e.printStackTrace();
-            failed.set(true);
-            return StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
-        });
-        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
-            stopping.set(true);
-            streams.close(Duration.ofSeconds(15));
-            System.err.printf("kafka-streams: closed (%d records read, %d totals emitted in %d emits)%n",
-                              READ.sum(), EMITTED.sum(), EMITS.sum());
-            finished.countDown();
-        }, "kafka-streams-shutdown"));
-
-        System.err.println("kafka-streams: " + topology.describe().toString().trim().replace('\n', ' '));
-        streams.start();
-        finished.await();
-        if (!stopping.get()) {  // stopped by itself: a failure (it runs until SIGTERM otherwise)
-            streams.close(Duration.ofSeconds(15));
-            System.exit(failed.get() ? 1 : 2);
-        }
+        StreamsApp.run(topology, StreamsApp.properties(args),
+                       () -> String.format("%d records read, %d totals emitted in %d emits", READ.sum(),
+                                           EMITTED.sum(), EMITS.sum()));
     }
 }

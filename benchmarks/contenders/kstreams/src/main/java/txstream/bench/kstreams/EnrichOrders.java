@@ -4,11 +4,7 @@ import java.io.ByteArrayOutputStream;
 import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
-import java.time.Duration;
-import java.util.HashMap;
 import java.util.Map;
-import java.util.Properties;
-import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.LongAdder;
 
@@ -21,13 +17,9 @@ import org.apache.avro.io.BinaryDecoder;
 import org.apache.avro.io.BinaryEncoder;
 import org.apache.avro.io.DecoderFactory;
 import org.apache.avro.io.EncoderFactory;
-import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.common.serialization.Serdes;
-import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
-import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
-import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.processor.api.FixedKeyProcessor;
@@ -59,12 +51,7 @@ public final class EnrichOrders {
 
     static final LongAdder READ = new LongAdder();
     static final LongAdder WRITTEN = new LongAdder();
-    static final long STARTED = System.nanoTime();
     static final AtomicBoolean FIRST_SEEN = new AtomicBoolean(false);
-
-    static double seconds() {
-        return (System.nanoTime() - STARTED) / 1e9;
-    }
 
     /** Decode, filter, enrich, encode: one instance per stream task (so per thread, no sharing). */
     static final class Enrich implements FixedKeyProcessor<byte[], byte[], byte[]> {
@@ -107,7 +94,7 @@ public final class EnrichOrders {
         public void process(FixedKeyRecord<byte[], byte[]> record) {
             READ.increment();
             if (!FIRST_SEEN.get() && FIRST_SEEN.compareAndSet(false, true)) {
-                System.err.printf("kafka-streams: first input record after %.1fs%n", seconds());
+                System.err.printf("kafka-streams: first input record after %.1fs%n", StreamsApp.seconds());
             }
             byte[] value = record.value();
             if (value == null) {
@@ -140,26 +127,8 @@ public final class EnrichOrders {
         }
     }
 
-    static Map<String, String> parseArgs(String[] args) {
-        Map<String, String> out = new HashMap<>();
-        for (int i = 0; i < args.length; i++) {
-            String a = args[i];
-            if (!a.startsWith("--") || i + 1 >= args.length) {
-                throw new IllegalArgumentException("expected --option value pairs, got " + a);
-            }
-            out.put(a.substring(2), args[++i]);
-        }
-        for (String required : new String[] {"bootstrap-servers", "input", "output", "application-id",
-                                             "state-dir", "input-schema", "output-schema"}) {
-            if (!out.containsKey(required)) {
-                throw new IllegalArgumentException("--" + required + " is required");
-            }
-        }
-        return out;
-    }
-
     public static void main(String[] argv) throws Exception {
-        Map<String, String> args = parseArgs(argv);
+        Map<String, String> args = StreamsApp.parseArgs(argv);
         Schema inSchema = new Schema.Parser().parse(new File(args.get("input-schema")));
         Schema outSchema = new Schema.Parser().parse(new File(args.get("output-schema")));
 
@@ -169,46 +138,7 @@ public final class EnrichOrders {
                .to(args.get("output"), Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
         Topology topology = builder.build();
 
-        Properties props = new Properties();
-        props.put(StreamsConfig.APPLICATION_ID_CONFIG, args.get("application-id"));
-        props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args.get("bootstrap-servers"));
-        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
-        props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, args.getOrDefault("threads", "2"));
-        props.put(StreamsConfig.STATE_DIR_CONFIG, args.get("state-dir"));
-        props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
-        // commit.interval.ms: not set, Kafka Streams' exactly-once default (100 ms).
-
-        KafkaStreams streams = new KafkaStreams(topology, props);
-        CountDownLatch finished = new CountDownLatch(1);
-        AtomicBoolean stopping = new AtomicBoolean(false);
-        AtomicBoolean failed = new AtomicBoolean(false);
-        streams.setStateListener((now, before) -> {
-            System.err.printf("kafka-streams: %s -> %s after %.1fs%n", before, now, seconds());
-            if (now == KafkaStreams.State.ERROR || now == KafkaStreams.State.NOT_RUNNING) {
-                finished.countDown();
-            }
-        });
-        streams.setUncaughtExceptionHandler(e -> {
-            System.err.println("kafka-streams: stream thread failed: " + e);
-            e.printStackTrace();
-            failed.set(true);
-            return StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
-        });
-        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
-            stopping.set(true);
-            System.err.printf("kafka-streams: stopping after %.1fs (%d records read, %d written)%n", seconds(),
-                              READ.sum(), WRITTEN.sum());
-            streams.close(Duration.ofSeconds(15));
-            System.err.printf("kafka-streams: closed (%d records read, %d written)%n", READ.sum(), WRITTEN.sum());
-            finished.countDown();
-        }, "kafka-streams-shutdown"));
-
-        System.err.println("kafka-streams: " + topology.describe().toString().trim().replace('\n', ' '));
-        streams.start();
-        finished.await();
-        if (!stopping.get()) {  // stopped by itself: a failure (it runs until SIGTERM otherwise)
-            streams.close(Duration.ofSeconds(15));
-            System.exit(failed.get() ? 1 : 2);
-        }
+        StreamsApp.run(topology, StreamsApp.properties(args),
+                       () -> String.format("%d records read, %d written", READ.sum(), WRITTEN.sum()));
     }
 }

@@ -6,6 +6,7 @@ Producer left uncommitted until the test ends.
 """
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 
 from tests.support.kafka import live_member
 from txstream.cli import main
+from txstream.errors import OffsetsError
 from txstream.kafka import offsets as ofs
 from txstream.kafka.offsets import Partition
 
@@ -128,6 +130,46 @@ def test_show_committed_log_end_last_stable_and_lag(bootstrap_servers: str, admi
         result = cli(bootstrap_servers, "reset", "--app-id", group, "--to-latest")
         assert result.exit_code == 0, result.output
         assert table(result.output) == {(topic, 0): ["2", "5"]}
+
+
+@contextmanager
+def pending_commit(bootstrap: str, group: str, topic: str, offset: int) -> Iterator[Producer]:
+    """An offset commit of `group` for topic[0] inside a transaction left open for the `with` body
+    (the body may commit it; else it is aborted)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-pending-{uuid.uuid4().hex}"})
+    outsider = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction([TopicPartition(topic, 0, offset)], outsider.consumer_group_metadata(), 30)
+        yield producer
+    finally:
+        outsider.close()
+        try:
+            producer.abort_transaction(30)
+        except Exception:   # committed in the body: nothing left to abort
+            pass
+
+
+def test_a_stable_read_waits_for_a_pending_offset_commit(bootstrap_servers: str, admin: AdminClient,
+                                                         ten_records: tuple[str, str]) -> None:
+    """A running app commits its offsets inside its batches' transactions: `verify` and `offsets
+    reset` read them stably and must wait for the transaction (not fail, not read the old value);
+    a transaction still open at the timeout is a clear error."""
+    topic, group = ten_records   # committed at 5
+    with pending_commit(bootstrap_servers, group, topic, 7) as producer:
+        assert ofs.committed_offsets(admin, group, stable=False) == {Partition(topic, 0): 5}
+        with pytest.raises(OffsetsError, match=r"inside a transaction still open after 1s"):
+            ofs.committed_offsets(admin, group, timeout=1)
+        read: dict = {}
+        reader = threading.Thread(target=lambda: read.update(offsets=ofs.committed_offsets(admin, group, timeout=60)))
+        reader.start()
+        reader.join(2.0)
+        assert reader.is_alive(), f"the stable read returned while the commit was pending: {read}"
+        producer.commit_transaction(30)
+        reader.join(60)
+        assert not reader.is_alive()
+    assert read["offsets"] == {Partition(topic, 0): 7}
 
 
 def test_show_a_group_without_offsets(bootstrap_servers: str) -> None:

@@ -219,13 +219,37 @@ def committed_offsets(admin: AdminClient, group_id: str,
     """The group's committed offsets (next record to read); None where nothing is committed.
 
     `partitions=None` returns every partition the group has committed offsets for. `stable=True`
-    is the planner's read: a commit still pending in an open transaction is an error rather than
-    silently the previous value (docs/architecture.md). `stable=False` shows what is committed now.
+    is the planner's read: a commit still pending in an open transaction is waited for (a running
+    app's batch ends in milliseconds) rather than read as the previous value, and one still
+    pending after `timeout` (a crashed producer's, until transaction.timeout.ms aborts it) is an
+    OffsetsError (docs/architecture.md). `stable=False` shows what is committed now.
     """
     wanted = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
     if wanted is not None and not wanted:
         return {}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _committed_offsets(admin, group_id, wanted, stable, timeout)
+        except _PendingCommit as pending:
+            if time.monotonic() >= deadline:
+                raise OffsetsError(
+                    f"group {group_id} has an offset commit for {pending.partition} inside a transaction "
+                    f"still open after {timeout:.0f}s; wait for it to commit or abort (transaction.timeout.ms) "
+                    "and try again") from None
+            time.sleep(0.05)
 
+
+class _PendingCommit(Exception):
+    """A stable read met an offset commit of a transaction that is still open."""
+
+    def __init__(self, partition: str) -> None:
+        super().__init__(partition)
+        self.partition = partition
+
+
+def _committed_offsets(admin: AdminClient, group_id: str, wanted: list | None, stable: bool,
+                       timeout: float) -> dict[Partition, int | None]:
     def call() -> dict[Partition, int | None]:
         request = ConsumerGroupTopicPartitions(group_id, wanted) if wanted else ConsumerGroupTopicPartitions(group_id)
         result = admin.list_consumer_group_offsets([request], require_stable=stable,
@@ -234,10 +258,7 @@ def committed_offsets(admin: AdminClient, group_id: str,
         for tp in result.topic_partitions or []:
             if tp.error is not None:
                 if tp.error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT:
-                    raise OffsetsError(
-                        f"group {group_id} has an offset commit for {tp.topic}-{tp.partition} inside a "
-                        "transaction that is still open; wait for it to commit or abort "
-                        "(transaction.timeout.ms) and try again")
+                    raise _PendingCommit(f"{tp.topic}-{tp.partition}")
                 raise KafkaException(tp.error)
             offsets[Partition(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
         return dict(sorted(offsets.items()))

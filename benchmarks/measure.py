@@ -153,13 +153,16 @@ class OutputWatcher:
 
     Counts records and keeps (key, value) pairs for verification; `done_at` is the monotonic
     time when the count first reached `expected`, `first_at` when the first record arrived.
+    `weight(value)`: what a record counts for instead of 1 (the wide benchmark's totals count the
+    orders they add up).
     """
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, expected: int,
-                 on_record=None, value_fn=None) -> None:
+                 on_record=None, value_fn=None, weight=None) -> None:
         self.bootstrap, self.topic, self.partitions, self.expected = bootstrap, topic, partitions, expected
         self.on_record = on_record
         self.value_fn = value_fn  # what to keep of each value (e.g. a digest), default the value
+        self.weight = weight
         self.records: list[tuple[bytes, bytes]] = []
         self.count = 0
         self.first_at: float | None = None
@@ -198,7 +201,7 @@ class OutputWatcher:
                         continue
                     if self.first_at is None:
                         self.first_at = now
-                    self.count += 1
+                    self.count += self.weight(msg.value()) if self.weight else 1
                     if self.keep:
                         value = msg.value()
                         self.records.append((msg.key(), self.value_fn(value) if self.value_fn else value))

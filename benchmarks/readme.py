@@ -219,13 +219,11 @@ def wide_section(path: Path, results: dict) -> list[str]:
         if not entry.get("ok_runs"):
             lines.append(f"| {label} | failed ({entry.get('failed_runs', 0)} run(s)) | | | | | | | | | | |")
             continue
-        steady_ratio = 1.0 if name == "txstream-units" and entry.get("steady_records_per_s") else \
-            entry.get("vs_units_steady")
         lines.append(f"| {label} | {_n(entry.get('records_per_s'))} | {_n(entry.get('first_output_s'), '.1f')} | "
                      f"{_n(entry.get('steady_records_per_s'))} | {_n(entry.get('in_batch_records_per_s'))} | "
                      f"{_n(entry.get('batches'), 'g')} | {_n(entry.get('cpu_s'), '.0f')} | "
                      f"{_n(entry.get('peak_rss_mb'))} | {_n(entry.get('foreign_cores'), '.2f')} | "
-                     f"{_x(entry.get('vs_units_records_per_s'))} | {_x(steady_ratio)} | "
+                     f"{_x(entry.get('vs_units_records_per_s'))} | {_x(entry.get('vs_units_steady'))} | "
                      f"{_x(entry.get('vs_units_in_batch'))} |")
     for name, why in (results.get("unavailable") or {}).items():
         lines.append(f"| {labels.get(name, name)} | unavailable: {str(why).replace('|', '/')[:120]} | | | | | | | | | | |")

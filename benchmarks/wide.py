@@ -47,7 +47,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from datetime import datetime, timezone
@@ -198,70 +197,13 @@ SPARK_BATCH = re.compile(r"^spark-batch (\d+)\s+in (\d+)\s+([\d.]+)s$", re.M)
 CAUGHT_UP = re.compile(r"caught up: (\d+) batches, (\d+) records in, (\d+) out, (\d+) dead-lettered")
 
 
-class TotalsWatcher:
-    """Reads a run's output (read_committed) while it runs, adding up its `orders`: when the first
-    totals arrived (and how many orders they held), and when the orders first added up to the
-    input's (`done_at`): the end of a run that does not stop by itself, and for every run the
-    span its steady rate is measured over."""
-
-    def __init__(self, bootstrap: str, topic: str, orders: int) -> None:
-        self.bootstrap, self.topic, self.orders = bootstrap, topic, orders
-        self.first_at: float | None = None
-        self.orders_at_first = 0
-        self.done_at: float | None = None
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"watch-{topic}", daemon=True)
-
-    def start(self) -> TotalsWatcher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def wait(self, proc, deadline: float) -> float | None:
-        """Until the output is complete (its time), `proc` exits or the deadline passes (None)."""
-        while (self.done_at is None and (proc is None or proc.poll() is None) and time.monotonic() < deadline
-               and self.error is None):
-            time.sleep(0.05)
-        return self.done_at
-
-    def _run(self) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        schema = load_schema(TOTALS_SCHEMA_PATH)
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"bench-wide-watch-{uuid.uuid4().hex}",
-                             "isolation.level": "read_committed", "enable.auto.commit": False})
-        try:
-            partitions = consumer.list_topics(self.topic, timeout=30).topics[self.topic].partitions
-            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
-            seen = 0
-            while not self._stop.is_set() and self.done_at is None:
-                messages = [m for m in consumer.consume(1000, 0.2) if m.error() is None]
-                if not messages:
-                    continue
-                now = time.monotonic()
-                seen += sum(decode(schema, m.value())["orders"] for m in messages)
-                if self.first_at is None:
-                    self.first_at, self.orders_at_first = now, seen
-                if seen >= self.orders:
-                    self.done_at = now
-        except Exception as exc:   # reported with the run
-            self.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            consumer.close()
-
-    def figures(self, started: float, records: int) -> dict:
-        """First output after start, and the input records/s from the first output to the last
-        (records the first totals did not cover, over that span; None when it came in one go)."""
-        out: dict = {"first_output_s": round(self.first_at - started, 2) if self.first_at else None,
-                     "steady_records_per_s": None}
-        if self.first_at is not None and self.done_at is not None and self.done_at - self.first_at > 0.5:
-            rest = records * (1 - self.orders_at_first / self.orders)
-            out["steady_records_per_s"] = round(rest / (self.done_at - self.first_at))
-        return out
+def _until_complete(watcher, proc, deadline: float) -> float | None:
+    """When the output's orders first added up to the input's (watcher.done_at), waiting until
+    then, until `proc` (if any) exits or until the deadline (None)."""
+    while (watcher.done_at is None and (proc is None or proc.poll() is None) and time.monotonic() < deadline
+           and watcher.error is None):
+        time.sleep(0.05)
+    return watcher.done_at
 
 
 def _batches(contender: str, text: str) -> dict:
@@ -304,7 +246,8 @@ def _foreign_work(foreign, sampler, elapsed: float) -> dict:
 
 
 def run_one(contender: str, ctx: dict, round_no: int) -> dict:
-    from benchmarks.measure import ForeignLoad, TreeSampler, start_process, stop_process
+    from benchmarks.harness import steady_state
+    from benchmarks.measure import ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process
     from tests.support.kafka import read_all
 
     bootstrap, args = ctx["bootstrap"], ctx["args"]
@@ -324,14 +267,17 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
     proc = watcher = None
     try:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        watcher = TotalsWatcher(bootstrap, out, ctx["expected"]["orders"]).start()
+        # Every run's output read while it goes on, each totals record counting its orders: the first
+        # output, the steady rate (the narrow harness's steady_state) and Kafka Streams' end.
+        orders = ctx["expected"]["orders"]
+        watcher = OutputWatcher(bootstrap, out, args.partitions, orders, weight=ctx["orders_of"]).start()
         foreign.start()
         started = foreign_from = time.monotonic()
         proc = start_process(argv, env, str(log_path), str(REPO))
         sampler.add_root(proc.pid)
         sampler.start()
         if contender in RUN_UNTIL_STOPPED:
-            done_at = watcher.wait(proc, started + args.timeout)
+            done_at = _until_complete(watcher, proc, started + args.timeout)
             code = 0 if done_at is not None else proc.poll()   # None: timed out; the process is stopped below
             wall = (done_at or time.monotonic()) - started
         else:
@@ -348,8 +294,11 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
         exited = code is not None and contender not in RUN_UNTIL_STOPPED
         cpu = max(sampler.cpu_seconds, rusage_cpu) if exited else sampler.cpu_seconds
         if contender not in RUN_UNTIL_STOPPED and code == 0:
-            watcher.wait(None, time.monotonic() + 30)   # a read_committed reader may trail the exit a little
-        result.update(watcher.figures(started, args.records))
+            _until_complete(watcher, None, time.monotonic() + 30)   # a read_committed reader may trail the exit
+        result["first_output_s"] = round(watcher.first_at - started, 2) if watcher.first_at else None
+        if watcher.done_at is not None:
+            result["steady_records_per_s"] = steady_state(watcher, watcher.done_at, args.records, orders)[
+                "steady_records_per_s"]
     finally:
         sampler.stop()
         foreign.stop()
@@ -468,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         seeded = seed_input(bootstrap, source, args.records, progress=log)
         expected = expected_totals(seeded)
         ctx["expected"] = expected
+        totals_schema = load_schema(TOTALS_SCHEMA_PATH)
+        ctx["orders_of"] = lambda value: decode(totals_schema, value)["orders"]
         meta["input"] = {"topic": source, "records": seeded.records, "bytes": seeded.input_bytes,
                          "partitions": args.partitions, "avg_value_bytes": seeded.avg_value_size,
                          "orders_amount_gt_0": expected["orders"], "items": expected["items"],
@@ -536,6 +487,7 @@ def summarize(results: list[dict], contenders: list[str]) -> dict:
     base_by_round = {r["round"]: r for r in ok if r["contender"] == BASELINE}
     base_rate = _median([r["records_per_s"] for r in base_by_round.values()])
     base_in = _median([r.get("in_batch_records_per_s") for r in base_by_round.values()])
+    base_steady = _median([r.get("steady_records_per_s") for r in base_by_round.values()])
     for c in contenders:
         runs = [r for r in ok if r["contender"] == c]
         entry = {"ok_runs": len(runs), "failed_runs": sum(1 for r in results if r["contender"] == c and not r.get("ok"))}
@@ -558,7 +510,6 @@ def summarize(results: list[dict], contenders: list[str]) -> dict:
                 per_round = [r["records_per_s"] / base_by_round[r["round"]]["records_per_s"]
                              for r in runs if r["round"] in base_by_round]
                 entry["vs_units_records_per_s_per_round"] = [round(x, 3) for x in per_round]
-            base_steady = _median([r.get("steady_records_per_s") for r in base_by_round.values()])
             if base_steady and entry["steady_records_per_s"]:
                 entry["vs_units_steady"] = round(entry["steady_records_per_s"] / base_steady, 3)
             if base_in and entry["in_batch_records_per_s"]:

@@ -162,14 +162,21 @@ def test_a_stable_read_waits_for_a_pending_offset_commit(bootstrap_servers: str,
         with pytest.raises(OffsetsError, match=r"inside a transaction still open after 1s"):
             ofs.committed_offsets(admin, group, timeout=1)
         read: dict = {}
-        reader = threading.Thread(target=lambda: read.update(offsets=ofs.committed_offsets(admin, group, timeout=60)))
+
+        def stable_read() -> None:
+            try:
+                read["offsets"] = ofs.committed_offsets(admin, group, timeout=60)
+            except Exception as exc:   # handed to the assertions below
+                read["error"] = exc
+
+        reader = threading.Thread(target=stable_read)
         reader.start()
         reader.join(2.0)
         assert reader.is_alive(), f"the stable read returned while the commit was pending: {read}"
         producer.commit_transaction(30)
         reader.join(60)
         assert not reader.is_alive()
-    assert read["offsets"] == {Partition(topic, 0): 7}
+    assert read.get("offsets") == {Partition(topic, 0): 7}, read
 
 
 def test_show_a_group_without_offsets(bootstrap_servers: str) -> None:

@@ -25,3 +25,13 @@ def test_kafka_check_command_reports_the_comparison(bootstrap_servers: str) -> N
     assert out.returncode == 0, out.stderr
     assert "read_committed   sees ['committed']" in out.stdout
     assert "honours transactions" in out.stdout
+
+
+def test_a_property_override_is_the_local_brokers_last_word() -> None:
+    """`overrides` (benchmarks/first_output.py sets Kafka's default rebalance delay) come after
+    txstream's own properties; in a Java properties file the later line wins."""
+    from txstream.local.cluster import LocalKafkaCluster
+
+    cluster = LocalKafkaCluster(port=19092, data_dir="/nonexistent", overrides={"group.initial.rebalance.delay.ms": "3000"})
+    lines = cluster._properties(cluster.nodes[0]).splitlines()  # noqa: SLF001
+    assert lines.index("group.initial.rebalance.delay.ms=3000") > lines.index("group.initial.rebalance.delay.ms=0")

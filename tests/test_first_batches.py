@@ -1,9 +1,14 @@
 """A run's first batch is small (driver/loop.py `cap`): output soon after the start, even over a
-backlog; then batches as big as the cap allows."""
+backlog; then batches as big as the cap allows. And the driver joins an empty group while Spark
+starts, not after it."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections import Counter
+
+from confluent_kafka.admin import AdminClient
 
 from processors.passthrough import PassThrough
 from tests.support.kafka import produce, read_all
@@ -32,3 +37,37 @@ def test_first_batch_reads_first_batch_records_then_the_cap(bootstrap_servers, m
     whole = run_processor(PassThrough, inputs=[source], output=whole_sink, first_batch_records=0)
     assert _records_in(whole.lines) == [20_000], whole.lines
     assert Counter(r.value for r in read_all(bootstrap_servers, whole_sink)) == Counter(values)
+
+
+def test_the_driver_joins_an_empty_group_before_spark_is_ready(bootstrap_servers, make_topic, run_processor) -> None:
+    """The processor's setup (after Spark starts, before the transform's check) waits until the
+    broker lists the driver as the group's member with every partition assigned: a driver that
+    joined only after its Spark start-up would never get there, and the run would fail."""
+    source, sink = make_topic("early-in", partitions=PARTITIONS), make_topic("early-out", partitions=PARTITIONS)
+    produce(bootstrap_servers, source, [(None, f"v{i}".encode()) for i in range(100)], partition=0)
+    app_id = f"early-join-{time.monotonic_ns()}"
+    joined = threading.Event()
+    seen: list[str] = []
+
+    def watch() -> None:
+        admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not joined.is_set():
+            group = admin.describe_consumer_groups([app_id])[app_id].result(10)
+            assigned = [tp for m in group.members or [] for tp in m.assignment.topic_partitions]
+            seen.append(f"{group.state} {len(group.members or [])} member(s), {len(assigned)} partition(s)")
+            if len(assigned) == PARTITIONS:
+                joined.set()
+            time.sleep(0.05)
+
+    class WaitsForItsGroup(PassThrough):
+        def setup(self, spark) -> None:
+            if not joined.wait(60):
+                raise RuntimeError(f"not a member before the first batch: {seen[-3:]}")
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    driver = run_processor(WaitsForItsGroup, inputs=[source], output=sink, app_id=app_id)
+    watcher.join(10)
+    assert driver.exit_code == 0 and joined.is_set(), seen[-3:]
+    assert Counter(r.value for r in read_all(bootstrap_servers, sink)) == Counter(f"v{i}".encode() for i in range(100))

@@ -246,6 +246,26 @@ class Driver:
         unclean batch, after a rebalance (docs/architecture.md §3.4)."""
         return self.membership is None or self._clean_at != self.membership.generation_changes
 
+    def _group_is_empty(self) -> bool:
+        """The app's group has no member now. Then the driver joins it before Spark starts, so
+        that the join (its round trips, and on a broker with Kafka's default
+        group.initial.rebalance.delay.ms the 3 s a first member waits) happens while Spark starts
+        rather than before the first batch. Into a group with members it joins after the
+        transform's check, as before: one of them may be a wide app's only instance, which must
+        keep its partitions while this driver finds that out and refuses (driver/wide.py). Unknown
+        (the group cannot be described, e.g. no ACL for it): not empty."""
+        s = self.settings
+        try:
+            description = self.admin.describe_consumer_groups([s.app_id], request_timeout=10)[s.app_id].result(10)
+        except Exception as exc:
+            log.debug("describing the group %s: %s", s.app_id, exc)
+            return False
+        return not description.members
+
+    def _join_group(self) -> GroupMembership:
+        s = self.settings
+        return GroupMembership(s.clients, s.app_id, s.input_topics, self._wait_for_batch, self._on_group_change)
+
     def _wait_for_batch(self) -> None:
         thread = self._batch_thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
@@ -275,6 +295,8 @@ class Driver:
             # unreachable cluster or a missing topic is reported at once.
             self.telemetry.start()
             self.check_topics()
+            if self._group_is_empty():
+                self.membership = self._join_group()
         except Exception as exc:
             self.telemetry.event("fatal", None, error_type=type(understand(exc)).__name__, error=one_line(exc))
             self.close()
@@ -286,15 +308,17 @@ class Driver:
             self.arrow = ArrowBatches(self.spark)
             self.validate()
             if self.wide is not None:
+                if self.membership is not None:
+                    self._wait_for_assignment()   # its own member id known: wide.start looks for others
                 self.wide.start()
             else:
                 slots = s.task_slots or self.spark.sparkContext.defaultParallelism
                 self.slots = Slots(s.app_id, slots, s.producers_per_slot)
                 self.echo(f"{slots} task slots: a batch's ranges are published by one task per slot, through "
                           "the slot's producer, in one transaction (driver/slots.py)")
-            self.membership = GroupMembership(s.clients, s.app_id, s.input_topics,
-                                              self._wait_for_batch, self._on_group_change,
-                                              remember=self.wide is None)
+            if self.membership is None:
+                self.membership = self._join_group()
+            self.membership.remembers = self.wide is None
             self.commits = DriverCommits(s.guarantee, self.membership)
             planner = Planner(self.admin, s.app_id, s.auto_offset_reset, s.max_records_per_partition)
             self._wait_for_assignment()

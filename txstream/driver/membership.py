@@ -52,7 +52,7 @@ class GroupMembership:
         self.generation_changes = 0
         # The committed offsets as last read or committed (remember/forget), and the
         # generation_changes they hold for; `stable_reads` counts the reads that went to Kafka.
-        self._remember = remember
+        self.remembers = remember   # answers committed() from what it saw (the narrow driver's)
         self._known: dict[tuple[str, int], int | None] = {}
         self._known_at: int | None = None
         self.stable_reads = 0
@@ -109,6 +109,10 @@ class GroupMembership:
     def group_metadata(self) -> bytes:
         return self.consumer.consumer_group_metadata()
 
+    def member_id(self) -> str | None:
+        """This member's id in the group, once it has joined."""
+        return self.consumer.memberid() or None
+
     def committed(self, partitions: list[TopicPartition], timeout: float = 30,
                   fresh: bool = False) -> dict[tuple[str, int], int | None]:
         """The group's committed offsets, read stably (read_committed asks for stable offsets).
@@ -130,7 +134,7 @@ class GroupMembership:
         result = retriable(lambda: self.consumer.committed(wanted, timeout), timeout)
         self.stable_reads += 1
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in result}
-        if self._remember and not fresh:
+        if self.remembers and not fresh:
             if self._known_at != self.generation_changes:
                 self._known, self._known_at = {}, self.generation_changes
             self._known.update(offsets)
@@ -139,7 +143,7 @@ class GroupMembership:
     def remember(self, offsets: dict[tuple[str, int], int], since: int) -> None:
         """`offsets` are committed now (a clean batch's ends) and the assignment has not changed
         since generation_changes was `since`: the next `committed` may answer with them."""
-        if self._remember and since == self.generation_changes == self._known_at:
+        if self.remembers and since == self.generation_changes == self._known_at:
             self._known.update(offsets)
         else:
             self.forget()

@@ -143,9 +143,11 @@ class WideBatches:
         admin: AdminClient = self.driver.admin
         deadline = time.monotonic() + session_s + 5
         noted = False
+        # The driver may have joined already (an empty group: driver/loop.py _group_is_empty).
+        own = self.driver.membership.member_id() if self.driver.membership is not None else None
         while True:
             description = retriable(lambda: admin.describe_consumer_groups([s.app_id])[s.app_id].result(30), 60)
-            members = list(description.members or [])
+            members = [m for m in description.members or [] if m.member_id != own]
             if not members:
                 return
             if time.monotonic() > deadline:

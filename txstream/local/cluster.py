@@ -169,6 +169,7 @@ class LocalKafkaCluster:
     sasl_users: dict[str, str] | None = None
     listen: str = "localhost"
     advertise: str = ""
+    overrides: dict[str, str] = field(default_factory=dict)   # broker properties, after txstream's
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -257,6 +258,7 @@ class LocalKafkaCluster:
             "log.segment.bytes=67108864",
             "num.network.threads=2",
             "num.io.threads=4",
+            *(f"{key}={value}" for key, value in self.overrides.items()),   # a later line wins
             "",
         ])
 

@@ -230,7 +230,9 @@ def committed_offsets(admin: AdminClient, group_id: str,
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return _committed_offsets(admin, group_id, wanted, stable, timeout)
+            # What is left of the timeout, so that the transient errors' retries (kafka_call) and
+            # the waits for a pending commit share one deadline.
+            return _committed_offsets(admin, group_id, wanted, stable, max(1.0, deadline - time.monotonic()))
         except _PendingCommit as pending:
             if time.monotonic() >= deadline:
                 raise OffsetsError(

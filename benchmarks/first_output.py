@@ -19,58 +19,40 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 
 from benchmarks.common import REPO, create_topics, seed_input, warm_up_broker
+from benchmarks.measure import OutputWatcher
 
 PROCESSOR = "processors/enrich_orders.py:EnrichOrders"
 
+
 def first_output(bootstrap: str, source: str, tree: Path, timeout: float = 300) -> float:
     """Seconds from launching `txstream run` in `tree` to its first committed output record."""
-    from confluent_kafka import Consumer, TopicPartition
-
     tag = uuid.uuid4().hex[:8]
     out = f"fo-out-{tag}"
     create_topics(bootstrap, [out, f"{out}-dlq"], 4)
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"fo-reader-{tag}",
-                       "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
-    reader.assign([TopicPartition(out, p, 0) for p in range(4)])
-    seen = threading.Event()
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            msg = reader.poll(0.02)
-            if msg is not None and msg.error() is None:
-                seen.set()
-                return
-
     argv = [sys.executable, "-m", "txstream.cli", "run", PROCESSOR, "--bootstrap-servers", bootstrap,
             "--app-id", f"fo-{tag}", "--input", source, "--output", out, "--dead-letter-topic", f"{out}-dlq",
             "--guarantee", "exactly-once", "--master", "local[2]", "--until-caught-up"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    watcher = OutputWatcher(bootstrap, out, 4, expected=0, on_record=lambda _msg, _at: None).start()
     try:
-        if not seen.wait(timeout):
-            raise RuntimeError(f"no output within {timeout:.0f}s")
-        took = time.monotonic() - started
-        _, err = proc.communicate(timeout=timeout)
+        started = time.monotonic()
+        proc = subprocess.run(argv, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              timeout=timeout)
         if proc.returncode != 0:
-            raise RuntimeError(f"txstream run exited {proc.returncode}: {err.strip().splitlines()[-1:]}")
-        return took
+            raise RuntimeError(f"txstream run exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+        deadline = time.monotonic() + 30   # the output is committed: the watcher sees it within its next poll
+        while watcher.first_at is None and watcher.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if watcher.first_at is None:
+            raise RuntimeError(f"no output seen ({watcher.error or 'within 30 s of the exit'})")
+        return watcher.first_at - started
     finally:
-        stop.set()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        watcher.join(5)
-        reader.close()
+        watcher.stop()
 
 
 def main() -> None:

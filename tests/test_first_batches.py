@@ -12,6 +12,8 @@ from confluent_kafka.admin import AdminClient
 
 from processors.passthrough import PassThrough
 from tests.support.kafka import produce, read_all
+from tests.support.waiting import wait_until
+from txstream.kafka.offsets import describe_group
 
 PARTITIONS, PER_PARTITION = 4, 5_000
 
@@ -51,14 +53,15 @@ def test_the_driver_joins_an_empty_group_before_spark_is_ready(bootstrap_servers
 
     def watch() -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not joined.is_set():
-            group = admin.describe_consumer_groups([app_id])[app_id].result(10)
-            assigned = [tp for m in group.members or [] for tp in m.assignment.topic_partitions]
-            seen.append(f"{group.state} {len(group.members or [])} member(s), {len(assigned)} partition(s)")
-            if len(assigned) == PARTITIONS:
-                joined.set()
-            time.sleep(0.05)
+
+        def all_assigned() -> bool:
+            group = describe_group(admin, app_id, timeout=10)
+            assigned = sum(len(m.partitions) for m in group.members)
+            seen.append(f"{group.state} {len(group.members)} member(s), {assigned} partition(s)")
+            return assigned == PARTITIONS
+
+        wait_until(all_assigned, 60, "the driver's membership", every=0.05)
+        joined.set()
 
     class WaitsForItsGroup(PassThrough):
         def setup(self, spark) -> None:

@@ -254,13 +254,13 @@ class Driver:
         transform's check, as before: one of them may be a wide app's only instance, which must
         keep its partitions while this driver finds that out and refuses (driver/wide.py). Unknown
         (the group cannot be described, e.g. no ACL for it): not empty."""
-        s = self.settings
+        from txstream.kafka.offsets import describe_group
+
         try:
-            description = self.admin.describe_consumer_groups([s.app_id], request_timeout=10)[s.app_id].result(10)
+            return not describe_group(self.admin, self.settings.app_id, timeout=10).members
         except Exception as exc:
-            log.debug("describing the group %s: %s", s.app_id, exc)
+            log.debug("describing the group %s: %s", self.settings.app_id, exc)
             return False
-        return not description.members
 
     def _join_group(self) -> GroupMembership:
         s = self.settings

@@ -30,6 +30,51 @@ def test_the_driver_jvm_maps_the_class_archive(spark) -> None:
     assert "-XX:TieredStopAtLevel=1" in arguments, arguments   # a local driver JVM: C1 only
 
 
+def test_the_driver_jvm_loads_the_code_generator_from_an_unsigned_jar(spark) -> None:
+    """pyspark ships Janino signed, and the class archive skips every class of a signed jar: the
+    session's SPARK_HOME holds an unsigned copy, which is the one on the JVM's class path."""
+    jvm = spark.sparkContext._jvm
+    for name in ("org.codehaus.janino.ClassBodyEvaluator", "org.codehaus.commons.compiler.CompileException"):
+        source = jvm.java.lang.Class.forName(name).getProtectionDomain().getCodeSource()
+        assert source.getCodeSigners() is None, name
+        assert "/jars/" in source.getLocation().getPath() and "spark-home-" in source.getLocation().getPath(), \
+            source.getLocation().getPath()
+
+
+def _jar(path, files: dict[str, bytes]) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as jar:
+        for name, data in files.items():
+            jar.writestr(name, data)
+
+
+def test_signed_jars_are_copied_unsigned_and_the_others_linked(tmp_path) -> None:
+    import os
+    import zipfile
+
+    from txstream.spark.session import _unsigned_jars
+
+    source, jars = tmp_path / "package-jars", tmp_path / "home" / "jars"
+    source.mkdir()
+    (tmp_path / "home").mkdir()
+    manifest = b"Manifest-Version: 1.0\r\nBundle-Name: janino\r\n \tcontinued\r\n\r\nName: a/B.class\r\nSHA-256-Digest: xyz\r\n\r\n"
+    _jar(source / "signed.jar", {"META-INF/MANIFEST.MF": manifest, "META-INF/CODESIGN.SF": b"sig",
+                                 "META-INF/CODESIGN.RSA": b"block", "a/B.class": b"\xca\xfe"})
+    _jar(source / "plain.jar", {"META-INF/MANIFEST.MF": b"Manifest-Version: 1.0\r\n", "c/D.class": b"\xca\xfe"})
+    _unsigned_jars(source, jars)
+    assert os.readlink(jars / "plain.jar") == str(source / "plain.jar")
+    assert not (jars / "signed.jar").is_symlink()
+    with zipfile.ZipFile(jars / "signed.jar") as copy:
+        assert sorted(copy.namelist()) == ["META-INF/MANIFEST.MF", "a/B.class"]
+        assert copy.read("a/B.class") == b"\xca\xfe"
+        assert copy.read("META-INF/MANIFEST.MF") == b"Manifest-Version: 1.0\r\nBundle-Name: janino\r\n \tcontinued\r\n"
+    written = (jars / "signed.jar").stat().st_mtime_ns
+    _unsigned_jars(source, jars)   # again: nothing rewritten (the class archive checks the jar's time and size)
+    assert (jars / "signed.jar").stat().st_mtime_ns == written
+    assert sorted(p.name for p in jars.iterdir()) == ["plain.jar", "signed.jar"]   # no partial file left
+
+
 def test_the_local_executor_reads_arrow_without_per_access_checks(spark) -> None:
     """spark/setup.py ARROW_JAVA_OPTIONS, read by Arrow's own classes (not only set as properties)."""
     jvm = spark.sparkContext._jvm

@@ -9,9 +9,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from txstream.local.paths import cache_dir
@@ -21,7 +23,8 @@ log = logging.getLogger("txstream")
 
 
 def spark_home() -> str:
-    """A SPARK_HOME for the pip-installed pyspark without its `python/lib` zips.
+    """A SPARK_HOME for the pip-installed pyspark without its `python/lib` zips, and with its
+    signed jars unsigned.
 
     Spark puts `$SPARK_HOME/python/lib/pyspark.zip` (sources, no bytecode) first on every Python
     worker's path. Workers then compile pyspark from source on each start, and every task's
@@ -29,29 +32,88 @@ def spark_home() -> str:
     Python-worker CPU in a 200,000-record batch. This directory links everything of the pyspark
     package except `python/`, so the zips Spark names do not exist and workers import the
     installed, byte-compiled pyspark instead (the same files, the same version).
+
+    `jars/` links every jar but the signed ones (`_unsigned_jars`).
     """
     import pyspark
 
     package = Path(pyspark.__file__).parent
     version = getattr(pyspark, "__version__", "unknown")
     # One per installed package: links to another virtual environment's pyspark must never be
-    # re-pointed under a running JVM (or left dangling when that environment is deleted).
-    home = cache_dir() / f"spark-home-{version}-{hashlib.sha1(str(package).encode()).hexdigest()[:8]}"
+    # re-pointed under a running JVM (or left dangling when that environment is deleted). The
+    # layout's own version (`-u`: unsigned jars) keeps it apart from homes earlier txstream
+    # versions made, whose runs may still use them.
+    home = cache_dir() / f"spark-home-{version}-u-{hashlib.sha1(str(package).encode()).hexdigest()[:8]}"
     try:
         home.mkdir(parents=True, exist_ok=True)
         for entry in package.iterdir():
             if entry.name in ("python", "__pycache__"):
                 continue
-            link = home / entry.name
-            if link.is_symlink() and os.readlink(link) == str(entry):
+            if entry.name == "jars" and entry.is_dir():
+                _unsigned_jars(entry, home / "jars")
                 continue
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(entry)
+            _link(home / entry.name, entry)
     except OSError as exc:  # read-only home, no symlinks: the package itself still works
         log.debug("using the pyspark package as SPARK_HOME: %s", exc)
         return str(package)
     return str(home)
+
+
+def _link(link: Path, target: Path) -> None:
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+_SIGNATURE_FILES = re.compile(r"META-INF/[^/]+\.(SF|RSA|DSA|EC)$", re.IGNORECASE)
+
+
+def _unsigned_jars(source: Path, jars: Path) -> None:
+    """`jars`: a link to each of pyspark's jars, except a signed jar, which is copied without its
+    signature files (the same classes and resources).
+
+    The JVM's class-data-sharing archive skips every class of a signed jar ("Skipping ...: Signed
+    JAR"): pyspark 4.3 ships Janino and its commons-compiler signed, Spark's code generator, so
+    the ~370 classes the first generated projection needs were loaded from the jar, and its
+    entries' digests checked, while the first batch ran. A copy is written once, beside and then
+    renamed over its name, so a JVM that is starting reads either nothing there or a whole jar."""
+    jars.mkdir(exist_ok=True)
+    for jar in source.iterdir():
+        target = jars / jar.name
+        if target.is_symlink() and os.readlink(target) == str(jar):
+            continue   # linked before (checking for a signature opens the jar)
+        if target.is_file() and not target.is_symlink():
+            continue   # the unsigned copy, written before
+        if jar.suffix == ".jar" and _signed(jar):
+            partial = jars / f".{jar.name}.{os.getpid()}.partial"
+            with zipfile.ZipFile(jar) as signed, zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as unsigned:
+                for item in signed.infolist():
+                    if _SIGNATURE_FILES.match(item.filename):
+                        continue
+                    data = signed.read(item.filename)
+                    if item.filename.upper() == "META-INF/MANIFEST.MF":
+                        data = _main_section(data)   # not each entry's digest
+                    unsigned.writestr(item, data)
+            os.replace(partial, target)
+        else:
+            _link(target, jar)
+
+
+def _main_section(manifest: bytes) -> bytes:
+    """A manifest's main attributes: everything before its first empty line."""
+    lines = manifest.replace(b"\r\n", b"\n").split(b"\n")
+    main = lines[:lines.index(b"")] if b"" in lines else lines
+    return b"\r\n".join(main) + b"\r\n"
+
+
+def _signed(jar: Path) -> bool:
+    try:
+        with zipfile.ZipFile(jar) as archive:
+            return any(_SIGNATURE_FILES.match(name) for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def class_archive(home: str | None = None) -> Path:

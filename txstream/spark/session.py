@@ -78,7 +78,9 @@ def _unsigned_jars(source: Path, jars: Path) -> None:
     JAR"): pyspark 4.3 ships Janino and its commons-compiler signed, Spark's code generator, so
     the ~370 classes the first generated projection needs were loaded from the jar, and its
     entries' digests checked, while the first batch ran. A copy is written once, beside and then
-    renamed over its name, so a JVM that is starting reads either nothing there or a whole jar."""
+    renamed over its name, so a JVM that is starting reads either nothing there or a whole jar.
+    (Removing the signature changes nothing a run relies on: the JVM only checks a signed jar's
+    digests against itself, and Spark never asks for code signers.)"""
     jars.mkdir(exist_ok=True)
     for jar in source.iterdir():
         target = jars / jar.name
@@ -96,6 +98,10 @@ def _unsigned_jars(source: Path, jars: Path) -> None:
                     if item.filename.upper() == "META-INF/MANIFEST.MF":
                         data = _main_section(data)   # not each entry's digest
                     unsigned.writestr(item, data)
+            # The source jar's time: a copy written again (two first runs at once) is the same
+            # file to the class archive, which checks each jar's size and time.
+            source_time = jar.stat().st_mtime_ns
+            os.utime(partial, ns=(source_time, source_time))
             os.replace(partial, target)
         else:
             _link(target, jar)

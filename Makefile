@@ -19,8 +19,9 @@ kafka-jars: install
 	$(PY) -c "from txstream.local.cluster import kafka_libs; kafka_libs(print)"
 
 # Spark's class-data-sharing archive in ~/.cache/txstream (TXSTREAM_CACHE_DIR moves it): about 5 s
-# off every Spark start (see txstream/spark/session.py). Written once (~1 min); afterwards this only
-# checks it is there.
+# off every Spark start (see txstream/spark/session.py). Written once per virtual environment
+# (~1 min); afterwards this only checks it is there, and removes the archives of environments that
+# are gone (remove_abandoned).
 spark-archive: install
 	$(PY) -m txstream.spark.session
 

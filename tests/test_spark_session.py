@@ -76,6 +76,38 @@ def test_signed_jars_are_copied_unsigned_and_the_others_linked(tmp_path) -> None
     assert sorted(p.name for p in jars.iterdir()) == ["plain.jar", "signed.jar"]   # no partial file left
 
 
+def test_homes_and_archives_of_removed_installations_are_removed(tmp_path, monkeypatch) -> None:
+    """Each virtual environment gets its own home and ~160 MB archive; a gone one's are removed
+    (python -m txstream.spark.session, which make install runs), a live one's kept."""
+    from txstream.spark.session import class_archive, remove_abandoned
+
+    monkeypatch.setenv("TXSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    cache, package = tmp_path / "cache", tmp_path / "live-pyspark"
+    (package / "bin").mkdir(parents=True)
+    homes = {name: cache / f"spark-home-4.3.0-u-{name}" for name in ("live", "gone")}
+    for name, home in homes.items():
+        home.mkdir(parents=True)
+        (home / "bin").symlink_to(package / "bin" if name == "live" else tmp_path / "deleted-venv" / "bin")
+        (home / "jars").mkdir()
+    recorded = {}
+    for name, home in homes.items():
+        recorded[name] = cache / f"spark-classes-4.3.0-{name}0000000.jsa"
+        recorded[name].write_bytes(b"archive")
+        recorded[name].with_suffix(".home").write_text(str(home))
+    unrecorded = class_archive(str(homes["gone"]))   # written before archives named their home
+    unrecorded.write_bytes(b"archive")
+    elsewhere = cache / "spark-classes-4.3.0-user00000.jsa"   # the user's own SPARK_HOME, deleted
+    elsewhere.write_bytes(b"archive")
+    elsewhere.with_suffix(".home").write_text(str(tmp_path / "users-spark"))
+
+    removed = remove_abandoned(echo=lambda _line: None)
+
+    assert set(removed) == {homes["gone"], recorded["gone"], unrecorded, elsewhere}, removed
+    assert homes["live"].is_dir() and recorded["live"].is_file() and recorded["live"].with_suffix(".home").is_file()
+    assert not homes["gone"].exists() and not recorded["gone"].with_suffix(".home").exists()
+    assert remove_abandoned(echo=lambda _line: None) == []
+
+
 def test_the_local_executor_reads_arrow_without_per_access_checks(spark) -> None:
     """spark/setup.py ARROW_JAVA_OPTIONS, read by Arrow's own classes (not only set as properties)."""
     jvm = spark.sparkContext._jvm

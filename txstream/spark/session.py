@@ -317,7 +317,8 @@ def write_class_archive(echo=print) -> Path:
 
     A child, so the archive is complete (the JVM writes it when it exits) before it is renamed
     into place; a run that starts meanwhile simply does not use it yet."""
-    archive = class_archive()
+    home = os.environ.get("SPARK_HOME") or spark_home()
+    archive = class_archive(home)
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_suffix(f".{os.getpid()}.partial")
     code = ("import sys; from txstream.spark.session import build_spark, _representative_job; "
@@ -333,10 +334,51 @@ def write_class_archive(echo=print) -> Path:
         tail = (done.stderr or "").strip().splitlines()[-3:]
         raise RuntimeError(f"could not write the class archive (exit {done.returncode}): {' | '.join(tail)}")
     os.replace(partial, archive)
+    archive.with_suffix(".home").write_text(home)   # whose archive it is (remove_abandoned)
     return archive
 
 
+def remove_abandoned(echo=print) -> list[Path]:
+    """Remove the SPARK_HOMEs (spark_home) of pyspark installations that are gone, and the class
+    archives written for them. Returns what was removed.
+
+    Every virtual environment gets a home and an archive (~160 MB) of its own, so every fresh
+    clone that runs `make test` (a CI job) added one, and nothing removed them. A home whose links
+    point into a package that no longer exists serves no run any more, nor does its archive."""
+    cache = cache_dir()
+    removed: list[Path] = []
+    for home in sorted(cache.glob("spark-home-*")):
+        if _abandoned(home):
+            # An archive written before archives named their home: the one this Java would use.
+            for archive in (class_archive(str(home)),):
+                if archive.is_file():
+                    archive.unlink()
+                    removed.append(archive)
+            shutil.rmtree(home, ignore_errors=True)
+            removed.append(home)
+    for record in sorted(cache.glob("spark-classes-*.home")):
+        try:
+            home = Path(record.read_text().strip())
+        except OSError:
+            continue
+        if not home.exists() or _abandoned(home):
+            archive = record.with_suffix(".jsa")
+            if archive.is_file():
+                archive.unlink()
+                removed.append(archive)
+            record.unlink(missing_ok=True)
+    for path in removed:
+        echo(f"removed {path} (its pyspark installation is gone)")
+    return removed
+
+
+def _abandoned(home: Path) -> bool:
+    probe = home / "bin"   # every home links pyspark's bin/
+    return probe.is_symlink() and not probe.exists()
+
+
 def main() -> int:
+    remove_abandoned()
     archive = class_archive()
     if archive.is_file() and "--force" not in sys.argv[1:]:
         print(f"Spark's class archive is in place: {archive}")
@@ -345,7 +387,8 @@ def main() -> int:
     return 0
 
 
-__all__ = ["build_spark", "class_archive", "spark_home", "ui_settings", "warm_python_workers", "write_class_archive"]
+__all__ = ["build_spark", "class_archive", "remove_abandoned", "spark_home", "ui_settings", "warm_python_workers",
+           "write_class_archive"]
 
 
 if __name__ == "__main__":

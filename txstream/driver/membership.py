@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -157,9 +158,38 @@ class GroupMembership:
         if offsets:
             self.consumer.commit(offsets=offsets, asynchronous=False)
 
-    def close(self) -> None:
-        """Leave the group now, so the partitions move to other instances without a session timeout."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Leave the group now, so the partitions move to other instances without a session timeout.
+
+        Unsubscribe first and serve the revoke that follows through poll(), so that the client's
+        close() has no assignment left to revoke: librdkafka can wait for ever inside close() when
+        it runs a rebalance callback there (CI, once in four runs: a driver that joined early and
+        failed its transform check before its first poll hung in close()'s revoke, in
+        incremental_unassign's request to the group thread; cf. librdkafka#4527). close() then
+        runs in a thread of its own, bounded by what is left of `timeout`: a client that still
+        does not return is left behind with a warning (the broker drops the member after its
+        session timeout) instead of keeping the driver from exiting."""
+        consumer = self.consumer
+        deadline = time.monotonic() + timeout
         try:
-            self.consumer.close()
+            consumer.unsubscribe()
+            polls = 0   # at least two: an assignment queued before the unsubscribe is served, then revoked
+            while time.monotonic() < deadline and (polls < 2 or consumer.assignment()):
+                consumer.poll(0.05)
+                polls += 1
         except (KafkaException, RuntimeError) as exc:
             log.warning("leaving the group: %s", exc)
+        closed = threading.Event()
+
+        def close_client() -> None:
+            try:
+                consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("leaving the group: %s", exc)
+            finally:
+                closed.set()
+
+        threading.Thread(target=close_client, name="txstream-leave-group", daemon=True).start()
+        if not closed.wait(max(1.0, deadline - time.monotonic())):
+            log.warning("leaving the group: the Kafka client's close did not return within %.0fs; it is left "
+                        "behind (the broker drops this member after its session timeout)", timeout)

@@ -1,0 +1,72 @@
+"""The driver's group membership (txstream/driver/membership.py) leaving the group, against the real broker."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+from confluent_kafka.admin import AdminClient
+
+from tests.support.waiting import wait_until
+from txstream.driver.membership import GroupMembership
+from txstream.kafka.offsets import describe_group
+
+
+class _Recorded:
+    """The membership's client, with its close() noted in `events` (and held back until `release`
+    is set, when given); everything else is the real client's."""
+
+    def __init__(self, consumer, events: list[str], release: threading.Event | None = None) -> None:
+        self._consumer, self._events, self._release = consumer, events, release
+
+    def close(self) -> None:
+        self._events.append("close")
+        if self._release is not None:
+            self._release.wait(60)
+        self._consumer.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._consumer, name)
+
+
+def _assigned_on_the_broker(admin: AdminClient, group: str, partitions: int) -> None:
+    """Until the broker lists the group's member with every partition (the client has not polled:
+    its assignment waits in its queue)."""
+    wait_until(lambda: sum(len(m.partitions) for m in describe_group(admin, group, timeout=10).members) == partitions,
+               60, f"the group {group}'s assignment", every=0.05)
+
+
+def test_leaving_revokes_through_poll_before_the_client_closes(bootstrap_servers, admin, make_topic) -> None:
+    """A driver that joined early and stopped before its first poll (a transform that fails its
+    check) has its assignment queued when it leaves: the revoke runs in poll(), not inside the
+    client's close(), where librdkafka could wait for ever (seen in CI)."""
+    topic, group, events = make_topic("members", partitions=4), f"membership-{uuid.uuid4().hex[:8]}", []
+    membership = GroupMembership(bootstrap_servers, group, [topic], lambda: None,
+                                 lambda what, partitions: events.append(f"{what} {len(partitions)}"))
+    membership.consumer = _Recorded(membership.consumer, events)
+    _assigned_on_the_broker(admin, group, 4)
+    started = time.monotonic()
+    membership.close()
+    assert time.monotonic() - started < 10
+    assert events == ["assigned 4", "revoked 4", "close"], events
+    group_now = describe_group(admin, group, timeout=10)
+    assert not group_now.members, group_now
+
+
+def test_a_client_close_that_does_not_return_does_not_keep_the_driver(bootstrap_servers, admin, make_topic,
+                                                                      caplog) -> None:
+    topic, group, events = make_topic("members", partitions=2), f"membership-{uuid.uuid4().hex[:8]}", []
+    release = threading.Event()
+    membership = GroupMembership(bootstrap_servers, group, [topic], lambda: None)
+    membership.consumer = _Recorded(membership.consumer, events, release)
+    _assigned_on_the_broker(admin, group, 2)
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="txstream"):
+            membership.close(timeout=2)
+        took = time.monotonic() - started
+        assert events == ["close"] and 1.5 < took < 10, (events, took)
+        assert "close did not return within 2s" in caplog.text, caplog.text
+    finally:
+        release.set()   # the held-back close goes on, and the client is closed for real

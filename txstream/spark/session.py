@@ -127,10 +127,15 @@ def class_archive(home: str | None = None) -> Path:
     (default: the one the session uses) lives."""
     import pyspark
 
-    home = home or os.environ.get("SPARK_HOME") or spark_home()
+    home = home or _session_home()
     java = os.environ.get("JAVA_HOME", "") or shutil.which("java") or "java"
     tag = hashlib.sha1(f"{pyspark.__version__}|{os.path.realpath(java)}|{home}".encode()).hexdigest()[:10]
     return cache_dir() / f"spark-classes-{pyspark.__version__}-{tag}.jsa"
+
+
+def _session_home() -> str:
+    """The SPARK_HOME a local session runs with: the user's, else txstream's (spark_home)."""
+    return os.environ.get("SPARK_HOME") or spark_home()
 
 
 def _java_options(spark_conf: dict[str, str], home: str) -> str:
@@ -317,7 +322,7 @@ def write_class_archive(echo=print) -> Path:
 
     A child, so the archive is complete (the JVM writes it when it exits) before it is renamed
     into place; a run that starts meanwhile simply does not use it yet."""
-    home = os.environ.get("SPARK_HOME") or spark_home()
+    home = _session_home()
     archive = class_archive(home)
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_suffix(f".{os.getpid()}.partial")
@@ -350,10 +355,10 @@ def remove_abandoned(echo=print) -> list[Path]:
     for home in sorted(cache.glob("spark-home-*")):
         if _abandoned(home):
             # An archive written before archives named their home: the one this Java would use.
-            for archive in (class_archive(str(home)),):
-                if archive.is_file():
-                    archive.unlink()
-                    removed.append(archive)
+            archive = class_archive(str(home))
+            if archive.is_file():
+                archive.unlink()
+                removed.append(archive)
             shutil.rmtree(home, ignore_errors=True)
             removed.append(home)
     for record in sorted(cache.glob("spark-classes-*.home")):

@@ -43,9 +43,8 @@ def test_rows_per_batch_follow_the_last_batch_and_measure_again_after_a_failure(
         arrow.before_batch()
         assert (spark.conf.get(MAX_BYTES_KEY), spark.conf.get(MAX_ROWS_KEY)) == (NO_BYTE_CHECK, "409")
         assert _batch_rows(spark) == 409   # what the Python side of the hop is handed
-        # The count moves only when it must: down at once for a larger record, up only when a
-        # record allows four times as many rows (each count is a job of its own, driver/loop.py).
-        for largest, rows in ((12_000, 349), (10_240, 349), (6_000, 349), (2_000, 2_097), (100, 10_000),
+        # The count follows the last batch's largest record, both ways.
+        for largest, rows in ((12_000, 349), (10_240, 409), (6_000, 699), (2_000, 2_097), (100, 10_000),
                               (150, 10_000), (1_048_576, 4)):
             arrow.after_batch([{"largest_record": largest}])
             assert arrow.settings() == (NO_BYTE_CHECK, str(rows)), largest
@@ -54,6 +53,32 @@ def test_rows_per_batch_follow_the_last_batch_and_measure_again_after_a_failure(
         assert (spark.conf.get(MAX_BYTES_KEY), spark.conf.get(MAX_ROWS_KEY)) == (SPARK_BYTE_CHECK, "10000")
         arrow.after_batch([{"largest_record": 0}])   # a wide batch reports no sizes: the check stays
         assert arrow.settings() == (SPARK_BYTE_CHECK, "10000")
+    finally:
+        spark.conf.unset(MAX_BYTES_KEY)
+        spark.conf.unset(MAX_ROWS_KEY)
+
+
+def test_a_job_built_once_follows_the_settings_of_each_run(spark) -> None:
+    """The driver runs one DataFrame for every batch of a shape (driver/loop.py) and changes the
+    settings between batches: Spark must read them each time the job runs, not when it was built.
+    Here the same DataFrame, collected under other settings, hands its Python worker batches of
+    the new count, and Spark's per-row byte check comes and goes with its setting."""
+    frame = spark.range(0, 6000, 1, 1).selectExpr("id", "repeat('x', 1000) as s")
+
+    def sizes(batches):
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"rows": [batch.num_rows]})
+
+    job = frame.mapInArrow(sizes, "rows long")
+    try:
+        seen = []
+        for rows, limit in (("10000", SPARK_BYTE_CHECK), ("500", NO_BYTE_CHECK), ("10000", "100000"),
+                            ("2000", NO_BYTE_CHECK)):
+            spark.conf.set(MAX_ROWS_KEY, rows)
+            spark.conf.set(MAX_BYTES_KEY, limit)
+            seen.append(max(row.rows for row in job.collect()))
+        # ~1 KB rows: 6,000 fit 64 MB; 500 by count; ~100 by a 100,000-byte bound; 2,000 by count.
+        assert seen[0] == 6000 and seen[1] == 500 and seen[2] < 200 and seen[3] == 2000, seen
     finally:
         spark.conf.unset(MAX_BYTES_KEY)
         spark.conf.unset(MAX_ROWS_KEY)

@@ -66,7 +66,7 @@ BATCH_PROGRESS_EVERY_S = 30.0  # a 'still running' line this often while a batch
 class _BatchJob:
     """A narrow batch's Spark job, kept for the next batches of the same shape."""
 
-    key: tuple          # reading tasks, slot width, per-slot reading, tagged, Arrow batch settings
+    key: tuple          # reading tasks, slot width, per-slot reading, tagged
     frame: Any          # the publishing DataFrame the batch collects (its ranges come with each job)
 
 
@@ -544,12 +544,13 @@ class Driver:
 
     def _batch_frame(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
         """The batch's job: built once, run again for every batch of the same shape (the ranges
-        travel with each job: task/job_spec.py). With the processor's `transform_each_batch`,
-        built every batch: `transform` runs again, and so does what its plan computes once per
-        execution (the broadcast side of a join re-reads its table)."""
+        travel with each job: task/job_spec.py; the Arrow batch settings, which change after the
+        first batch, are read by Spark each time the job runs: spark/arrow_batches.py). With the
+        processor's `transform_each_batch`, built every batch: `transform` runs again, and so
+        does what its plan computes once per execution (the broadcast side of a join re-reads
+        its table)."""
         tagged = per_slot and self.settings.lineage
-        arrow = self.arrow.settings() if self.arrow is not None and not self.arrow.users else None
-        key = (len(layout.layout) or len(plans), layout.width, per_slot, tagged, arrow)
+        key = (len(layout.layout) or len(plans), layout.width, per_slot, tagged)
         if self._job is not None and self._job.key == key and not self.settings.processor.transform_each_batch:
             return self._job.frame
         source = range_frame(self.spark, self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width),

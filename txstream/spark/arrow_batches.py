@@ -11,17 +11,18 @@ because the Avro encoder works a batch at a time.
 So, per batch (driver/loop.py): a run's first batch, and the one after any failed batch, keep
 Spark's per-row check; after a clean batch the check is off and a batch holds 64 MB over 16 times
 the largest record that batch read, at most 10,000 rows (Spark's default; 100 B records get
-10,000, 10 KB records 409). The count is part of the batch's Spark job, which the driver builds
-again when it changes (driver/loop.py; 0.2-0.4 s of driver time here), so it changes only when it
-must: down when the last batch's largest record needs fewer rows, up when that record allows four
-times as many. Records whose sizes vary from batch to batch (a 1 KB median with a tail to 60 KB,
-benchmarks/job_rebuilds.py) otherwise gave nearly every batch its own count and its own job. A
-record up to 16 times larger than any of the batch before still fits Spark's bound; a larger jump
-makes one larger batch (the reader's own batches stay within 64 MB, task/reading.py), and should
-that batch fail, its retry measures every row again. A transform whose rows are much larger than
-its input records, or a user who wants Spark's behaviour, sets either setting (`--conf`):
-txstream then leaves both alone. Wide batches keep Spark's check (their results do not report
-record sizes).
+10,000, 10 KB records 409). Both are session settings that Spark reads each time a job runs (the
+mapInArrow operator's runner is made per execution, and the tasks get the session's SQL settings
+with the job), so the batch's job, built once and run again (driver/loop.py), follows them without
+being built again: measured, one DataFrame collected under other settings hands its Python
+worker other batch sizes (tests/test_arrow_batches.py). Until txstream relied on that, the settings
+were part of the job's key, and the second batch of every run built its job again (0.2-0.4 s of
+driver time). A record up to 16 times larger than any of the batch before still fits Spark's
+bound; a larger jump makes one larger batch (the reader's own batches stay within 64 MB,
+task/reading.py), and should that batch fail, its retry measures every row again. A transform
+whose rows are much larger than its input records, or a user who wants Spark's behaviour, sets
+either setting (`--conf`): txstream then leaves both alone. Wide batches keep Spark's check
+(their results do not report record sizes).
 """
 from __future__ import annotations
 
@@ -73,6 +74,4 @@ class ArrowBatches:
         if not largest:   # a failed batch, or a wide one (no sizes): Spark's check again
             self.rows = None
             return
-        fits = rows_per_batch(largest)
-        if self.rows is None or fits < self.rows or fits >= 4 * self.rows:
-            self.rows = fits
+        self.rows = rows_per_batch(largest)

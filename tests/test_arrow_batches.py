@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pyarrow as pa
+import pytest
 
 from tests.support.kafka import produce
 from txstream.kafka.config import KafkaClients
@@ -58,18 +59,26 @@ def test_rows_per_batch_follow_the_last_batch_and_measure_again_after_a_failure(
         spark.conf.unset(MAX_ROWS_KEY)
 
 
-def test_a_job_built_once_follows_the_settings_of_each_run(spark) -> None:
+@pytest.mark.parametrize("join", [False, True], ids=["plain", "broadcast-join"])
+def test_a_job_built_once_follows_the_settings_of_each_run(spark, join) -> None:
     """The driver runs one DataFrame for every batch of a shape (driver/loop.py) and changes the
     settings between batches: Spark must read them each time the job runs, not when it was built.
     Here the same DataFrame, collected under other settings, hands its Python worker batches of
-    the new count, and Spark's per-row byte check comes and goes with its setting."""
-    frame = spark.range(0, 6000, 1, 1).selectExpr("id", "repeat('x', 1000) as s")
+    the new count, and Spark's per-row byte check comes and goes with its setting; also behind a
+    broadcast join, whose plan adaptive execution keeps between runs."""
+    from pyspark.sql import functions as F
+
+    frame = spark.range(0, 6000, 1, 1).selectExpr("id", "id % 3 as k", "repeat('x', 1000) as s")
+    if join:
+        frame = frame.join(F.broadcast(spark.createDataFrame([(0,), (1,), (2,)], "k long")), "k")
 
     def sizes(batches):
         for batch in batches:
             yield pa.RecordBatch.from_pydict({"rows": [batch.num_rows]})
 
     job = frame.mapInArrow(sizes, "rows long")
+    if join:
+        assert "AdaptiveSparkPlan" in job._jdf.queryExecution().executedPlan().toString()
     try:
         seen = []
         for rows, limit in (("10000", SPARK_BYTE_CHECK), ("500", NO_BYTE_CHECK), ("10000", "100000"),

@@ -30,6 +30,13 @@ def test_the_driver_jvm_maps_the_class_archive(spark) -> None:
     assert "-XX:TieredStopAtLevel=1" in arguments, arguments   # a local driver JVM: C1 only
 
 
+def test_a_local_driver_jvm_of_two_task_threads_collects_with_the_serial_collector(spark) -> None:
+    """The session the tests share is local[2]: its JVM runs the serial collector, not G1."""
+    jvm = spark.sparkContext._jvm
+    collectors = {bean.getName() for bean in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()}
+    assert collectors == {"Copy", "MarkSweepCompact"}, collectors   # the serial collector's young and old
+
+
 def test_the_driver_jvm_loads_the_code_generator_from_an_unsigned_jar(spark) -> None:
     """pyspark ships Janino signed, and the class archive skips every class of a signed jar: the
     session's SPARK_HOME holds an unsigned copy, which is the one on the JVM's class path."""
@@ -132,6 +139,41 @@ def test_a_local_driver_jvm_compiles_with_c1_only_unless_the_user_names_a_tier(t
     mine = _java_options({"spark.driver.extraJavaOptions": "-Xmx2g -XX:TieredStopAtLevel=4"}, home)
     assert "-XX:TieredStopAtLevel=4" in mine and "TieredStopAtLevel=1" not in mine, mine
     assert "TieredStopAtLevel" not in _java_options({"spark.driver.extraJavaOptions": "-XX:-TieredCompilation"}, home)
+
+
+def test_a_local_driver_jvm_collects_serially_up_to_two_task_threads_unless_a_gc_is_named(tmp_path, monkeypatch) -> None:
+    from txstream.spark.session import _java_options
+
+    home = str(tmp_path)
+    for variable in ("JDK_JAVA_OPTIONS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS"):
+        monkeypatch.delenv(variable, raising=False)
+    assert "-XX:+UseSerialGC" in _java_options({}, home, 1).split()
+    assert "-XX:+UseSerialGC" in _java_options({}, home, 2).split()
+    assert "GC" not in _java_options({}, home, 3)                # more task threads: the JVM's choice (G1)
+    assert "GC" not in _java_options({}, home, None)             # the tasks run in executors elsewhere
+    mine = _java_options({"spark.driver.extraJavaOptions": "-Xmx2g -XX:+UseParallelGC"}, home, 2)
+    assert "-XX:+UseParallelGC" in mine and "SerialGC" not in mine, mine
+    assert "SerialGC" not in _java_options({"spark.driver.extraJavaOptions": "-XX:-UseG1GC"}, home, 2)
+    # A collector named where the JVM also reads options: a second one would stop the JVM.
+    monkeypatch.setenv("JDK_JAVA_OPTIONS", "-XX:+UseZGC")
+    assert "SerialGC" not in _java_options({}, home, 2)
+
+
+def test_the_task_threads_of_a_local_master(monkeypatch) -> None:
+    import os
+
+    from txstream.spark.setup import local_task_threads
+
+    assert local_task_threads("local") == 1
+    assert local_task_threads("local[2]") == 2
+    assert local_task_threads("local[2,2]") == 2
+    assert local_task_threads("local[16]") == 16
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2}, raising=False)
+    assert local_task_threads("local[*]") == 3
+    assert local_task_threads("local[*,2]") == 3
+    assert local_task_threads("local-cluster[2,1,1024]") is None
+    assert local_task_threads("spark://host:7077") is None
+    assert local_task_threads("") is None
 
 
 def test_arrow_checks_stay_on_where_the_user_asks(tmp_path) -> None:

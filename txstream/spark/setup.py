@@ -73,6 +73,20 @@ def is_local(master: str) -> bool:
     return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
+def local_task_threads(master: str) -> int | None:
+    """How many tasks the driver JVM itself runs at once: local = 1, local[N] and local[N,F] = N,
+    local[*] = the cores this process may use; None where executors run the tasks
+    (local-cluster[...], a cluster master)."""
+    if master == "local":
+        return 1
+    found = re.fullmatch(r"local\[(\*|\d+)(?:,\d+)?\]", master)
+    if found is None:
+        return None
+    if found.group(1) != "*":
+        return int(found.group(1))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def under_spark_submit() -> bool:
     """spark-submit starts the Python driver with a JVM already running (its gateway port set)."""
     return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))

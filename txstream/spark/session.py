@@ -146,6 +146,11 @@ def _session_home() -> str:
     return os.environ.get("SPARK_HOME") or spark_home()
 
 
+SERIAL_GC_MAX_TASK_THREADS = 2
+# Where else a JVM takes options from: two collectors named is an error that stops the JVM.
+_JAVA_OPTION_VARIABLES = ("JDK_JAVA_OPTIONS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS")
+
+
 def _java_options(spark_conf: dict[str, str], home: str, task_threads: int | None = None) -> str:
     """The driver JVM's options: the user's, plus the class archive when there is one, plus the
     JIT's first tier only (`-XX:TieredStopAtLevel=1`) unless the user's options name a tier, plus
@@ -183,11 +188,6 @@ def _java_options(spark_conf: dict[str, str], home: str, task_threads: int | Non
     if task_threads is not None and task_threads <= SERIAL_GC_MAX_TASK_THREADS and not _names_a_gc(options):
         options = f"{options} -XX:+UseSerialGC".strip()
     return with_arrow_options(options)
-
-
-SERIAL_GC_MAX_TASK_THREADS = 2
-# Where else a JVM takes options from: two collectors named is an error that stops the JVM.
-_JAVA_OPTION_VARIABLES = ("JDK_JAVA_OPTIONS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS")
 
 
 def _names_a_gc(options: str) -> bool:

@@ -70,3 +70,29 @@ def test_a_client_close_that_does_not_return_does_not_keep_the_driver(bootstrap_
         assert "close did not return within 2s" in caplog.text, caplog.text
     finally:
         release.set()   # the held-back close goes on, and the client is closed for real
+
+
+def test_the_wait_for_an_assignment_polls_in_short_steps(bootstrap_servers, admin, make_topic) -> None:
+    """The driver's wait for its assignment (loop.py `_wait_for_assignment`, on every start)
+    serves an assignment already queued and returns after a poll of at most ASSIGNMENT_POLL_S:
+    poll() waits out its whole timeout even after it served the rebalance callback (no record
+    comes: every partition is paused), so the step is what the start pays."""
+    from processors.passthrough import PassThrough
+    from txstream.driver.loop import ASSIGNMENT_POLL_S, Driver
+    from txstream.settings import resolve
+
+    topic, group = make_topic("members", partitions=4), f"membership-{uuid.uuid4().hex[:8]}"
+    settings = resolve(PassThrough, bootstrap_servers=bootstrap_servers, app_id=group, inputs=[topic],
+                       output=f"{topic}-out", master="local[2]")
+    driver = Driver(settings, echo=lambda _m: None)
+    driver.membership = GroupMembership(bootstrap_servers, group, [topic], lambda: None)
+    steps: list[float] = []
+    real_poll = driver.membership.poll
+    driver.membership.poll = lambda timeout: (steps.append(timeout), real_poll(timeout))[1]
+    try:
+        _assigned_on_the_broker(admin, group, 4)   # queued in the client, not yet served
+        driver._wait_for_assignment(timeout=30)  # noqa: SLF001 - the start's wait alone
+        assert len(driver.membership.owned()) == 4
+        assert steps and max(steps) <= ASSIGNMENT_POLL_S <= 0.02, steps
+    finally:
+        driver.membership.close()

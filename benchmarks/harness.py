@@ -388,12 +388,25 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
     rate = ctx["rate"]
     produced = {"n": 0}  # records handed to the producer so far (void orders too)
 
+    # --input-transactions-ms: the input is written as an upstream exactly-once processor writes
+    # it, in transactions, each leaving a commit marker in every partition it touched.
+    transaction_s = (ctx.get("input_transactions_ms") or 0) / 1000
+
     def produce_loop():
-        producer = Producer(producer_config(bootstrap, **{"linger.ms": 0}))
+        extra = {"transactional.id": f"bench-upstream-{tag}-{uuid.uuid4().hex[:6]}"} if transaction_s else {}
+        producer = Producer(producer_config(bootstrap, **{"linger.ms": 0}, **extra))
+        if transaction_s:
+            producer.init_transactions(30)
+            producer.begin_transaction()
+        committed_at = time.monotonic()
         rng = random.Random(11)
         i = 0
         begin = time.monotonic()
         while not stop.is_set():
+            if transaction_s and time.monotonic() - committed_at >= transaction_s:
+                producer.commit_transaction(30)
+                producer.begin_transaction()
+                committed_at = time.monotonic()
             due = int((time.monotonic() - begin) * rate)
             while i < due:
                 now_ms = int(time.time() * 1000)
@@ -406,6 +419,8 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
                 produced["n"] = i
             producer.poll(0)
             time.sleep(0.005)
+        if transaction_s:
+            producer.commit_transaction(30)
         producer.flush(30)
 
     watcher = OutputWatcher(bootstrap, out_topic, partitions, 0, on_record=on_record).start()
@@ -565,6 +580,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=2000, help="latency mode: input records/s (default 2000)")
     ap.add_argument("--latency-seconds", type=float, default=None, help="latency mode: measured window (30; 10 quick)")
     ap.add_argument("--warmup", type=float, default=None, help="latency mode: seconds after first output (10; 3 quick)")
+    ap.add_argument("--input-transactions-ms", type=float, default=None,
+                    help="latency mode: write the input in transactions committed every this many ms, as an "
+                         "upstream exactly-once processor does (latency still counts from each record's produce)")
     ap.add_argument("--no-warmup-run", action="store_true",
                     help="throughput table: no uncounted run of the first contender before the rounds")
     ap.add_argument("--sweep", choices=SWEEPS, default=None,
@@ -611,6 +629,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.timeout = 300 if args.quick else 900
     if args.sweep and args.latency:
         ap.error("--sweep and --latency do not go together")
+    if args.input_transactions_ms is not None and (not args.latency or args.input_transactions_ms <= 0):
+        ap.error("--input-transactions-ms takes a positive number of ms, with --latency")
     wanted = (names if args.contenders == "all" else
               [n.strip() for n in args.contenders.split(",") if n.strip()])
     unknown = [n for n in wanted if n not in names]
@@ -668,14 +688,17 @@ def main(argv=None) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     # Latency files carry their rate (<stamp>-latency-r20000[-quick]): runs at different rates are
     # different kinds for benchmarks/readme.py, which reads the rate from the JSON's settings.
-    kind = (f"-latency-{rate_tag(args.rate)}" if args.latency else "") + (f"-sweep-{args.sweep}" if args.sweep else "")
+    kind = ((f"-latency-{rate_tag(args.rate)}" if args.latency else "")
+            + (f"-txn{args.input_transactions_ms:g}" if args.input_transactions_ms else "")
+            + (f"-sweep-{args.sweep}" if args.sweep else ""))
     prefix = args.output_prefix or (stamp + kind + ("-quick" if args.quick else ""))
     results_dir = args.results_dir.resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
     logdir = Path(tempfile.mkdtemp(prefix="txstream-bench-logs-"))
     run_broker: RunBroker | None = None
     ctx: dict = {"stamp": stamp, "partitions": args.partitions, "timeout": args.timeout, "logdir": logdir,
-                 "topics": [], "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup": args.warmup}
+                 "topics": [], "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup": args.warmup,
+                 "input_transactions_ms": args.input_transactions_ms}
     results: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      "mode": "sweep" if args.sweep else ("latency" if args.latency else "throughput"),
                      "settings": {k: v for k, v in vars(args).items()

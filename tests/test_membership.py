@@ -96,3 +96,71 @@ def test_the_wait_for_an_assignment_polls_in_short_steps(bootstrap_servers, admi
         assert steps and max(steps) <= ASSIGNMENT_POLL_S <= 0.02, steps
     finally:
         driver.membership.close()
+
+
+def _polls_for(membership: GroupMembership, seconds: float) -> list[bool]:
+    """What poll() said over `seconds` (in 0.1 s polls)."""
+    said, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        said.append(membership.poll(0.1))
+    return said
+
+
+def test_a_watch_wakes_on_a_committed_record_and_on_nothing_else(bootstrap_servers, admin, make_topic) -> None:
+    """membership.watch (the idle driver's wait): poll() says True once a record is committed at
+    or past a watched position; not for the records before it, not for an open transaction's,
+    not once unwatched (the partitions are paused again)."""
+    from confluent_kafka import Producer, TopicPartition
+
+    from tests.support.kafka import produce
+
+    topic, group = make_topic("watched", partitions=2), f"membership-{uuid.uuid4().hex[:8]}"
+    produce(bootstrap_servers, topic, [(b"k", b"before")] * 3, partition=0)
+    membership = GroupMembership(bootstrap_servers, group, [topic], lambda: None)
+    upstream = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": f"up-{uuid.uuid4().hex}"})
+    try:
+        wait_until(lambda: (membership.poll(0.01), len(membership.owned()) == 2)[1], 60, "the assignment")
+        membership.watch([TopicPartition(topic, 0, 3), TopicPartition(topic, 1, 0)])
+        assert not any(_polls_for(membership, 1.0))                 # the three records are behind the watch
+        upstream.init_transactions(30)
+        upstream.begin_transaction()
+        upstream.produce(topic, b"in a transaction", b"k", partition=1)
+        upstream.flush(30)
+        assert not any(_polls_for(membership, 1.0))                 # open: read_committed sees nothing
+        upstream.commit_transaction(30)
+        wait_until(lambda: membership.poll(0.1), 30, "the committed record to wake the watch")
+        membership.unwatch()
+        produce(bootstrap_servers, topic, [(b"k", b"after")] * 3, partition=0)
+        assert not any(_polls_for(membership, 1.0))                 # paused again
+    finally:
+        membership.close()
+
+
+def test_the_idle_driver_plans_as_soon_as_a_record_is_committed(bootstrap_servers, make_topic) -> None:
+    """An idle driver's wait (loop.py `_idle`) with the last stable offsets to watch ends on
+    the first record committed there, not at the end of its back-off."""
+    from confluent_kafka import TopicPartition
+
+    from processors.passthrough import PassThrough
+    from tests.support.kafka import produce
+    from txstream.driver.loop import Driver
+    from txstream.settings import resolve
+
+    topic = make_topic("idle", partitions=1)
+    settings = resolve(PassThrough, bootstrap_servers=bootstrap_servers, app_id=f"idle-{uuid.uuid4().hex[:8]}",
+                       inputs=[topic], output=f"{topic}-out", master="local[2]")
+    driver = Driver(settings, echo=lambda _m: None)
+    driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [topic], lambda: None)
+    said: list[bool] = []
+    real_poll = driver.membership.poll
+    driver.membership.poll = lambda timeout: (said.append(real_poll(timeout)), said[-1])[1]
+    writer = threading.Timer(0.5, lambda: produce(bootstrap_servers, topic, [(b"k", b"v")]))
+    try:
+        driver._wait_for_assignment(timeout=30)  # noqa: SLF001
+        writer.start()
+        driver._idle(60.0, watch=[TopicPartition(topic, 0, 0)])  # noqa: SLF001 - the idle wait alone
+        assert said and said[-1] is True, said   # ended by the record, not by the 60 s
+        assert not driver.membership._watching   # noqa: SLF001 - paused again
+    finally:
+        writer.cancel()
+        driver.membership.close()

@@ -331,6 +331,7 @@ class Driver:
                 started = self._planning_started = time.monotonic()
                 self.membership.poll(0)
                 owned = self.membership.owned()
+                marks_before = planner.marks
                 try:
                     committed = self.membership.committed(owned)
                     self._remember_targets(owned)
@@ -355,7 +356,11 @@ class Driver:
                 planner.warnings.clear()
                 if not plans:
                     self.telemetry.idle(planner.marks)
-                    self._idle(idle)
+                    # Planned from fresh watermarks and found nothing: wake on the next record.
+                    # (A wide driver that waits for all the input partitions did not plan.)
+                    looked = planner.marks is not marks_before
+                    self._idle(idle, watch=[TopicPartition(t, p, mark.last_stable)
+                                            for (t, p), mark in planner.marks.items()] if looked else None)
                     idle = min(idle * 2, s.idle_backoff_max_s)
                     continue
                 idle = 0.05
@@ -489,14 +494,23 @@ class Driver:
                 deadline = float("inf")
             self.membership.poll(ASSIGNMENT_POLL_S)
 
-    def _idle(self, seconds: float) -> None:
+    def _idle(self, seconds: float, watch: list[TopicPartition] | None = None) -> None:
+        """Wait `seconds`, heartbeating; with `watch` (the owned partitions' last stable
+        offsets, nothing to plan) a record committed there ends the wait (membership.watch)."""
         assert self.membership is not None
         deadline = time.monotonic() + seconds
-        while not self.stop_requested.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self.membership.poll(min(left, 0.2))
+        if watch:
+            self.membership.watch(watch)
+        try:
+            while not self.stop_requested.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if self.membership.poll(min(left, 0.2)):
+                    break
+        finally:
+            if watch:
+                self.membership.unwatch()
 
     def run_batch(self, plans: list[PartitionPlan], commits: DriverCommits) -> BatchReport:
         assert self.membership is not None

@@ -1,9 +1,11 @@
 """Group membership on the driver (docs/architecture.md).
 
 The driver joins the app's consumer group for the input topics and so owns a set of partitions.
-It never fetches records with this consumer (every assigned partition is paused); it polls only
-to heartbeat and to take part in rebalances. On revocation it first lets the in-flight batch
-finish, so no partition is given up while one of its transactions is open.
+Its assigned partitions stay paused: it polls to heartbeat and to take part in rebalances. Only
+while the driver idles (nothing to plan) does it fetch, from the last stable offsets, so that the
+first record committed after a quiet spell wakes the driver (`watch`); the records themselves are
+dropped, the tasks read them. On revocation it first lets the in-flight batch finish, so no
+partition is given up while one of its transactions is open.
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ class GroupMembership:
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 1_000,
             "max.poll.interval.ms": 300_000,
+            # What a watch (below) fetches only tells the driver that a record is there: the
+            # broker's smallest answer (one record batch per partition) is enough.
+            "max.partition.fetch.bytes": 1,
         })
         config.pop("auto.offset.reset", None)  # the planner applies it, never this consumer
         if config.get("group.protocol") == "consumer":
@@ -57,6 +62,7 @@ class GroupMembership:
         self._known: dict[tuple[str, int], int | None] = {}
         self._known_at: int | None = None
         self.stable_reads = 0
+        self._watching: list[TopicPartition] = []
         self.consumer.subscribe(topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost)
 
     # -- rebalance callbacks (run inside poll, on the driver's main thread) ----------------------
@@ -94,14 +100,52 @@ class GroupMembership:
 
     # -- driver API ------------------------------------------------------------------------------
 
-    def poll(self, timeout: float) -> None:
+    def poll(self, timeout: float) -> bool:
+        """Heartbeat and serve rebalances for up to `timeout`; True when a watched partition
+        delivered a record (it returns at once then)."""
         msg = self.consumer.poll(timeout)
-        if msg is not None and msg.error() is not None:
+        if msg is None:
+            return False
+        if msg.error() is not None:
             err = msg.error()
             if err.fatal():
                 raise KafkaException(err)
             if err.code() not in (KafkaError._PARTITION_EOF,):
                 log.warning("group membership: %s", err.str())
+            return False
+        return bool(self._watching)
+
+    def watch(self, positions: list[TopicPartition]) -> None:
+        """Fetch the owned ones of `positions` (where the planner found nothing: their last
+        stable offsets) until `unwatch`, so that poll() returns as soon as a record is committed
+        there. Without it an idle driver found new input only when its back-off ended: up to
+        idle_backoff_max_s (2 s) after a quiet spell, where a consumer's fetch answers in
+        milliseconds. (read_committed: a fetch returns only records of committed transactions,
+        those a plan would read.)"""
+        with self._lock:
+            positions = [tp for tp in positions if (tp.topic, tp.partition) in self._owned]
+        if not positions:
+            return
+        # Resumed first: librdkafka refuses to seek a partition it has never fetched (_STATE).
+        # What it fetches before the seek lands is dropped (the seek outdates it).
+        self.consumer.resume(positions)
+        self._watching = positions
+        try:
+            for tp in positions:
+                self.consumer.seek(tp)
+        except KafkaException as exc:   # no watch this time: the back-off alone, as before
+            log.debug("group membership: no watch (%s)", exc)
+            self.unwatch()
+
+    def unwatch(self) -> None:
+        """Pause the watched partitions again (those still assigned)."""
+        if not self._watching:
+            return
+        assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        still = [tp for tp in self._watching if (tp.topic, tp.partition) in assigned]
+        self._watching = []
+        if still:
+            self.consumer.pause(still)
 
     def owned(self) -> list[TopicPartition]:
         with self._lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 import shutil
 
-from benchmarks.contenders import Contender, Job, Unavailable
+from benchmarks.contenders import Contender, Job, Unavailable, jvm_collector
 
 
 class KafkaCeiling(Contender):
@@ -23,6 +23,9 @@ class KafkaCeiling(Contender):
 
     def __init__(self) -> None:
         self.libs = None
+
+    def settings(self) -> dict:
+        return {"jvm": f"-Xmx512m {jvm_collector()}"}
 
     def prepare(self, progress) -> None:
         from txstream.local.cluster import KAFKA_VERSION, kafka_libs
@@ -36,7 +39,7 @@ class KafkaCeiling(Contender):
         return job.records
 
     def command(self, job: Job) -> tuple[list[str], dict]:
-        java = ["java", "-Xmx512m", "-XX:+UseG1GC", "-cp", f"{self.libs}/*"]
+        java = ["java", "-Xmx512m", jvm_collector(), "-cp", f"{self.libs}/*"]
         consume = java + ["org.apache.kafka.tools.ConsumerPerformance",
                           "--bootstrap-server", job.bootstrap, "--topic", job.input_topic,
                           "--num-records", str(job.records), "--group", job.group,

@@ -29,7 +29,7 @@ import shutil
 import subprocess
 
 from benchmarks.common import BENCH_DIR
-from benchmarks.contenders import Contender, Job, Unavailable
+from benchmarks.contenders import Contender, Job, Unavailable, jvm_collector
 
 PROJECT = BENCH_DIR / "contenders" / "kstreams"
 TARGET = PROJECT / "target"
@@ -93,7 +93,8 @@ class KafkaStreams(Contender):
 
     def settings(self) -> dict:
         return {"processing.guarantee": "exactly_once_v2", "num.stream.threads": THREADS,
-                "commit.interval.ms": "default (100 with exactly-once)", "instances": 1}
+                "commit.interval.ms": "default (100 with exactly-once)", "instances": 1,
+                "jvm": f"-Xmx512m {jvm_collector()}"}
 
     def prepare(self, progress) -> None:
         from txstream.local.cluster import KAFKA_VERSION
@@ -107,7 +108,7 @@ class KafkaStreams(Contender):
     def command(self, job: Job) -> tuple[list[str], dict]:
         from benchmarks.common import ENRICHED_SCHEMA_PATH, ORDER_SCHEMA_PATH
 
-        return (["java", "-Xmx512m", "-XX:+UseG1GC",
+        return (["java", "-Xmx512m", jvm_collector(),
                  "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                  "-cp", f"{JAR}:{LIB}/*", MAIN_CLASS,
                  "--bootstrap-servers", job.bootstrap, "--input", job.input_topic,

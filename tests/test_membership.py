@@ -86,16 +86,28 @@ def test_the_wait_for_an_assignment_polls_in_short_steps(bootstrap_servers, admi
                        output=f"{topic}-out", master="local[2]")
     driver = Driver(settings, echo=lambda _m: None)
     driver.membership = GroupMembership(bootstrap_servers, group, [topic], lambda: None)
-    steps: list[float] = []
-    real_poll = driver.membership.poll
-    driver.membership.poll = lambda timeout: (steps.append(timeout), real_poll(timeout))[1]
+    polls = _recording_polls(driver.membership)
     try:
         _assigned_on_the_broker(admin, group, 4)   # queued in the client, not yet served
         driver._wait_for_assignment(timeout=30)  # noqa: SLF001 - the start's wait alone
         assert len(driver.membership.owned()) == 4
+        steps = [timeout for timeout, _said in polls]
         assert steps and max(steps) <= ASSIGNMENT_POLL_S <= 0.02, steps
     finally:
         driver.membership.close()
+
+
+def _recording_polls(membership: GroupMembership) -> list[tuple[float, bool]]:
+    """Every poll() of `membership` from now on, noted as (timeout, what it said)."""
+    polls: list[tuple[float, bool]] = []
+    real_poll = membership.poll
+
+    def poll(timeout: float) -> bool:
+        polls.append((timeout, real_poll(timeout)))
+        return polls[-1][1]
+
+    membership.poll = poll
+    return polls
 
 
 def _polls_for(membership: GroupMembership, seconds: float) -> list[bool]:
@@ -121,6 +133,7 @@ def test_a_watch_wakes_on_a_committed_record_and_on_nothing_else(bootstrap_serve
     try:
         wait_until(lambda: (membership.poll(0.01), len(membership.owned()) == 2)[1], 60, "the assignment")
         membership.watch([TopicPartition(topic, 0, 3), TopicPartition(topic, 1, 0)])
+        assert membership._watching, "the seek was refused: no watch"   # noqa: SLF001
         assert not any(_polls_for(membership, 1.0))                 # the three records are behind the watch
         upstream.init_transactions(30)
         upstream.begin_transaction()
@@ -133,6 +146,7 @@ def test_a_watch_wakes_on_a_committed_record_and_on_nothing_else(bootstrap_serve
         produce(bootstrap_servers, topic, [(b"k", b"after")] * 3, partition=0)
         assert not any(_polls_for(membership, 1.0))                 # paused again
     finally:
+        upstream.close()
         membership.close()
 
 
@@ -151,15 +165,13 @@ def test_the_idle_driver_plans_as_soon_as_a_record_is_committed(bootstrap_server
                        inputs=[topic], output=f"{topic}-out", master="local[2]")
     driver = Driver(settings, echo=lambda _m: None)
     driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [topic], lambda: None)
-    said: list[bool] = []
-    real_poll = driver.membership.poll
-    driver.membership.poll = lambda timeout: (said.append(real_poll(timeout)), said[-1])[1]
+    polls = _recording_polls(driver.membership)
     writer = threading.Timer(0.5, lambda: produce(bootstrap_servers, topic, [(b"k", b"v")]))
     try:
         driver._wait_for_assignment(timeout=30)  # noqa: SLF001
         writer.start()
         driver._idle(60.0, watch=[TopicPartition(topic, 0, 0)])  # noqa: SLF001 - the idle wait alone
-        assert said and said[-1] is True, said   # ended by the record, not by the 60 s
+        assert polls and polls[-1][1] is True, polls   # ended by the record, not by the 60 s
         assert not driver.membership._watching   # noqa: SLF001 - paused again
     finally:
         writer.cancel()

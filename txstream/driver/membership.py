@@ -25,6 +25,10 @@ log = logging.getLogger("txstream")
 # through a rebalance instead of all stopping (eager), which matters when one batch is in flight.
 DEFAULT_ASSIGNMENT = "cooperative-sticky"
 
+# How long a watch retries the seek that librdkafka refuses until a resumed partition's fetcher
+# has started (`watch`).
+WATCH_SEEK_S = 0.5
+
 
 class GroupMembership:
     def __init__(self, clients: KafkaClients | str, app_id: str, topics: list[str],
@@ -126,16 +130,31 @@ class GroupMembership:
             positions = [tp for tp in positions if (tp.topic, tp.partition) in self._owned]
         if not positions:
             return
-        # Resumed first: librdkafka refuses to seek a partition it has never fetched (_STATE).
-        # What it fetches before the seek lands is dropped (the seek outdates it).
+        # Resumed first: librdkafka refuses to seek a partition whose fetcher has not started
+        # (_STATE), and one paused since its assignment starts only once resumed, after the
+        # group's committed offset is fetched: a few ms (11 ms measured on a driver's first
+        # watch), with no event to wait on, so the seek is retried until WATCH_SEEK_S. What it
+        # fetches before the seek lands is dropped (the seek outdates it).
         self.consumer.resume(positions)
         self._watching = positions
         try:
+            deadline = time.monotonic() + WATCH_SEEK_S
             for tp in positions:
-                self.consumer.seek(tp)
+                while not self._seek(tp, retry=time.monotonic() < deadline):
+                    time.sleep(0.002)
         except KafkaException as exc:   # no watch this time: the back-off alone, as before
-            log.debug("group membership: no watch (%s)", exc)
+            log.warning("group membership: no watch of %s, the idle back-off alone (%s)", positions, exc)
             self.unwatch()
+
+    def _seek(self, position: TopicPartition, retry: bool) -> bool:
+        """Seek `position`; False when librdkafka refused for now (_STATE) and `retry` allows."""
+        try:
+            self.consumer.seek(position)
+            return True
+        except KafkaException as exc:
+            if retry and exc.args[0].code() == KafkaError._STATE:
+                return False
+            raise
 
     def unwatch(self) -> None:
         """Pause the watched partitions again (those still assigned)."""

@@ -170,8 +170,8 @@ def latency_section(path: Path, results: dict) -> list[str]:
     quick = " (a `--quick` smoke run)" if s.get("quick") else ""
     window = (f"{s['latency_seconds']:.0f} s window after {s['warmup']:.0f} s of warm-up"
               if s.get("latency_seconds") is not None and s.get("warmup") is not None else "")
-    lines = [f"**Latency at {s['rate']:,.0f} records/s**{quick}: end-to-end, input produced at a steady "
-             f"{s['rate']:,.0f} records/s in {s['partitions']} partitions"
+    rate = f"{s['rate']:,.0f} record{'' if s['rate'] == 1 else 's'}/s"
+    lines = [f"**Latency at {rate}**{quick}: end-to-end, input produced at a steady {rate} in {s['partitions']} partitions"
              + (f", written in transactions committed every {s['input_transactions_ms']:g} ms (as an upstream "
                 "exactly-once processor writes it; latency counts from each record's produce call)"
                 if s.get("input_transactions_ms") else "")

@@ -15,7 +15,7 @@ import functools
 import itertools
 import operator
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -213,22 +213,16 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
             wanted = min(spec.chunk_records, sum(r.plan.end - r.position for r in reading.values()))
             if biggest:
                 wanted = max(1, min(wanted, spec.chunk_bytes // biggest))
-            messages = _next_messages(consumer, wanted, lambda: any(
-                tp.offset > reading[(tp.topic, tp.partition)].position
-                for tp in consumer.position([TopicPartition(t, p) for t, p in reading])))
+            messages, passed = _next_messages(consumer, wanted, {key: r.position for key, r in reading.items()})
             by_range = _by_range(messages, reading, one_topic)
             moved = False
             for key, msgs in by_range.items():
                 r = reading[key]
                 position = r.rows.add_all(msgs, r.plan.end, r.position)
                 moved, r.position = moved or position != r.position, position
-            if not messages:
-                # Control records and aborted data have offsets but are never delivered: the
-                # consumer's position moves past them.
-                for tp in consumer.position([TopicPartition(t, p) for t, p in reading]):
-                    r = reading[(tp.topic, tp.partition)]
-                    if tp.offset > r.position:
-                        moved, r.position = True, min(tp.offset, r.plan.end)
+            for key, offset in passed.items():
+                r = reading[key]
+                moved, r.position = True, min(offset, r.plan.end)
             if moved:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > spec.idle_timeout_s:
@@ -345,17 +339,13 @@ def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]],
                 biggest = max(rows.largest, seen[0])
                 if biggest:
                     wanted = min(wanted, max(1, (spec.chunk_bytes - rows.bytes) // biggest))
-                messages = _next_messages(consumer, wanted, lambda at=position: consumer.position(
-                    [TopicPartition(topic, partition)])[0].offset > at)
+                messages, passed = _next_messages(consumer, wanted, {(topic, partition): position})
                 if messages:
                     position = rows.add_all(messages, end, position)
                     last_progress = time.monotonic()
                     continue
-                # Nothing delivered: control records and aborted data have offsets but are
-                # never delivered, and the consumer's position moves past them, so ask it.
-                current = consumer.position([TopicPartition(topic, partition)])[0].offset
-                if current > position:
-                    position = min(current, end)
+                if passed:
+                    position = min(passed[(topic, partition)], end)
                     last_progress = time.monotonic()
                 elif rows.count:
                     break  # hand over what is decoded while the broker is slow
@@ -372,23 +362,38 @@ def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]],
         _release(consumer, config, healthy=done)
 
 
-def _next_messages(consumer: Any, wanted: int, passed_undelivered: Callable[[], bool]) -> list:
+def _next_messages(consumer: Any, wanted: int,
+                   positions: dict[tuple[str, int], int]) -> tuple[list, dict[tuple[str, int], int]]:
     """Up to `wanted` messages: those queued, else those of the next fetch to land (waiting up
-    to FETCH_WAIT_S), else none. None at once when nothing is queued and the position has passed
-    records that are never delivered (`passed_undelivered`; the caller moves its read past them).
+    to FETCH_WAIT_S), else none. With none, also the partitions whose consumer position passed
+    the read's `positions` ((topic, partition) -> next offset) without delivering anything, and
+    where it stands now: control records (an upstream transaction's commit marker) and aborted
+    data have offsets but are never delivered, so the caller moves its read to that position.
 
-    Not consume(wanted, timeout) alone: it waits for the full count or the timeout, and control
-    records (an upstream transaction's commit marker) and aborted data have offsets but are never
-    delivered. A range ending in a commit marker, with nothing written after it yet, waited the
-    whole timeout for a record that never came, then once more before the position showed the
-    marker passed (measured: 101 ms per such read, input written in transactions at 50 records/s)."""
+    Not consume(wanted, timeout) alone: it waits for the full count or the timeout. A range ending
+    in a commit marker, with nothing written after it yet, waited the whole timeout for a record
+    that never came, then once more before the position showed the marker passed (measured: 101 ms
+    per such read, input written in transactions at 50 records/s)."""
     messages = consumer.consume(num_messages=wanted, timeout=0)
-    if messages or passed_undelivered():
-        return messages
+    if messages:
+        return messages, {}
+    passed = _passed_undelivered(consumer, positions)
+    if passed:
+        return [], passed
     messages = consumer.consume(num_messages=1, timeout=FETCH_WAIT_S)
-    if messages and wanted > 1:
-        messages += consumer.consume(num_messages=wanted - 1, timeout=0)   # the rest of its fetch
-    return messages
+    if messages:
+        if wanted > 1:
+            messages += consumer.consume(num_messages=wanted - 1, timeout=0)   # the rest of its fetch
+        return messages, {}
+    return [], _passed_undelivered(consumer, positions)
+
+
+def _passed_undelivered(consumer: Any, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """The partitions whose consumer position is past `positions` (nothing was delivered: it
+    passed records never delivered), with that position. position() asks librdkafka, not the broker."""
+    return {(tp.topic, tp.partition): tp.offset
+            for tp in consumer.position([TopicPartition(t, p) for t, p in positions])
+            if tp.offset > positions[(tp.topic, tp.partition)]}
 
 
 _CONSUMERS: dict[str, Any] = {}  # per Python worker: one idle consumer per configuration

@@ -35,7 +35,8 @@ READER_DEFAULTS: dict[str, Any] = {
     # (benchmarks/results/side-by-side/*-fetch-1mb.md): 1,000 records per partition per batch
     # +20% in-batch records/s, the broker's CPU per M records 29 -> 16 s; 256 partitions CPU per
     # M 65 -> 54 s; 10 KB values batch median 3.7 -> 2.7 s; 100,000 per partition per batch
-    # unchanged; 1M orders peak RSS 1,835 -> 1,670 MiB.
+    # unchanged; 1M orders peak RSS 1,835 -> 1,670 MiB (one run per point; later runs of this
+    # setting spread as wide as those gains: the bytes not fetched and the memory are the sure part).
     "max.partition.fetch.bytes": 1_048_576,
     "queued.min.messages": 200_000,
     # A range is below the last stable offset, so its records are there: a fetch need not wait

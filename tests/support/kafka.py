@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -37,9 +37,12 @@ class Record:
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes]],
-            partitioner: str = "murmur2_random", partition: int | None = None) -> int:
+            partitioner: str = "murmur2_random", partition: int | None = None,
+            config: dict[str, Any] | None = None) -> int:
+    """Produce `records` (key, value) and wait for all of them; `config` adds producer settings
+    (a test that needs small record batches sets `linger.ms` and `batch.size`)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "partitioner": partitioner,
-                         "enable.idempotence": True})
+                         "enable.idempotence": True, **(config or {})})
     count = 0
     for key, value in records:
         produce_waiting(producer, topic, value, key, partition)

@@ -39,6 +39,21 @@ READER_DEFAULTS: dict[str, Any] = {
     # setting spread as wide as those gains: the bytes not fetched and the memory are the sure part).
     "max.partition.fetch.bytes": 1_048_576,
     "queued.min.messages": 200_000,
+    # A bounded prefetch queue. librdkafka fetches ahead of the reader until its queue holds
+    # 64 MB (or queued.min.messages), and what it fetched past a range's end is dropped when the
+    # reader unassigns: a large range's reader ran up to that far ahead, and a fresh consumer's
+    # first small range fetched the whole rest of its partition (10.8 MB -> 2 MB with 1 MB,
+    # tests/test_reading_fetches.py). A full queue makes librdkafka wait fetch.queue.backoff.ms
+    # before it fetches again (10 ms for every consumer here, kafka/config.py QUICK_REFETCH);
+    # with 1 MB the reader's is 1 ms, or 10 KB records (a full queue every 100) read in stalls
+    # (the read's median per batch: 0.42 s against 0.13 unbounded with 10 ms; with 1 ms 0.18
+    # against 0.11 and 0.12 against 0.15, two rounds). Three
+    # 100,000-record ranges of a partition (41 MB) received 103 MB unbounded, 56 MB bounded.
+    # Side by side (benchmarks/results/side-by-side/*-queue-1mb.md, one run per point): 1,000
+    # per partition per batch +10% in-batch records/s, 100,000 +15%; 256 partitions batch median
+    # 0.73 -> 0.61 s; 10 KB values 3.79 -> 2.69 s; 1M orders peak RSS 1,768 -> 1,512 MiB.
+    "queued.max.messages.kbytes": 1024,
+    "fetch.queue.backoff.ms": 1,
     # A range is below the last stable offset, so its records are there: a fetch need not wait
     # for more. With librdkafka's 500 ms default, the long-poll fetch a reused consumer left at the
     # end of its previous range held up the first fetch of the next range (one fetch in flight

@@ -47,8 +47,8 @@ READER_DEFAULTS: dict[str, Any] = {
     # before it fetches again (10 ms for every consumer here, kafka/config.py QUICK_REFETCH);
     # with 1 MB the reader's is 1 ms, or 10 KB records (a full queue every 100) read in stalls
     # (the read's median per batch: 0.42 s against 0.13 unbounded with 10 ms; with 1 ms 0.18
-    # against 0.11 and 0.12 against 0.15, two rounds). Three
-    # 100,000-record ranges of a partition (41 MB) received 103 MB unbounded, 56 MB bounded.
+    # against 0.11 and 0.12 against 0.15, two rounds). Three 100,000-record ranges of a
+    # partition (41 MB) received 103 MB unbounded, 56 MB bounded.
     # Side by side (benchmarks/results/side-by-side/*-queue-1mb.md, one run per point): 1,000
     # per partition per batch +10% in-batch records/s, 100,000 +15%; 256 partitions batch median
     # 0.73 -> 0.61 s; 10 KB values 3.79 -> 2.69 s; 1M orders peak RSS 1,768 -> 1,512 MiB.

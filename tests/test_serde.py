@@ -13,6 +13,7 @@ import fastavro
 import pyarrow as pa
 import pytest
 
+from txstream.serde import columns
 from txstream.serde.avro import AvroCodec, load_schema, trailing_bytes_message
 
 NESTED = {
@@ -117,7 +118,8 @@ FLAT = {"type": "record", "name": "Flat", "fields": [
     {"name": "nd", "type": ["null", "double"]}]}
 
 
-def _flat_records(n: int, seed: int = 7) -> list[dict]:
+def _flat_records(n: int, seed: int = 7, longest: int = 20) -> list[dict]:
+    """`longest`: characters in the longest string (bytes: a quarter; the nullable string: 1/6)."""
     import random
 
     rnd = random.Random(seed)
@@ -126,14 +128,14 @@ def _flat_records(n: int, seed: int = 7) -> list[dict]:
         return rnd.choice([0, 1, -1, 63, 64, -64, -65, 2 ** 63 - 1, -2 ** 63,
                            rnd.randint(-2 ** 40, 2 ** 40), rnd.randint(-300, 300)])
 
-    return [{"s": "".join(rnd.choice("aé€😀z") for _ in range(rnd.randint(0, 20))),
-             "b": bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 5))),
+    return [{"s": "".join(rnd.choice("aé€😀z") for _ in range(rnd.randint(0, longest))),
+             "b": bytes(rnd.randrange(256) for _ in range(rnd.randint(0, longest // 4))),
              "i": rnd.choice([0, 2 ** 31 - 1, -2 ** 31, rnd.randint(-1000, 1000)]), "l": a_long(),
              "f": rnd.choice([0.5, -1.25, 3.0e10]), "d": rnd.choice([0.1, -1e300, float("inf")]),
              "t": rnd.random() < 0.5, "ts": rnd.randint(-10 ** 12, 10 ** 13),
              "tu": None if rnd.random() < 0.3 else rnd.randint(-10 ** 15, 10 ** 16),
              "day": dt.date(2020, 1, 1) + dt.timedelta(days=rnd.randint(-1000, 1000)),
-             "ns": None if rnd.random() < 0.5 else "x" * rnd.randint(0, 3),
+             "ns": None if rnd.random() < 0.5 else "x" * rnd.randint(0, longest // 6),
              "nl": None if rnd.random() < 0.5 else a_long(), "nd": None if rnd.random() < 0.5 else 2.5}
             for _ in range(n)]
 
@@ -148,10 +150,23 @@ def _rowwise(codec: AvroCodec, payloads: list) -> pa.Array:
     return codec.to_arrow([codec.decoder_for_arrow()(p) for p in payloads])
 
 
-def test_a_batch_decodes_and_encodes_to_exactly_what_fastavro_gives() -> None:
+@pytest.fixture(params=["indexed", "sliced"])
+def strings_moved(request, monkeypatch) -> str:
+    """Both ways strings and bytes move between payloads and Arrow (columns._SLICED_FROM: by
+    a numpy index per byte while short on average, by a slice per row when long), whatever the
+    records' lengths."""
+    monkeypatch.setattr(columns, "_SLICED_FROM", 10 ** 9 if request.param == "indexed" else 0)
+    return request.param
+
+
+LENGTHS = pytest.mark.parametrize("longest", [20, 2400], ids=["short", "long"])
+
+
+@LENGTHS
+def test_a_batch_decodes_and_encodes_to_exactly_what_fastavro_gives(strings_moved, longest) -> None:
     codec = _flat_codec()
     encode = codec.encoder()
-    payloads = [encode(r) for r in _flat_records(2000)]
+    payloads = [encode(r) for r in _flat_records(2000, longest=longest)]
 
     column, errors = codec.decode_column(payloads)
     assert errors == {}
@@ -161,7 +176,8 @@ def test_a_batch_decodes_and_encodes_to_exactly_what_fastavro_gives() -> None:
     assert codec.encode_column(column.slice(0, 0)) == []
 
 
-def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses() -> None:
+@LENGTHS
+def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses(strings_moved, longest) -> None:
     import math
     import random
 
@@ -169,7 +185,7 @@ def test_a_batch_with_corrupt_records_loses_exactly_the_records_fastavro_refuses
     encode = codec.encoder()
     rnd = random.Random(3)
     payloads, appended = [], set()
-    for record in _flat_records(1500):
+    for record in _flat_records(1500, longest=longest):
         raw = bytearray(encode(record))
         roll = rnd.random()
         if roll < 0.3:
@@ -217,9 +233,10 @@ def test_values_avro_forbids_are_refused_even_where_fastavro_reads_them() -> Non
     assert column.slice(0, 1).to_pylist() == [{"flag": True, "count": 1}]
 
 
-def test_invalid_utf8_falls_back_to_row_by_row_and_only_that_record_is_lost() -> None:
+@LENGTHS
+def test_invalid_utf8_falls_back_to_row_by_row_and_only_that_record_is_lost(strings_moved, longest) -> None:
     codec = _flat_codec()
-    records = _flat_records(3)
+    records = _flat_records(3, longest=longest)
     records[1]["s"] = "ééé"
     good = [codec.encoder()(r) for r in records]
     broken = bytearray(good[1])

@@ -38,11 +38,11 @@ READER_DEFAULTS: dict[str, Any] = {
     # unchanged; 1M orders peak RSS 1,835 -> 1,670 MiB (one run per point; later runs of this
     # setting spread as wide as those gains: the bytes not fetched and the memory are the sure part).
     "max.partition.fetch.bytes": 1_048_576,
-    "queued.min.messages": 200_000,
     # A bounded prefetch queue. librdkafka fetches ahead of the reader until its queue holds
-    # 64 MB (or queued.min.messages), and what it fetched past a range's end is dropped when the
-    # reader unassigns: a large range's reader ran up to that far ahead, and a fresh consumer's
-    # first small range fetched the whole rest of its partition (10.8 MB -> 2 MB with 1 MB,
+    # 64 MB (or queued.min.messages, 100,000 records, which with 1 MB comes first only below
+    # ~10 B a record), and what it fetched past a range's end is dropped when the reader
+    # unassigns: a large range's reader ran up to that far ahead, and a fresh consumer's first
+    # small range fetched the whole rest of its partition (10.8 MB -> 2 MB with 1 MB,
     # tests/test_reading_fetches.py). A full queue makes librdkafka wait fetch.queue.backoff.ms
     # before it fetches again (10 ms for every consumer here, kafka/config.py QUICK_REFETCH);
     # with 1 MB the reader's is 1 ms, or 10 KB records (a full queue every 100) read in stalls

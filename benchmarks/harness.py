@@ -592,7 +592,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="--sweep batch: txstream --max-records-per-partition values (default 1000,5000,20000,100000)")
     ap.add_argument("--sweep-batches", type=int, default=None,
                     help="--sweep batch: each point's input is at least this many batches of its size "
-                         "(default 5; 2 with --quick; capped by --max-input-mb)")
+                         "(capped by --max-input-mb); --sweep record-size: txstream's batches hold this "
+                         "fraction of each point's records (default 5; 2 with --quick)")
     ap.add_argument("--partition-counts", default="4,16,64,256", help="--sweep partitions: values (default 4,16,64,256; 1024 works, slowly)")
     ap.add_argument("--batch-records", type=int, default=None,
                     help="--sweep partitions: records per txstream batch at every point (--max-records-per-partition "

@@ -19,7 +19,10 @@
 - record-size: order values of about 100 B, 1 KB, 10 KB (`--value-sizes`; the optional `note` is
   padded, the enriched output is the same size at every point); txstream exactly-once,
   at-least-once and the hand-written loop. A point whose input would exceed `--max-input-mb`
-  gets fewer records (recorded in the point's `input`).
+  gets fewer records (recorded in the point's `input`). txstream's batches hold a
+  `--sweep-batches`th of each point's records (`--max-records-per-partition` that / partitions):
+  at the default batch size every point was two batches, the first of them the small first batch,
+  so "after the first batch" was one batch's time and went either way between rounds.
 
 `--records` (default 100000), `--partitions` (default 4; not for the partitions sweep) and
 `--runs` (default 1) apply to every point; `--contenders` replaces the sweep's own list.
@@ -45,9 +48,10 @@ COUNT_ONLY_INTERVAL_MS = 3_600_000  # the hand-written loop's commit interval wh
 
 
 def variant(name: str, kind: str, value: int, partitions: int, batch_records: int = 0) -> Contender:
-    """The contender `name` set up for one point of the sweep."""
+    """The contender `name` set up for one point of the sweep (`batch_records`: txstream's records
+    per batch, for the partitions and record-size sweeps)."""
     base = {c.name: c for c in all_contenders()}[name]
-    if kind in ("batch", "partitions") and isinstance(base, TxStream):
+    if kind in ("batch", "partitions", "record-size") and isinstance(base, TxStream):
         per_partition = value if kind == "batch" else -(-batch_records // partitions)
         return TxStream(base.guarantee, processor=base.processor, name=base.name, label=base.label,
                         max_records_per_partition=per_partition, extra_args=base.extra_args,
@@ -73,7 +77,7 @@ def points(args) -> list[dict]:
         cap = int(args.max_input_mb * 1e6 // approx)
         records = min(args.records, max(1000, cap))
         out.append({"value": v, "label": f"{v:,} B", "partitions": args.partitions, "records": records,
-                    "value_size": v})
+                    "value_size": v, "batch_records": -(-records // args.sweep_batches)})
     return out
 
 
@@ -98,7 +102,8 @@ def run(args, ctx: dict, results: dict) -> list[Contender]:
                 shared_inputs[point["records"]] = (ctx["seeded"], ctx["partitions"], inp)
         entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
         results["points"].append(entry)
-        contenders = [variant(name, kind, point["value"], point["partitions"], args.batch_records) for name in names]
+        batch_records = point.get("batch_records", args.batch_records)
+        contenders = [variant(name, kind, point["value"], point["partitions"], batch_records) for name in names]
         used.extend(contenders)
         entry["contenders"] = run_contenders(contenders, ctx, args.runs)
     ctx.pop("point", None)

@@ -61,6 +61,7 @@ soak: kafka-jars spark-archive
 # About an hour on the 2-core machine the results come from.
 bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --records 1000000 --runs 2 $(BENCH_ARGS)
+	$(PY) -m benchmarks.first_output --rounds 3
 	$(PY) -m benchmarks --latency --rate 2000 $(LATENCY_ARGS)
 	$(PY) -m benchmarks --latency --rate 20000 $(LATENCY_ARGS)
 	$(PY) -m benchmarks --latency --rate 200 --input-transactions-ms 100 $(LATENCY_ARGS)
@@ -76,6 +77,7 @@ bench: kafka-jars spark-archive
 # 20000-record wide round. About 20 minutes there.
 bench-quick: kafka-jars spark-archive
 	$(PY) -m benchmarks --quick $(BENCH_ARGS)
+	$(PY) -m benchmarks.first_output --quick
 	$(PY) -m benchmarks --latency --quick --rate 2000 $(LATENCY_ARGS)
 	$(PY) -m benchmarks --latency --quick --rate 20000 $(LATENCY_ARGS)
 	$(PY) -m benchmarks --latency --quick --rate 200 --input-transactions-ms 100 $(LATENCY_ARGS)

@@ -7,13 +7,16 @@ group while Spark starts (driver/loop.py `_group_is_empty`), so the delay should
 
 Each run: 20,000 of the enricher's Avro orders in 4 partitions (one input per broker), exactly-once,
 `local[2]`, `--until-caught-up`; first output = launch to the first record a read_committed
-consumer of the output sees. Settings alternate within each round; medians.
+consumer of the output sees. Settings alternate within each round; medians. The figures go to
+`<stamp>-first-output.json` and `.md` under `--results-dir` (benchmarks/results/, whose newest
+such file README.md's generated section shows: the issue's goal of a first output within 5 s).
 
-    python -m benchmarks.first_output [--rounds 3] [--baseline /path/to/worktree]
+    python -m benchmarks.first_output [--rounds 3] [--baseline /path/to/worktree] [--results-dir DIR]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -21,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks.common import REPO, create_topics, seed_input, warm_up_broker
@@ -63,7 +67,21 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=20_000)
     ap.add_argument("--delays", default="0,3000", help="the brokers' group.initial.rebalance.delay.ms values")
     ap.add_argument("--baseline", type=Path, default=None, help="a git worktree of another commit, run beside this one")
+    ap.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results",
+                    help="where the results files go (default benchmarks/results)")
+    ap.add_argument("--no-readme", action="store_true", help="leave README.md's generated section alone")
+    ap.add_argument("--quick", action="store_true", help="smoke run: one round (files named -quick)")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds = 1
+    from benchmarks.harness import git_state, hardware
+
+    results: dict = {"mode": "first-output", "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                     "settings": {"records": args.records, "rounds": args.rounds, "partitions": 4,
+                                  "processor": PROCESSOR, "guarantee": "exactly-once", "master": "local[2]",
+                                  "quick": args.quick},
+                     "hardware": hardware(), "git_at_start": git_state(),
+                     "baseline": str(args.baseline) if args.baseline else None}
     delays = [int(d) for d in args.delays.split(",")]
     trees = {"this": REPO, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     clusters, inputs = {}, {}
@@ -85,15 +103,40 @@ def main() -> None:
                 took = first_output(clusters[delay].bootstrap_servers, inputs[delay], trees[tree])
                 figures.setdefault((tree, delay), []).append(took)
                 print(f"round {round_no + 1}: {tree} txstream, delay {delay} ms: first output {took:.2f} s", flush=True)
-        print("\nfirst output s, median (runs) by group.initial.rebalance.delay.ms:")
+        lines = ["first output s, median (runs) by group.initial.rebalance.delay.ms:"]
         for tree in trees:
             medians = {delay: statistics.median(figures[(tree, delay)]) for delay in delays}
-            print(f"  {tree:8s} " + "  ".join(f"{d} ms: {m:.2f} ({', '.join(f'{x:.1f}' for x in figures[(tree, d)])})"
-                                            for d, m in medians.items())
-                  + (f"  ratio {delays[-1]}/{delays[0]}: {medians[delays[-1]] / medians[delays[0]]:.2f}" if len(delays) > 1 else ""))
+            lines.append(f"  {tree:8s} " + "  ".join(f"{d} ms: {m:.2f} ({', '.join(f'{x:.1f}' for x in figures[(tree, d)])})"
+                                                     for d, m in medians.items())
+                         + (f"  ratio {delays[-1]}/{delays[0]}: {medians[delays[-1]] / medians[delays[0]]:.2f}"
+                            if len(delays) > 1 else ""))
+        print("\n" + "\n".join(lines))
+        results["hardware"]["loadavg_at_end"] = os.getloadavg()
+        results["first_output_s"] = {tree: {str(d): figures[(tree, d)] for d in delays} for tree in trees}
+        results["median_s"] = {tree: {str(d): statistics.median(figures[(tree, d)]) for d in delays} for tree in trees}
+        write_results(args.results_dir, results, lines, readme=not args.no_readme)
     finally:
         for cluster in clusters.values():
             cluster.stop()
+
+
+def write_results(directory: Path, results: dict, lines: list[str], readme: bool) -> None:
+    """`<stamp>-first-output.json` and `.md`, then README.md's generated section (benchmarks/readme.py)."""
+    from benchmarks import readme as readme_section
+
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = directory / f"{stamp}-first-output{'-quick' if results['settings']['quick'] else ''}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    s = results["settings"]
+    path.with_suffix(".md").write_text("\n".join([
+        f"# txstream benchmark — first output ({results['started_at']})", "",
+        f"`txstream run` {s['processor']}, {s['guarantee']}, `--master {s['master']}`, {s['records']:,} orders in "
+        f"{s['partitions']} partitions, {s['rounds']} round(s); seconds from launch to the first output record a "
+        f"read_committed consumer sees; txstream at {results.get('git_at_start', '?')}.", "", "```", *lines, "```", ""]))
+    print(f"wrote {path} and {path.with_suffix('.md').name}")
+    if readme and directory.resolve() == readme_section.RESULTS.resolve():
+        print(readme_section.update())
 
 
 if __name__ == "__main__":

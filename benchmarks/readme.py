@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ README = REPO / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # The order of the section; latency has one kind per rate ("latency@2000", "latency@20000"),
 # in ascending rate, where "latency" stands.
-KINDS = ["throughput", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size", "wide"]
+KINDS = ["throughput", "first-output", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size", "wide"]
 
 
 def is_wide(results: dict, path: Path | None = None) -> bool:
@@ -247,6 +248,21 @@ def wide_section(path: Path, results: dict) -> list[str]:
 SWEEP_TITLES = {"batch": "Records per batch", "partitions": "Partitions", "record-size": "Record size"}
 
 
+def first_output_section(path: Path, results: dict) -> list[str]:
+    """benchmarks/first_output.py: seconds to the first output, against brokers with and without
+    Kafka's 3 s initial rebalance delay (this tree's txstream; a baseline's too when it ran one)."""
+    s = results["settings"]
+    lines = [f"**First output**: seconds from launching `txstream run` ({s['guarantee']}, `--master {s['master']}`, "
+             f"{s['records']:,} orders in {s['partitions']} partitions) to the first output record a read_committed "
+             f"consumer sees, {s['rounds']} round(s), median (each run); {_machine(results)}; {_link(path)}.", ""]
+    for tree, by_delay in results["first_output_s"].items():
+        who = "txstream" if tree == "this" else f"txstream at {results.get('baseline') or tree} ({tree})"
+        parts = [f"{statistics.median(runs):.2f} s ({', '.join(f'{x:.1f}' for x in runs)}) with "
+                 f"group.initial.rebalance.delay.ms {delay}" for delay, runs in by_delay.items()]
+        lines.append(f"- {who}: " + "; ".join(parts))
+    return lines
+
+
 def sweep_section(path: Path, results: dict) -> list[str]:
     pts = results["points"]
     quick = " (a `--quick` smoke run)" if results["settings"].get("quick") else ""
@@ -308,6 +324,8 @@ def section(directory: Path = RESULTS) -> str:
                 out += latency_section(path, results)
             elif kind == "wide":
                 out += wide_section(path, results)
+            elif kind == "first-output":
+                out += first_output_section(path, results)
             else:
                 out += sweep_section(path, results)
         except Exception as exc:  # one odd file must not break the rest

@@ -135,8 +135,7 @@ def write_results(directory: Path, results: dict, lines: list[str], readme: bool
         f"{s['partitions']} partitions, {s['rounds']} round(s); seconds from launch to the first output record a "
         f"read_committed consumer sees; txstream at {results.get('git_at_start', '?')}.", "", "```", *lines, "```", ""]))
     print(f"wrote {path} and {path.with_suffix('.md').name}")
-    if readme and directory.resolve() == readme_section.RESULTS.resolve():
-        print(readme_section.update())
+    readme_section.update_after_run(directory, not readme, print)
 
 
 if __name__ == "__main__":

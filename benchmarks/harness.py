@@ -763,15 +763,9 @@ def main(argv=None) -> int:
         print()
         print(report.markdown(results))
         log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in paths))
-        if results_dir != RESULTS.resolve():
-            log(f"README.md left alone: results written to {results_dir}, not {RESULTS.relative_to(REPO)}")
-        elif not args.no_readme:
-            try:
-                from benchmarks import readme
+        from benchmarks import readme
 
-                log(readme.update())
-            except Exception as exc:  # the results stand without the README
-                log(f"README not updated: {type(exc).__name__}: {exc}")
+        readme.update_after_run(results_dir, args.no_readme, log)
         if not any_ok(results):
             log("FAILED: no contender produced a result (see the statuses above)")
             return 1

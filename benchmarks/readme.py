@@ -353,6 +353,18 @@ def update(readme: Path = README, directory: Path = RESULTS, check: bool = False
     return f"{readme.name}: Performance section rewritten from {len(newest(directory))} result file(s)"
 
 
+def update_after_run(results_dir: Path, skip: bool, log) -> None:
+    """What each benchmark does once its files are written: rewrite the section from them, unless
+    they went elsewhere or `--no-readme` (`skip`); a failure here leaves the results standing."""
+    if Path(results_dir).resolve() != RESULTS.resolve():
+        log(f"README.md left alone: results written to {results_dir}, not {RESULTS.relative_to(REPO)}")
+    elif not skip:
+        try:
+            log(update())
+        except Exception as exc:  # the results stand without the README
+            log(f"README not updated: {type(exc).__name__}: {exc}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.readme", description=__doc__)
     ap.add_argument("--check", action="store_true", help="only say whether the section is up to date")

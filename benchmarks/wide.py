@@ -463,15 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(f"{out}.md").write_text(report)
     print(report)
     log(f"written: {out}.json, {out}.md")
-    if results_dir != RESULTS.resolve():
-        log(f"README.md left alone: results written to {results_dir}")
-    elif not args.no_readme:
-        try:
-            from benchmarks import readme
+    from benchmarks import readme
 
-            log(readme.update())
-        except Exception as exc:  # the results stand without the README
-            log(f"README not updated: {type(exc).__name__}: {exc}")
+    readme.update_after_run(results_dir, args.no_readme, log)
     return 0 if results and all(r.get("ok") for r in results) and not unavailable else 1
 
 

@@ -410,6 +410,39 @@ def test_a_batch_job_is_built_once_and_run_for_the_next_batches(processor, boots
     assert committed(bootstrap_servers, driver.settings.app_id, source, 4) == {p: 60 for p in range(4)}
 
 
+class _CountsCalls(PassThrough):
+    calls = 0
+
+    def transform(self, batch):
+        type(self).calls += 1
+        return super().transform(batch)
+
+
+@pytest.mark.parametrize("partitions, calls", [(4, 1), (1, 2)], ids=["four-partitions", "one-partition"])
+def test_the_transform_is_applied_once_before_the_first_output(partitions, calls, bootstrap_servers, make_topic,
+                                                               run_processor) -> None:
+    """Choosing the protocol needs the transform's plan, and so does the first batch's job: with
+    two slots over the owned partitions the driver builds the job first and chooses on its plan
+    (driver/loop.py validate), so the transform is applied once in the run. Over one partition
+    the job's source is a single Spark partition, where even a groupBy plans no shuffle, so a
+    dry frame of two ranges chooses, and the job applies the transform again. Either way one
+    job serves every batch and every record is published once."""
+    source, sink = make_topic("once-in", partitions=partitions), make_topic("once-out", partitions=2)
+    values = [f"v{p}-{i}".encode() for p in range(partitions) for i in range(40)]
+    for p in range(partitions):
+        produce(bootstrap_servers, source, [(b"k", v) for v in values[40 * p:40 * (p + 1)]], partition=p)
+    _CountsCalls.calls = 0
+    driver = run_processor(_CountsCalls, inputs=[source], output=sink, max_records_per_partition=10,
+                           first_batch_records=0)
+    assert driver.exit_code == 0, driver.lines
+    assert driver.totals["batches"] >= 4, driver.lines
+    assert any(line.startswith("protocol: narrow") for line in driver.lines), driver.lines
+    assert (_CountsCalls.calls, driver.jobs_built) == (calls, 1), (_CountsCalls.calls, driver.jobs_built)
+    assert sorted(r.value for r in read_all(bootstrap_servers, sink)) == sorted(values)
+    assert committed(bootstrap_servers, driver.settings.app_id, source, partitions) == {
+        p: 40 for p in range(partitions)}
+
+
 def test_batches_with_records_in_different_partitions_keep_one_job(bootstrap_servers, make_topic,
                                                                    run_processor) -> None:
     """A sparse stream's batches each have records in another set of partitions; the layout

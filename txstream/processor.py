@@ -84,5 +84,7 @@ class Processor:
         """Runs on the driver, building the DataFrame plan; its expressions and UDFs run in the
         executors' tasks. Called when the driver builds a batch's Spark job, which then serves
         the next batches of the same shape (a new assignment or a failed batch builds another);
-        every batch with `transform_each_batch`."""
+        every batch with `transform_each_batch`. At start, the driver chooses the protocol on the
+        first job's plan, or on a dry frame's where that job reads one Spark partition (one more
+        call: docs/architecture.md §3)."""
         raise NotImplementedError(f"{type(self).__name__} must implement transform(batch)")

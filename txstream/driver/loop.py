@@ -146,6 +146,7 @@ class Driver:
         # Records the run's first batch may read in all (None: the cap alone, from the second on).
         self._first_batch_budget: int | None = settings.first_batch_records or None
         self.input_partitions = 0
+        self.input_topic_partitions: dict[str, int] = {}   # each input topic's partition count (check_topics)
         self.arrow: ArrowBatches | None = None   # the Arrow batch size, per batch (spark/arrow_batches.py)
         self.wide = None   # driver/wide.py, when the transform is wide
         # The membership's generation_changes at the end of the last batch, if that batch was
@@ -189,23 +190,31 @@ class Driver:
         missing = [(role, name) for role, name in wanted if name not in known]
         if missing:
             raise TransformError(topic_missing(*missing[0], s.bootstrap_servers, missing[1:]))
-        self.input_partitions = sum(known[t] for t in s.input_topics)
+        self.input_topic_partitions = {t: known[t] for t in s.input_topics}
+        self.input_partitions = sum(self.input_topic_partitions.values())
 
     def validate(self) -> None:
         """Refuse an unpublishable output before anything is read, and choose the protocol from
         the physical plan: narrow (one transaction per slot of input partitions) or wide (units, or one
         transaction per batch: driver/wide.py), said in the run's first lines."""
         s = self.settings
-        topic = s.input_topics[0]
-        # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even
-        # for groupBy, and the check below would miss a wide transform.
-        dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
         s.processor.batch_timestamp = datetime.now(timezone.utc)
-        frame = self.output_frame(dry)
+        first = self._first_batch_output()
+        if first is not None:
+            frame = first[-1]
+        else:
+            topic = s.input_topics[0]
+            # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even
+            # for groupBy, and the check below would miss a wide transform.
+            dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
+            frame = self.output_frame(dry)
         parts = wide_parts(frame)
         if not parts:
+            if first is not None:
+                self._build_first_job(*first)
             self.echo("protocol: narrow (each slot's output and input offsets in one transaction)")
             return
+        self.slots = None   # (the first batch's, which a wide run does not have)
         from txstream.driver.determinism import check_deterministic
         from txstream.driver.wide import WideBatches
 
@@ -217,6 +226,43 @@ class Driver:
         self.wide = WideBatches(self, s.wide_mode, s.output_units or self.input_partitions or 1,
                                 s.allow_nondeterministic)
         self.echo(self.wide.describe())
+
+    def _first_batch_output(self) -> tuple[list[PartitionPlan], SlotLayout, bool, Any] | None:
+        """The first batch's plans, layout, reading mode and transform output, for `validate` to
+        choose the protocol on: the transform is then applied once before the first output, not
+        twice (a dry frame to choose, then the batch's job; ~0.2-0.4 s of driver time here). For
+        the batch this driver has when it owns every input partition (one instance: the usual
+        start); a batch of another shape builds its own job (`_batch_frame`).
+
+        None where the dry frame decides: a single input partition or a single slot (its source
+        is then one Spark partition, where even a groupBy plans no shuffle), a transform applied
+        every batch (`transform_each_batch`: its job is built each batch anyway), and any failure
+        here, which the dry frame meets again and reports as it always did."""
+        s = self.settings
+        if s.processor.transform_each_batch or self.input_partitions < 2:
+            return None
+        owned = [(t, p) for t, count in self.input_topic_partitions.items() for p in range(count)]
+        self.slots = Slots(s.app_id, s.task_slots or self.spark.sparkContext.defaultParallelism, s.producers_per_slot)
+        try:
+            plans = self.slots.assign([PartitionPlan(t, p, 0, 0, None, transactional_id(s.app_id, t, p))
+                                       for t, p in owned], owned)
+            layout = Slots.layout(plans, self._fixed_shape())
+            per_slot = layout.width > 1 and self._per_slot_reading
+            if (len(layout.layout) // layout.width if per_slot else len(layout.layout)) < 2:
+                self.slots = None
+                return None
+            return plans, layout, per_slot, self._batch_output(plans, layout, per_slot)
+        except Exception:
+            self.slots = None
+            return None
+
+    def _build_first_job(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool, out) -> None:
+        """The first batch's job from the output `validate` chose the protocol on; if it cannot be
+        built, the first batch builds it and meets the cause there, as before."""
+        try:
+            self._batch_frame(plans, layout, per_slot, out)
+        except Exception:
+            self._job, self._per_slot_reading = None, True
 
     def _start_spark(self) -> None:
         """The session (spark/setup.py decides master and settings). Locally the Python workers are
@@ -316,10 +362,11 @@ class Driver:
                     self._wait_for_assignment()   # its own member id known: wide.start looks for others
                 self.wide.start()
             else:
-                slots = s.task_slots or self.spark.sparkContext.defaultParallelism
-                self.slots = Slots(s.app_id, slots, s.producers_per_slot)
-                self.echo(f"{slots} task slots: a batch's ranges are published by one task per slot, through "
-                          "the slot's producer, in one transaction (driver/slots.py)")
+                if self.slots is None:   # (validate's, when it built the first batch's job)
+                    self.slots = Slots(s.app_id, s.task_slots or self.spark.sparkContext.defaultParallelism,
+                                       s.producers_per_slot)
+                self.echo(f"{self.slots.count} task slots: a batch's ranges are published by one task per slot, "
+                          "through the slot's producer, in one transaction (driver/slots.py)")
             if self.membership is None:
                 self.membership = self._join_group()
             self.membership.remembers = self.wide is None
@@ -560,21 +607,20 @@ class Driver:
             return None
         return shape
 
-    def _batch_frame(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
+    def _batch_frame(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool, out=None):
         """The batch's job: built once, run again for every batch of the same shape (the ranges
         travel with each job: task/job_spec.py; the Arrow batch settings, which change after the
         first batch, are read by Spark each time the job runs: spark/arrow_batches.py). With the
         processor's `transform_each_batch`, built every batch: `transform` runs again, and so
         does what its plan computes once per execution (the broadcast side of a join re-reads
-        its table)."""
+        its table). `out`: the transform's output for this reading mode, built already (validate)."""
         tagged = per_slot and self.settings.lineage
         key = (len(layout.layout) or len(plans), layout.width, per_slot, tagged)
         if self._job is not None and self._job.key == key and not self.settings.processor.transform_each_batch:
             return self._job.frame
-        source = range_frame(self.spark, self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width),
-                             None, per_slot, tagged, from_job=True)
-        frame = self._publishing_frame(self._to_sink(self.settings.processor.transform(source)), layout, per_slot,
-                                       tagged)
+        if out is None:
+            out = self._batch_output(plans, layout, per_slot)
+        frame = self._publishing_frame(out, layout, per_slot, tagged)
         if per_slot and (frame is None or not single_chain(frame)):
             self._per_slot_reading = False   # the transform's shape does not change within a run
             return self._batch_frame(plans, layout, False)
@@ -582,6 +628,12 @@ class Driver:
         self._job = _BatchJob(key, frame)
         self.jobs_built += 1
         return frame
+
+    def _batch_output(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
+        """The transform's output over a batch job's source (its ranges come with each job)."""
+        source = range_frame(self.spark, self.specs.for_reading(self.batch_id, plans, layout.layout, layout.width),
+                             None, per_slot, per_slot and self.settings.lineage, from_job=True)
+        return self._to_sink(self.settings.processor.transform(source))
 
     def _publishing_frame(self, out, layout: SlotLayout, per_slot: bool, tagged: bool):
         """The transform's output `out`, grouped by slot, into the publishing tasks (None: read

@@ -214,7 +214,6 @@ class Driver:
                 self._build_first_job(*first)
             self.echo("protocol: narrow (each slot's output and input offsets in one transaction)")
             return
-        self.slots = None   # (the first batch's, which a wide run does not have)
         from txstream.driver.determinism import check_deterministic
         from txstream.driver.wide import WideBatches
 
@@ -227,8 +226,8 @@ class Driver:
                                 s.allow_nondeterministic)
         self.echo(self.wide.describe())
 
-    def _first_batch_output(self) -> tuple[list[PartitionPlan], SlotLayout, bool, Any] | None:
-        """The first batch's plans, layout, reading mode and transform output, for `validate` to
+    def _first_batch_output(self) -> tuple[Slots, list[PartitionPlan], SlotLayout, bool, Any] | None:
+        """The first batch's slots, plans, layout, reading mode and transform output, for `validate` to
         choose the protocol on: the transform is then applied once before the first output, not
         twice (a dry frame to choose, then the batch's job; ~0.2-0.4 s of driver time here). For
         the batch this driver has when it owns every input partition (one instance: the usual
@@ -242,23 +241,23 @@ class Driver:
         if s.processor.transform_each_batch or self.input_partitions < 2:
             return None
         owned = [(t, p) for t, count in self.input_topic_partitions.items() for p in range(count)]
-        self.slots = Slots(s.app_id, s.task_slots or self.spark.sparkContext.defaultParallelism, s.producers_per_slot)
+        slots = self._new_slots()
         try:
-            plans = self.slots.assign([PartitionPlan(t, p, 0, 0, None, transactional_id(s.app_id, t, p))
-                                       for t, p in owned], owned)
-            layout = Slots.layout(plans, self._fixed_shape())
+            plans = slots.assign([PartitionPlan(t, p, 0, 0, None, transactional_id(s.app_id, t, p))
+                                  for t, p in owned], owned)
+            layout = Slots.layout(plans, self._fixed_shape(slots))
             per_slot = layout.width > 1 and self._per_slot_reading
             if (len(layout.layout) // layout.width if per_slot else len(layout.layout)) < 2:
-                self.slots = None
                 return None
-            return plans, layout, per_slot, self._batch_output(plans, layout, per_slot)
+            return slots, plans, layout, per_slot, self._batch_output(plans, layout, per_slot)
         except Exception:
-            self.slots = None
             return None
 
-    def _build_first_job(self, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool, out) -> None:
-        """The first batch's job from the output `validate` chose the protocol on; if it cannot be
-        built, the first batch builds it and meets the cause there, as before."""
+    def _build_first_job(self, slots: Slots, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool,
+                         out) -> None:
+        """The first batch's slots and job, from the output `validate` chose narrow on; if the job
+        cannot be built, the first batch builds it and meets the cause there, as before."""
+        self.slots = slots
         try:
             self._batch_frame(plans, layout, per_slot, out)
         except Exception:
@@ -363,8 +362,7 @@ class Driver:
                 self.wide.start()
             else:
                 if self.slots is None:   # (validate's, when it built the first batch's job)
-                    self.slots = Slots(s.app_id, s.task_slots or self.spark.sparkContext.defaultParallelism,
-                                       s.producers_per_slot)
+                    self.slots = self._new_slots()
                 self.echo(f"{self.slots.count} task slots: a batch's ranges are published by one task per slot, "
                           "through the slot's producer, in one transaction (driver/slots.py)")
             if self.membership is None:
@@ -597,12 +595,18 @@ class Driver:
         self._planning_started = None
         return self.count_batch(BatchReport(self.batch_id, plans, rows, time.monotonic() - started, driver_s=driver_s))
 
-    def _fixed_shape(self) -> dict[str, int] | None:
-        """Every slot of the owned partitions, for a layout of the same size in every batch
-        (driver/slots.py Slots.layout), where padding is free: a slot read in one partition, or
-        slots of one partition each. A transform that needs a Spark partition per range pays a
-        Python hand-off per padded range, so its layout follows the batch's plans."""
-        shape = self.slots.shape if self.slots is not None else None
+    def _new_slots(self) -> Slots:
+        """The run's slots: --task-slots of them, else one per Spark core (driver/slots.py)."""
+        s = self.settings
+        return Slots(s.app_id, s.task_slots or self.spark.sparkContext.defaultParallelism, s.producers_per_slot)
+
+    def _fixed_shape(self, slots: Slots | None = None) -> dict[str, int] | None:
+        """Every slot of the owned partitions (of `slots`, else the run's), for a layout of the
+        same size in every batch (driver/slots.py Slots.layout), where padding is free: a slot read
+        in one partition, or slots of one partition each. A transform that needs a Spark partition
+        per range pays a Python hand-off per padded range, so its layout follows the batch's plans."""
+        slots = slots or self.slots
+        shape = slots.shape if slots is not None else None
         if not shape or not (self._per_slot_reading or max(shape.values()) == 1):
             return None
         return shape

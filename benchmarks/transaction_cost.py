@@ -36,7 +36,6 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import threading
@@ -45,12 +44,6 @@ import uuid
 from typing import Any
 
 PRODUCERS = 2
-PHASES = ("flush", "offsets", "commit")
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _produce(producer: Any, topic: str, keys: list[bytes], value: bytes, partitions: list[int] | None) -> None:
@@ -62,35 +55,28 @@ def _produce(producer: Any, topic: str, keys: list[bytes], value: bytes, partiti
             producer.produce(topic, value, key, partitions[n % len(partitions)])
 
 
-def _batch_eo(producer: Any, topic: str, keys: list[bytes], value: bytes, partitions: list[int] | None,
-              offsets: list, metadata: Any) -> dict:
+def _publish_batch(producer: Any, exactly_once: bool, topic: str, keys: list[bytes], value: bytes,
+                   partitions: list[int] | None, offsets: list, group: Any) -> dict:
+    """One producer's batch, each phase timed: produce, flush, the offsets (into the transaction,
+    or committed through the group's consumer), the transaction's commit (0 for at-least-once)."""
     started = time.perf_counter()
-    producer.begin_transaction()
+    if exactly_once:
+        producer.begin_transaction()
     _produce(producer, topic, keys, value, partitions)
     producer.poll(0)
     produced = time.perf_counter()
     producer.flush(60)
     flushed = time.perf_counter()
-    producer.send_offsets_to_transaction(offsets, metadata, 60)
+    if exactly_once:
+        producer.send_offsets_to_transaction(offsets, group.consumer_group_metadata(), 60)
+    else:
+        group.commit(offsets=offsets, asynchronous=False)
     offered = time.perf_counter()
-    producer.commit_transaction(60)
+    if exactly_once:
+        producer.commit_transaction(60)
     done = time.perf_counter()
     return {"produce": produced - started, "flush": flushed - produced, "offsets": offered - flushed,
             "commit": done - offered, "batch": done - started}
-
-
-def _batch_alo(producer: Any, topic: str, keys: list[bytes], value: bytes, partitions: list[int] | None,
-               offsets: list, committer: Any) -> dict:
-    started = time.perf_counter()
-    _produce(producer, topic, keys, value, partitions)
-    producer.poll(0)
-    produced = time.perf_counter()
-    producer.flush(60)
-    flushed = time.perf_counter()
-    committer.commit(offsets=offsets, asynchronous=False)
-    done = time.perf_counter()
-    return {"produce": produced - started, "flush": flushed - produced, "offsets": done - flushed,
-            "commit": 0.0, "batch": done - started}
 
 
 def measure(bootstrap: str, broker_pid: int, partitions: int, guarantee: str, records: int, batches: int,
@@ -101,8 +87,10 @@ def measure(bootstrap: str, broker_pid: int, partitions: int, guarantee: str, re
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     from benchmarks.common import create_topics, delete_topics
+    from benchmarks.harness import broker_cpu_s
     from txstream.task.spec import PRODUCER_DEFAULTS, TRANSACTIONAL_LINGER
 
+    broker = {"broker_pids": [broker_pid]}
     tag = f"txcost-{partitions}-{guarantee}-{uuid.uuid4().hex[:6]}"
     source, output = f"{tag}-in", f"{tag}-out"
     create_topics(bootstrap, [source, output], partitions)
@@ -128,20 +116,16 @@ def measure(bootstrap: str, broker_pid: int, partitions: int, guarantee: str, re
             def publish(i: int, batch: int = batch, outcome: list[dict] = outcome) -> None:
                 owned = list(range(i, partitions, PRODUCERS))
                 mine = [TopicPartition(source, p, batch + 1) for p in owned]
-                where = owned if own_partitions else None
-                if exactly_once:
-                    outcome[i] = _batch_eo(producers[i], output, keys[i], value, where, mine,
-                                           group.consumer_group_metadata())
-                else:
-                    outcome[i] = _batch_alo(producers[i], output, keys[i], value, where, mine, group)
+                outcome[i] = _publish_batch(producers[i], exactly_once, output, keys[i], value,
+                                            owned if own_partitions else None, mine, group)
 
-            before = _cpu_seconds(broker_pid)
+            before = broker_cpu_s(broker)
             threads = [threading.Thread(target=publish, args=(i,)) for i in range(PRODUCERS)]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-            cpu.append(_cpu_seconds(broker_pid) - before)
+            cpu.append(broker_cpu_s(broker) - before)
             rows.append({k: max(o[k] for o in outcome) for k in outcome[0]})
             time.sleep(gap_s)
     finally:
@@ -157,7 +141,7 @@ def measure(bootstrap: str, broker_pid: int, partitions: int, guarantee: str, re
 
 def _line(result: dict, verification: bool) -> str:
     m, f = result["median"], result["first"]
-    phases = " / ".join(f"{m[k] * 1000:.0f}" for k in ("produce", *PHASES))
+    phases = " / ".join(f"{m[k] * 1000:.0f}" for k in ("produce", "flush", "offsets", "commit"))
     return (f"{result['partitions']:>5} partitions{' (own)' if result['own'] else '      '}  {result['guarantee']:<14}"
             f" verification {'on ' if verification else 'off'}"
             f"  batch {m['batch'] * 1000:6.0f} ms (first {f['batch'] * 1000:5.0f})"

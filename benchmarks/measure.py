@@ -132,6 +132,8 @@ class TreeSampler:
         return out
 
 
+WATCHER_CLIENT_ID = "txstream-bench-watcher"   # the output watcher's Kafka client
+
 WORKER_MODULES = ("txstream.spark.worker_daemon", "pyspark.daemon")
 
 
@@ -184,8 +186,9 @@ class OutputWatcher:
     def _loop(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+        # client.id: benchmarks/broker_requests.py leaves the watcher's requests out of a contender's.
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"watch-{self.topic}",
-                             "isolation.level": "read_committed", "enable.auto.commit": False,
+                             "client.id": WATCHER_CLIENT_ID, "isolation.level": "read_committed", "enable.auto.commit": False,
                              "enable.partition.eof": False, "fetch.wait.max.ms": 50,
                              "auto.offset.reset": "earliest"})
         try:

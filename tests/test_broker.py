@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from txstream.tools.broker_check import transaction_round_trip
 
 
@@ -35,3 +37,44 @@ def test_a_property_override_is_the_local_brokers_last_word() -> None:
     cluster = LocalKafkaCluster(port=19092, data_dir="/nonexistent", overrides={"group.initial.rebalance.delay.ms": "3000"})
     lines = cluster._properties(cluster.nodes[0]).splitlines()  # noqa: SLF001
     assert lines.index("group.initial.rebalance.delay.ms=3000") > lines.index("group.initial.rebalance.delay.ms=0")
+
+
+@pytest.mark.integration   # starts a broker of its own, with the request log
+def test_the_request_log_names_each_request_and_its_partitions(tmp_path) -> None:
+    """`request_log` (benchmarks/broker_requests.py): a transaction of records to two partitions
+    shows in the log as what the broker did for it, its own markers apart."""
+    import time
+
+    from confluent_kafka import Producer
+
+    from benchmarks.broker_requests import read_requests
+    from benchmarks.common import create_topics
+    from txstream.local.cluster import LocalKafkaCluster, free_port_block
+
+    cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=str(tmp_path / "kafka"), die_with_parent=True,
+                                request_log=True)
+    since = int(time.time() * 1000)
+    bootstrap = cluster.start()
+    try:
+        create_topics(bootstrap, ["logged"], 2)
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "logged-txn", "linger.ms": 0})
+        producer.init_transactions(60)
+        producer.begin_transaction()
+        for partition in (0, 1):
+            producer.produce("logged", b"v", partition=partition)
+        producer.flush(30)
+        producer.commit_transaction(60)
+        log = tmp_path / "kafka" / "node-1" / "requests.log"
+        assert str(log) == cluster.request_log_file(cluster.nodes[0])
+        deadline = time.monotonic() + 30   # the markers are written after EndTxn returns
+        totals = read_requests(log, since, int(time.time() * 1000) + 60_000)
+        while "WRITE_TXN_MARKERS (broker)" not in totals and time.monotonic() < deadline:
+            time.sleep(0.2)
+            totals = read_requests(log, since, int(time.time() * 1000) + 60_000)
+        producer.close()
+    finally:
+        cluster.stop()
+    assert totals["PRODUCE"].partitions == 2 and totals["END_TXN"].requests == 1
+    assert totals["ADD_PARTITIONS_TO_TXN"].partitions >= 2   # the client's, before it produces
+    markers = totals["WRITE_TXN_MARKERS (broker)"]
+    assert markers.partitions == 2 and markers.local_ms > 0

@@ -128,6 +128,20 @@ logger.state.name = state.change.logger
 logger.state.level = WARN
 """
 
+# Every request the broker completes, one line each (its API, client, body and the broker's
+# timings: local, remote, queue), after the epoch milliseconds it was logged at. Kafka's own
+# request logger at DEBUG: heavy, for measuring (benchmarks/broker_requests.py), never a default.
+_REQUEST_LOG4J2 = """appender.requests.type = File
+appender.requests.name = requests
+appender.requests.fileName = {log}
+appender.requests.layout.type = PatternLayout
+appender.requests.layout.pattern = %d{{UNIX_MILLIS}} %m%n
+logger.requests.name = kafka.request.logger
+logger.requests.level = DEBUG
+logger.requests.additivity = false
+logger.requests.appenderRef.requests.ref = requests
+"""
+
 
 @dataclass
 class Node:
@@ -170,6 +184,7 @@ class LocalKafkaCluster:
     listen: str = "localhost"
     advertise: str = ""
     overrides: dict[str, str] = field(default_factory=dict)   # broker properties, after txstream's
+    request_log: bool = False   # each node logs every request it completes (`request_log_file`)
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -262,6 +277,15 @@ class LocalKafkaCluster:
             "",
         ])
 
+    def _log4j2(self, node: Node) -> str:
+        text = _LOG4J2.format(log=node.log_file)
+        return text + _REQUEST_LOG4J2.format(log=self.request_log_file(node)) if self.request_log else text
+
+    @staticmethod
+    def request_log_file(node: Node) -> str:
+        """Where a node started with `request_log` writes its requests."""
+        return os.path.join(node.directory, "requests.log")
+
     def _java_command(self, libs: Path, node: Node, main: str, *args: str) -> list[str]:
         java = _require_java()
         return [java, f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
@@ -293,7 +317,7 @@ class LocalKafkaCluster:
         for node in self.nodes:
             os.makedirs(node.directory, exist_ok=True)
             Path(node.directory, "server.properties").write_text(self._properties(node))
-            Path(node.directory, "log4j2.properties").write_text(_LOG4J2.format(log=node.log_file))
+            Path(node.directory, "log4j2.properties").write_text(self._log4j2(node))
             if not Path(node.directory, "data", "meta.properties").exists():
                 progress(f"Formatting storage of node {node.node_id} in {node.directory}")
                 fmt = subprocess.run(

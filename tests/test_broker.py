@@ -74,6 +74,7 @@ def test_the_request_log_names_each_request_and_its_partitions(tmp_path) -> None
         producer.close()
     finally:
         cluster.stop()
+    assert {"PRODUCE", "END_TXN", "ADD_PARTITIONS_TO_TXN", "WRITE_TXN_MARKERS (broker)"} <= set(totals), sorted(totals)
     assert totals["PRODUCE"].partitions == 2 and totals["END_TXN"].requests == 1
     assert totals["ADD_PARTITIONS_TO_TXN"].partitions >= 2   # the client's, before it produces
     markers = totals["WRITE_TXN_MARKERS (broker)"]

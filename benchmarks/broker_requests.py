@@ -47,7 +47,6 @@ class RequestTotals:
     partitions: int = 0
     local_ms: float = 0.0
     remote_ms: float = 0.0
-    total_ms: float = 0.0
 
 
 def read_requests(path: Path, since_ms: int, until_ms: int, leave_out: tuple[str, ...] = ()) -> dict[str, RequestTotals]:
@@ -73,7 +72,6 @@ def read_requests(path: Path, since_ms: int, until_ms: int, leave_out: tuple[str
             entry = totals[name]
             entry.requests += 1
             entry.partitions += _partitions(request.get("request"))
-            entry.total_ms += request.get("totalTimeMs", 0.0)
             entry.local_ms += request.get("localTimeMs", 0.0)
             entry.remote_ms += request.get("remoteTimeMs", 0.0)
     return dict(totals)
@@ -148,8 +146,9 @@ def main() -> None:
                         + (f" in {batches} batches" if batches else "")
                         + f": broker CPU {result.get('broker_cpu_s', 0):.1f} s"
                         + ("" if result.get("ok") else f" (run not ok: {result.get('problem') or result.get('done_by')})"))
-                report += [head, *table(totals, records), ""]
-                print("\n".join(report[-len(totals) - 4:]), flush=True)
+                block = [head, *table(totals, records), ""]
+                print("\n".join(block), flush=True)
+                report += block
     finally:
         cluster.stop()
         shutil.rmtree(data_dir, ignore_errors=True)   # the request log alone is ~100 MB a run

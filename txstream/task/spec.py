@@ -1,25 +1,27 @@
-"""What a Spark task is given: frozen, typed, built once on the driver (driver/specs.py).
+"""What a Spark task is given, and how it reaches the task.
 
-Each default is declared here, once. The specs are pickled into every task of a batch, so they
-hold only plain values, Avro schemas and a `KafkaClients`; the plans of the batch are the only
-part that changes per batch (`with_batch`).
+The specs are frozen and typed, built on the driver (driver/specs.py). Each default is declared
+here, once. They hold only plain values, Avro schemas and a `KafkaClients`; the plans of the
+batch are the only part that changes per batch (`with_batch`).
+
+A narrow batch's job is built once and run batch after batch, so its closures hold `FromJob`
+instead of a spec, and each batch's `PublishSpec` travels as a Spark local property of the job
+that runs it (`encode`, `resolve`): Spark hands a job's local properties to each of its tasks,
+retries and speculative copies included, so a task always reads the spec of the job it belongs to.
 """
 from __future__ import annotations
 
+import base64
+import pickle
+import zlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from txstream.errors import InfrastructureError
 from txstream.kafka.config import KafkaClients
 
-# The column a reader adds when a publishing task must learn each row's range (its reading
-# task, Spark partition or slot position): task/reading.py range_frame, task/publish.py.
-RANGE_COLUMN = "_txstream_range"
-
-# Delivery guarantees (docs/guarantees.md): only exactly-once uses transactions.
-EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE = "exactly-once", "at-least-once", "at-most-once"
-GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE)
-
-# The reader's consumer: never joins the group (assign only), read_committed, up to 1 MB of a partition per fetch.
+# The reader's consumer: never joins the group (assign only), read_committed. The fetch and
+# queue bounds keep what librdkafka fetches past a range's end small (docs/tuning.md, "Reading").
 READER_DEFAULTS: dict[str, Any] = {
     "isolation.level": "read_committed",
     "enable.auto.commit": False,
@@ -27,38 +29,13 @@ READER_DEFAULTS: dict[str, Any] = {
     "enable.partition.eof": False,
     "auto.offset.reset": "error",
     "fetch.max.bytes": 52_428_800,
-    # Kafka's own default (the Java consumer's), not more: a fetch returns this much of each
-    # partition from the read's position, also past the range's end, and librdkafka fetches on
-    # while the records are handed over until the reader unassigns the partition; what lies past
-    # the end is fetched, parsed and dropped. A 100 KB range with 9 MB after it received all 9 MB
-    # with 10 MB, 2 MB with 1 MB (tests/test_reading_fetches.py). Side by side against 10 MB
-    # (benchmarks/results/side-by-side/*-fetch-1mb.md): 1,000 records per partition per batch
-    # +20% in-batch records/s, the broker's CPU per M records 29 -> 16 s; 256 partitions CPU per
-    # M 65 -> 54 s; 10 KB values batch median 3.7 -> 2.7 s; 100,000 per partition per batch
-    # unchanged; 1M orders peak RSS 1,835 -> 1,670 MiB (one run per point; later runs of this
-    # setting spread as wide as those gains: the bytes not fetched and the memory are the sure part).
+    # Kafka's own default: a fetch returns this much of a partition, also past the range's end.
     "max.partition.fetch.bytes": 1_048_576,
-    # A bounded prefetch queue. librdkafka fetches ahead of the reader until its queue holds
-    # 64 MB (or queued.min.messages, 100,000 records, which with 1 MB comes first only below
-    # ~10 B a record), and what it fetched past a range's end is dropped when the reader
-    # unassigns: a large range's reader ran up to that far ahead, and a fresh consumer's first
-    # small range fetched the whole rest of its partition (10.8 MB -> 2 MB with 1 MB,
-    # tests/test_reading_fetches.py). A full queue makes librdkafka wait fetch.queue.backoff.ms
-    # before it fetches again (10 ms for every consumer here, kafka/config.py QUICK_REFETCH);
-    # with 1 MB the reader's is 1 ms, or 10 KB records (a full queue every 100) read in stalls
-    # (the read's median per batch: 0.42 s against 0.13 unbounded with 10 ms; with 1 ms 0.18
-    # against 0.11 and 0.12 against 0.15, two rounds). Three 100,000-record ranges of a
-    # partition (41 MB) received 103 MB unbounded, 56 MB bounded.
-    # Side by side (benchmarks/results/side-by-side/*-queue-1mb.md, one run per point): 1,000
-    # per partition per batch +10% in-batch records/s, 100,000 +15%; 256 partitions batch median
-    # 0.73 -> 0.61 s; 10 KB values 3.79 -> 2.69 s; 1M orders peak RSS 1,768 -> 1,512 MiB.
+    # A bounded prefetch queue: what is fetched past a range's end is dropped at unassign.
     "queued.max.messages.kbytes": 1024,
     "fetch.queue.backoff.ms": 1,
-    # A range is below the last stable offset, so its records are there: a fetch need not wait
-    # for more. With librdkafka's 500 ms default, the long-poll fetch a reused consumer left at the
-    # end of its previous range held up the first fetch of the next range (one fetch in flight
-    # per broker) for the full 500 ms: per range read after the first in a worker, measured 504 ms
-    # -> 14 ms (250 records), and a slot reads its ranges one after another.
+    # A range lies below the last stable offset, so a fetch need not wait for more records; a
+    # long-poll left from the previous range would hold up the next range's first fetch.
     "fetch.wait.max.ms": 10,
 }
 
@@ -75,16 +52,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "delivery.report.only.error": True,
 }
 
-# A transaction's records are invisible until it commits, and commit_transaction sends whatever
-# waits at once: lingering longer only makes fewer, fuller produce requests (librdkafka sends one
-# partition per request), which is broker CPU on every batch and, at many output partitions, the
-# queue of requests the commit's flush waits behind. Measured side by side (one sitting, EO with
-# `-X producer.linger.ms=100` against 5, benchmarks/results/side-by-side/20261125-202509-... and
-# -203255-...): 256 partitions, batch median 0.98 against 1.19 s, broker CPU -25%; 4 partitions
-# 0.58 against 0.60 s, broker CPU -30%; 1,000 records per partition per batch, batch median
-# 0.16-0.23 against 0.28-0.34 s in all three rounds, broker CPU -40%. Latency at 2,000/s was
-# measured unchanged by an earlier session (p50 / p99 117 / 192 against 123 / 211 ms). Output
-# that is visible as soon as it is acknowledged (at-least-once, at-most-once) keeps 5 ms.
+# A transaction's records are invisible until it commits, and the commit sends whatever waits at
+# once: a longer linger only makes fewer, fuller produce requests (docs/tuning.md). Output visible
+# as soon as it is acknowledged (the weaker guarantees) keeps 5 ms.
 TRANSACTIONAL_LINGER = {"linger.ms": 100}
 
 
@@ -208,3 +178,39 @@ class PublishSpec:
                    layout: tuple[int, ...] = (), slot_width: int = 1, fence_all: bool = False) -> PublishSpec:
         return replace(self, read=self.read.with_batch(batch_id, plans, layout, slot_width),
                        group_metadata=group_metadata, fence_all=fence_all)
+
+
+# The local property a batch's job carries its spec in.
+JOB_SPEC_PROPERTY = "txstream.batch.spec"
+
+_last: tuple[str, Any] | None = None   # per Python worker: the last property decoded, and its spec
+
+
+@dataclass(frozen=True)
+class FromJob:
+    """Stands in a task's closure for the batch's spec: "read" (its ReadSpec) or "publish"."""
+
+    part: str
+
+
+def encode(spec: PublishSpec) -> str:
+    """The local property's value for a batch's PublishSpec (text: local properties are strings)."""
+    return base64.b64encode(zlib.compress(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), 1)).decode("ascii")
+
+
+def resolve(spec: Any) -> Any:
+    """`spec` itself, or for a `FromJob` the part of the spec its job carries."""
+    global _last
+    if not isinstance(spec, FromJob):
+        return spec
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    text = context.getLocalProperty(JOB_SPEC_PROPERTY) if context is not None else None
+    if text is None:
+        raise InfrastructureError(f"the task's Spark job carries no {JOB_SPEC_PROPERTY} property: a txstream "
+                                  "batch job was run without its batch's spec")
+    if _last is None or _last[0] != text:
+        _last = (text, pickle.loads(zlib.decompress(base64.b64decode(text))))
+    publish = _last[1]
+    return publish.read if spec.part == "read" else publish

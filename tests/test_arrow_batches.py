@@ -136,10 +136,10 @@ def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offse
 
     from processors.sample_orders import orders
     from tests.support.kafka import avro_bytes
+    from txstream.protocol import RANGE_COLUMN
     from txstream.serde.avro import load_schema
     from txstream.task.reading import read_ranges_together
     from txstream.task.sidefile import read_side_files
-    from txstream.task.spec import RANGE_COLUMN
 
     order = load_schema(str(Path(__file__).resolve().parents[1] / "schemas/order.avsc"))
     partitions, per_partition, poisoned = 12, 30, {2: 7, 9: 0}   # partition -> offset of its bad record

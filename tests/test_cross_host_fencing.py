@@ -16,10 +16,11 @@ from confluent_kafka import Consumer
 
 from tests.support.kafka import drop_cached_publishers, read_all
 from txstream.kafka.config import KafkaClients
+from txstream.protocol import ALREADY_DONE, COMMITTED, EXACTLY_ONCE
 from txstream.task import publish
 from txstream.task.publisher import TransactionalPublisher
-from txstream.task.result import ALREADY_DONE, COMMITTED, TaskResult
-from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec, ReadSpec
+from txstream.task.result import TaskResult
+from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec
 
 
 def _spec(bootstrap: str, app_id: str, output: str, owner_dir: Path, **extra) -> PublishSpec:

@@ -9,14 +9,16 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from processors.passthrough import PassThrough
 from tests.support.kafka import committed, produce, read_all
 from tests.support.waiting import wait_until
-from txstream.driver.commits import DriverCommits
-from txstream.driver.loop import Driver
+from txstream.driver.jobs import SparkJobs
 from txstream.driver.membership import GroupMembership
+from txstream.driver.narrow import NarrowBatches
+from txstream.driver.pacing import Pacing
 from txstream.driver.planning import transactional_id
+from txstream.driver.specs import TaskSpecs
 from txstream.errors import FencedError
+from txstream.protocol import ALREADY_DONE, COMMITTED, STALE_PLAN, batch_job_group
 from txstream.settings import resolve
 from txstream.task.publisher import TransactionalPublisher
-from txstream.task.result import ALREADY_DONE, COMMITTED, STALE_PLAN
 from txstream.task.spec import PartitionPlan
 
 
@@ -48,46 +50,49 @@ def test_a_zombie_publisher_cannot_commit_after_it_is_fenced(bootstrap_servers, 
 
 
 @pytest.fixture
-def driver_with_membership(bootstrap_servers, spark, make_topic):
-    """A Driver whose group membership is live, for running single batches by hand."""
+def narrow_with_membership(bootstrap_servers, spark, make_topic):
+    """The narrow protocol with a live group membership, for running single batches by hand."""
     source, sink = make_topic("in", partitions=2), make_topic("out")
     produce(bootstrap_servers, source, [(f"k{i}".encode(), f"v{i}".encode()) for i in range(200)])
     settings = resolve(PassThrough, bootstrap_servers=bootstrap_servers, app_id=f"plans-{uuid.uuid4().hex[:6]}",
                        inputs=[source], output=sink, master="local[2]")
-    driver = Driver(settings, echo=lambda _m: None, spark=spark)
-    driver.membership = GroupMembership(bootstrap_servers, settings.app_id, [source], lambda: None)
+    specs = TaskSpecs(settings)
+    pacing = Pacing(settings.max_records_per_partition, settings.transaction_timeout_s, None, print)
+    narrow = NarrowBatches(settings, specs, SparkJobs(spark, settings, specs, print), pacing, print)
+    membership = GroupMembership(bootstrap_servers, settings.app_id, [source], lambda: None)
     try:
-        driver._wait_for_assignment(timeout=30)  # noqa: SLF001 - the protocol step by step
-        yield driver, source, sink
+        wait_until(lambda: membership.poll(0.01) or membership.owned(), 30, "the assignment")
+        narrow.start(membership)
+        narrow.joined(membership)
+        yield narrow, source, sink
     finally:
-        driver.membership.close()
+        membership.close()
 
 
-def _plans(driver: Driver, source: str, committed_as: dict[int, int | None],
+def _plans(narrow: NarrowBatches, source: str, committed_as: dict[int, int | None],
            ends: dict[int, int]) -> list[PartitionPlan]:
     starts = {p: (c or 0) for p, c in committed_as.items()}
     return [PartitionPlan(source, p, starts[p], ends[p], committed_as[p],
-                          transactional_id(driver.settings.app_id, source, p)) for p in sorted(ends)]
+                          transactional_id(narrow.settings.app_id, source, p)) for p in sorted(ends)]
 
 
-def test_a_stale_plan_publishes_nothing_and_a_done_range_is_skipped(driver_with_membership, bootstrap_servers) -> None:
-    driver, source, sink = driver_with_membership
-    commits = DriverCommits(driver.settings.guarantee, driver.membership)
+def test_a_stale_plan_publishes_nothing_and_a_done_range_is_skipped(narrow_with_membership, bootstrap_servers) -> None:
+    narrow, source, sink = narrow_with_membership
     ends = {p: hi for p, (_lo, hi) in
             {p: Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"}).get_watermark_offsets(
                 TopicPartition(source, p)) for p in (0, 1)}.items()}
-    first = driver.run_batch(_plans(driver, source, {0: None, 1: None}, {0: 50, 1: 50}), commits)
+    first = narrow.run_batch(_plans(narrow, source, {0: None, 1: None}, {0: 50, 1: 50}))
     assert [r["status"] for r in first.rows] == [COMMITTED, COMMITTED]
     published = len(read_all(bootstrap_servers, sink))
     assert published == 100
     # A plan made before that batch committed (it still believes nothing is committed) is stale.
-    stale = driver.run_batch(_plans(driver, source, {0: None, 1: None}, ends), commits)
+    stale = narrow.run_batch(_plans(narrow, source, {0: None, 1: None}, ends))
     assert [r["status"] for r in stale.rows] == [STALE_PLAN, STALE_PLAN]
     # A retried plan whose range is already committed is recognised and skipped.
-    again = driver.run_batch(_plans(driver, source, {0: None, 1: None}, {0: 50, 1: 50}), commits)
+    again = narrow.run_batch(_plans(narrow, source, {0: None, 1: None}, {0: 50, 1: 50}))
     assert [r["status"] for r in again.rows] == [ALREADY_DONE, ALREADY_DONE]
     assert len(read_all(bootstrap_servers, sink)) == published
-    assert committed(bootstrap_servers, driver.settings.app_id, source, 2) == {0: 50, 1: 50}
+    assert committed(bootstrap_servers, narrow.settings.app_id, source, 2) == {0: 50, 1: 50}
 
 
 @pytest.mark.parametrize("partitions", [1, 3], ids=["one-range", "a-slot-of-3-read-together"])
@@ -129,21 +134,20 @@ def test_aborted_transactions_and_control_records_in_the_input(partitions, boots
 
 
 def test_a_slot_publishes_its_ranges_in_one_transaction_each_range_naming_its_source(
-        driver_with_membership, bootstrap_servers) -> None:
+        narrow_with_membership, bootstrap_servers) -> None:
     """Two partitions in one slot (--task-slots 1): one producer, one transaction with both end
     offsets; each output record still names the partition and offset its input came from, and
     each range is its own publication."""
-    from txstream.driver.slots import Slots
+    from txstream.narrow.slots import Slots
 
-    driver, source, sink = driver_with_membership
-    commits = DriverCommits(driver.settings.guarantee, driver.membership)
+    narrow, source, sink = narrow_with_membership
     ends = {p: hi for p, (_lo, hi) in
             {p: Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"}).get_watermark_offsets(
                 TopicPartition(source, p)) for p in (0, 1)}.items()}
-    plans = Slots(driver.settings.app_id, 1).assign(_plans(driver, source, {0: None, 1: None}, ends),
+    plans = Slots(narrow.settings.app_id, 1).assign(_plans(narrow, source, {0: None, 1: None}, ends),
                                                      [(source, 0), (source, 1)])
-    assert {p.transactional_id for p in plans} == {transactional_id(driver.settings.app_id, source, 0)}
-    report = driver.run_batch(plans, commits)
+    assert {p.transactional_id for p in plans} == {transactional_id(narrow.settings.app_id, source, 0)}
+    report = narrow.run_batch(plans)
     assert [r["status"] for r in report.rows] == [COMMITTED, COMMITTED]
     assert [r["records_in"] for r in report.rows] == [ends[0], ends[1]]
     inputs = {(r.partition, r.offset): r.value for r in read_all(bootstrap_servers, source)}
@@ -155,7 +159,7 @@ def test_a_slot_publishes_its_ranges_in_one_transaction_each_range_naming_its_so
         assert inputs[(partition, offset)] == record.value, "an output names another input as its source"
         publications[partition].add(publication)
     assert all(len(p) == 1 for p in publications.values()) and publications[0] != publications[1]
-    assert committed(bootstrap_servers, driver.settings.app_id, source, 2) == ends
+    assert committed(bootstrap_servers, narrow.settings.app_id, source, 2) == ends
 
 
 def test_slots_name_their_producer_after_a_partition_the_instance_owns() -> None:
@@ -228,40 +232,39 @@ def test_a_slot_has_several_ids_and_claims_the_one_used_least_recently() -> None
         Slots("app", 2, producers=0)
 
 
-def test_clean_batches_publish_through_held_producers_with_no_task_failing(driver_with_membership,
+def test_clean_batches_publish_through_held_producers_with_no_task_failing(narrow_with_membership,
                                                                            bootstrap_servers) -> None:
     """Five batches by hand with 4 ids per slot: only the first fences all; no Spark task of any
     batch fails (a task that raised would be retried as a copy that fences all, hiding the
     failure behind a correct result); each range once, through the slot's ids only."""
-    from txstream.driver.slots import Slots, slot_pool
+    from txstream.narrow.slots import Slots, slot_pool
 
-    driver, source, sink = driver_with_membership
-    commits = DriverCommits(driver.settings.guarantee, driver.membership)
+    narrow, source, sink = narrow_with_membership
     probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"})
     ends = {p: probe.get_watermark_offsets(TopicPartition(source, p))[1] for p in (0, 1)}
     probe.close()
     owned = [(source, 0), (source, 1)]
-    driver.slots = slots = Slots(driver.settings.app_id, 2, producers=4)
+    narrow.slots = slots = Slots(narrow.settings.app_id, 2, producers=4)
     used: set[str] = set()
     for step in range(5):
         bounds = {p: (ends[p] * step // 5, ends[p] * (step + 1) // 5) for p in (0, 1)}
         plans = slots.assign([PartitionPlan(source, p, lo, hi, lo or None, "") for p, (lo, hi) in bounds.items()],
                              owned)
-        fence_all = driver.fence_all_next   # what the batch's tasks are told
+        fence_all = narrow.fence_all_next   # what the batch's tasks are told
         assert fence_all == (step == 0), f"batch {step + 1}: fence all {fence_all}"
-        report = driver.run_batch(plans, commits)
+        report = narrow.run_batch(plans)
         assert [r["status"] for r in report.rows] == [COMMITTED, COMMITTED], report.rows
         used |= {r["transactional_id"] for r in report.rows}
-        tracker = driver.spark.sparkContext.statusTracker()
-        for job in tracker.getJobIdsForGroup(f"txstream-{driver.settings.app_id}-batch-{driver.batch_id}"):
+        tracker = narrow.jobs.spark.sparkContext.statusTracker()
+        for job in tracker.getJobIdsForGroup(batch_job_group(narrow.settings.app_id, narrow.batch_id)):
             for stage in tracker.getJobInfo(job).stageIds:
                 info = tracker.getStageInfo(stage)
                 assert info is not None and info.numFailedTasks == 0, f"batch {step + 1}: a task failed"
-    pools = set(slot_pool(transactional_id(driver.settings.app_id, source, 0), 4)) | set(
-        slot_pool(transactional_id(driver.settings.app_id, source, 1), 4))
+    pools = set(slot_pool(transactional_id(narrow.settings.app_id, source, 0), 4)) | set(
+        slot_pool(transactional_id(narrow.settings.app_id, source, 1), 4))
     assert used <= pools, used
     assert len(read_all(bootstrap_servers, sink)) == sum(ends.values())
-    assert committed(bootstrap_servers, driver.settings.app_id, source, 2) == ends
+    assert committed(bootstrap_servers, narrow.settings.app_id, source, 2) == ends
 
 
 class _TagsReadingPartition(PassThrough):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 from processors.enrich_orders import EnrichOrders
 from txstream.driver.metrics import Telemetry
@@ -19,7 +18,7 @@ SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count"
 def served_names() -> set[str]:
     """Every sample name the registry of a Driver's telemetry can serve (by family type)."""
     settings = resolve(EnrichOrders, bootstrap_servers="localhost:1", metrics_port=None)
-    registry = Telemetry(SimpleNamespace(settings=settings, membership=None), print).registry
+    registry = Telemetry(settings, print).registry
     return {family.name + suffix for family in registry.collect() for suffix in SUFFIXES[family.type]}
 
 

@@ -20,10 +20,11 @@ import pytest
 from tests.support.kafka import committed, drop_cached_publishers, live_member, produce, read_all
 from txstream.errors import AbortableError
 from txstream.kafka.config import KafkaClients
+from txstream.protocol import COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.task import publish
 from txstream.task.publisher import TransactionalPublisher
-from txstream.task.result import COMMITTED, STALE_PLAN, TaskResult
-from txstream.task.spec import EXACTLY_ONCE, PRODUCER_DEFAULTS, PartitionPlan, PublishSpec, ReadSpec
+from txstream.task.result import TaskResult
+from txstream.task.spec import PRODUCER_DEFAULTS, PartitionPlan, PublishSpec, ReadSpec
 
 TRANSACTIONS, RECORDS = 300, 1_000
 

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from txstream.driver.range_tag import carry_range_tag
-from txstream.task.spec import RANGE_COLUMN
+from txstream.protocol import RANGE_COLUMN
 
 
 def _read_tagged(ids):

@@ -14,9 +14,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.support.kafka import committed, drop_cached_publishers, live_member, produce, read_all
 from txstream.kafka.config import KafkaClients
+from txstream.protocol import ALREADY_DONE, COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.task import publish
-from txstream.task.result import ALREADY_DONE, COMMITTED, STALE_PLAN, TaskResult
-from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec, ReadSpec
+from txstream.task.result import TaskResult
+from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec
 
 WAIT_S = 30
 PIECES = 3_000

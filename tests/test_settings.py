@@ -71,7 +71,8 @@ def test_transactional_producers_linger_longer_unless_the_user_says_otherwise() 
     """A transaction's output is invisible until its commit, which sends what waits at once
     (task/spec.py TRANSACTIONAL_LINGER): 100 ms there, 5 ms where output is visible when acknowledged."""
     from txstream.kafka.config import KafkaClients
-    from txstream.task.spec import EXACTLY_ONCE, PublishSpec, ReadSpec
+    from txstream.protocol import EXACTLY_ONCE
+    from txstream.task.spec import PublishSpec, ReadSpec
 
     def spec(clients: KafkaClients) -> PublishSpec:
         return PublishSpec(read=ReadSpec(clients=clients, app_id="a", side_dir="s"), guarantee=EXACTLY_ONCE,

@@ -4,11 +4,10 @@ integration test (test_metrics.py) checks the same figures against a real run.""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 from processors.enrich_orders import EnrichOrders
-from txstream.driver.loop import BatchReport
 from txstream.driver.metrics import Telemetry
+from txstream.driver.report import BatchReport
 from txstream.kafka.offsets import Watermarks
 from txstream.settings import resolve
 from txstream.task.spec import PartitionPlan
@@ -17,9 +16,7 @@ from txstream.task.spec import PartitionPlan
 def telemetry(log_format: str = "human") -> tuple[Telemetry, list[str]]:
     settings = resolve(EnrichOrders, bootstrap_servers="localhost:1", app_id="app", log_format=log_format)
     lines: list[str] = []
-    driver = SimpleNamespace(settings=settings, membership=None, spark=None, admin=None,
-                             totals={"records_in": 0}, cap=lambda _partitions: 500)
-    return Telemetry(driver, lines.append), lines
+    return Telemetry(settings, lines.append), lines
 
 
 def row(index: int, status: str, attempts: int = 1, records: int = 100, dead: int = 0) -> dict:
@@ -41,7 +38,7 @@ def test_one_batch_of_rows_becomes_the_metrics_and_a_json_line() -> None:
     # Partition 2's input has an open transaction: 20 offsets past its last stable offset.
     marks = {("orders", p): Watermarks(0, 1250 + 20 * (p == 2), 1250) for p in range(3)}
     report = BatchReport(7, plans, rows, 1.5, driver_s=0.0625)
-    t.batch(report, marks, "human line")
+    t.batch(report, marks, "human line", cap=500, totals={"records_in": 0})
     part = {"guarantee": "exactly-once", "topic": "orders"}
     assert value(t, "txstream_records_in_total", partition="0", **part) == 100
     assert value(t, "txstream_records_out_total", partition="0", **part) == 97
@@ -77,7 +74,7 @@ def test_human_format_prints_the_lines_as_they_are() -> None:
     t, lines = telemetry()
     plans = [PartitionPlan("orders", 0, 0, 10, None, "app-orders-0")]
     t.batch(BatchReport(1, plans, [row(0, "committed", records=10)], 0.2),
-            {("orders", 0): Watermarks(0, 10, 10)}, "batch 1  partitions 1 ...")
+            {("orders", 0): Watermarks(0, 10, 10)}, "batch 1  partitions 1 ...", cap=500, totals={})
     t.event("retry", "batch 2 failed (x); retrying in 1.0s", error_type="BatchTimeout")
     t.event("dead_letter", None, topic="orders", partition=0, offset=4, stage="transform", count=1)
     t.echo("a note")
@@ -99,6 +96,6 @@ def test_a_port_in_use_is_a_settings_error() -> None:
         taken.listen()
         settings = resolve(EnrichOrders, bootstrap_servers="localhost:1", app_id="app",
                            metrics_port=taken.getsockname()[1], metrics_address="127.0.0.1")
-        t = Telemetry(SimpleNamespace(settings=settings, membership=None), print)
+        t = Telemetry(settings, print)
         with pytest.raises(SettingsError, match="choose another --metrics-port"):
             t.start()

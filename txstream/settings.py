@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txstream.errors import SettingsError
+from txstream.errors import SettingsError, TransformError
 from txstream.kafka.config import KafkaClients
 from txstream.processor import Processor
+from txstream.protocol import EXACTLY_ONCE, GUARANTEES, WIDE_MODES
 from txstream.serde.avro import load_schema
-from txstream.task.spec import EXACTLY_ONCE, GUARANTEES
 
 OFFSET_RESETS = ("earliest", "latest", "none")
 
@@ -72,6 +72,13 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:
             self.batch_timeout_s = 5 * self.transaction_timeout_s
+
+
+def check_wide_settings(mode: str, units: int | None) -> None:
+    if mode not in WIDE_MODES:
+        raise TransformError(f"wide mode must be one of {', '.join(WIDE_MODES)}, got {mode!r}")
+    if units is not None and units < 1:
+        raise TransformError("output units must be at least 1")
 
 
 def check_against_guarantee(guarantee: str, producer: dict[str, Any], consumer: dict[str, Any]) -> None:
@@ -191,8 +198,6 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     consumer_config = clients.user_properties("consumer")
     check_against_guarantee(guarantee, producer_config, consumer_config)
     timeout_ms = int(producer_config.get("transaction.timeout.ms", 60_000))
-    from txstream.driver.wide import check_wide_settings
-
     # Wide transforms: the command line's, else the processor's.
     extra["wide_mode"] = extra.get("wide_mode") or cls.wide_mode
     extra["output_units"] = extra.get("output_units") or cls.output_units

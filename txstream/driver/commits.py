@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from txstream.task.result import ACKED
-from txstream.task.spec import AT_LEAST_ONCE, AT_MOST_ONCE
+from txstream.protocol import ACKED, AT_LEAST_ONCE, AT_MOST_ONCE
 
 
 class DriverCommits:

@@ -1,29 +1,32 @@
 """What a running txstream tells its operators: Prometheus metrics and JSON log lines.
 
-Everything comes from what the driver already has: the result row every task reports with the
-batch (task/result.py RESULT_SCHEMA), the planner's watermarks, the group membership. Nothing
-runs in executors and nothing runs per record: the loop calls `batch()` once per batch and
-`event()` per notable event (assignment, revocation, retry, dead letter, fatal error), and a
-batch updates a few series per partition, each looked up once and kept. One CollectorRegistry per Driver (tests run several drivers in one
-process). docs/operations.md lists the metrics and what to alert on.
+Everything is handed in by the loop: each batch's report (the result row every task reports,
+task/result.py RESULT_SCHEMA), the planner's watermarks, the cap and totals, the group membership
+it follows. Nothing runs in executors and nothing runs per record: the loop calls `batch()` once
+per batch and `event()` per notable event (assignment, revocation, retry, dead letter, fatal
+error), and a batch updates a few series per partition, each looked up once and kept. One
+CollectorRegistry per run (tests run several drivers in one process). docs/operations.md lists
+the metrics and what to alert on.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from txstream.errors import SettingsError
-from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED
-from txstream.task.spec import EXACTLY_ONCE
+from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED, batch_job_group
 
 if TYPE_CHECKING:  # pragma: no cover
-    from txstream.driver.loop import BatchReport, Driver
+    from confluent_kafka import TopicPartition
+
+    from txstream.driver.report import BatchReport
     from txstream.kafka.offsets import Watermarks
+    from txstream.settings import RunSettings
 
 log = logging.getLogger("txstream")
 
@@ -57,6 +60,14 @@ def failed_task_attempts(spark, job_group: str) -> int:
     return failed
 
 
+class Membership(Protocol):
+    """What the metrics read of the group membership at scrape time."""
+
+    generation_changes: int
+
+    def owned(self) -> list[TopicPartition]: ...
+
+
 class _Series(NamedTuple):
     records_in: Any
     records_out: Any
@@ -76,7 +87,7 @@ class _Live:
         return []
 
     def collect(self):
-        membership = self.t.driver.membership
+        membership = self.t.membership
         rebalances = CounterMetricFamily(
             "txstream_rebalances", "Assignments and revocations this instance's group membership went through",
             labels=["app"])
@@ -92,9 +103,9 @@ class _Live:
 class Telemetry:
     """Metrics (served when the settings name a port) and the log lines, human or JSON."""
 
-    def __init__(self, driver: Driver, echo: Callable[[str], None]) -> None:
-        s = driver.settings
-        self.driver = driver
+    def __init__(self, settings: RunSettings, echo: Callable[[str], None]) -> None:
+        s = settings
+        self.membership: Membership | None = None   # read at scrape time (`follow`)
         self.app = s.app_id
         self.guarantee = s.guarantee
         self.json = s.log_format == JSON
@@ -187,6 +198,10 @@ class Telemetry:
         host = "localhost" if self.metrics_address in ("0.0.0.0", "::", "") else self.metrics_address
         self.event("metrics", f"metrics at http://{host}:{self.port}/metrics", url=f"http://{host}:{self.port}/metrics")
 
+    def follow(self, membership: Membership | None) -> None:
+        """The group membership whose rebalances and assignment the metrics show (None: none)."""
+        self.membership = membership
+
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
@@ -195,11 +210,14 @@ class Telemetry:
 
     # -- once per batch ---------------------------------------------------------------------------
 
-    def batch(self, report: BatchReport, marks: dict[tuple[str, int], Watermarks] | None, line: str) -> None:
+    def batch(self, report: BatchReport, marks: dict[tuple[str, int], Watermarks] | None, line: str,
+              cap: int, totals: dict[str, int], spark: Any = None) -> None:
         """Count a finished batch and print its line (human) or object (JSON).
 
         `marks` are the watermarks its plan was made from (the planner's, not asked again); None
-        for a batch that is not the loop's own (the records before a poison record)."""
+        for a batch that is not the loop's own (the records before a poison record). `cap`: the
+        records per partition in force; `totals`: the run's; `spark`: the session whose task
+        retries of the batch are counted (None: not counted)."""
         app, g = self.app, self.guarantee
         committed = aborted = fenced = 0
         positions: dict[tuple[str, int], int] = {}
@@ -249,9 +267,8 @@ class Telemetry:
             self.transactions.labels(app, "aborted").inc(aborted)
         if fenced:
             self.fenced.labels(app).inc(fenced)
-        retried = self._spark_retries(report.batch_id)
+        retried = self._spark_retries(spark, report.batch_id)
         lags = self._lags(marks, positions)
-        cap = self.driver.cap(len(report.plans))
         self.cap.labels(app).set(cap)
         if self.json:
             self._emit("batch", None, batch=report.batch_id, guarantee=g, partitions=len(report.plans),
@@ -263,7 +280,7 @@ class Telemetry:
                        transactions_committed=committed, transactions_aborted=aborted, fenced_producers=fenced,
                        task_retries=retried, lag=sum(lags.values()) if lags else None,
                        lag_by_partition=lags or None, log_end_lag_by_partition=self._log_end_lags or None,
-                       batch_cap=cap, totals=dict(self.driver.totals))
+                       batch_cap=cap, totals=dict(totals))
             for topic, partition, count in dead:
                 self._emit("dead_letter", None, topic=topic, partition=partition, stage="decode", count=count,
                            batch=report.batch_id)
@@ -314,14 +331,12 @@ class Telemetry:
                 self.last_stable.labels(*labels))
         return series
 
-    def _spark_retries(self, batch_id: int) -> int:
+    def _spark_retries(self, spark: Any, batch_id: int) -> int:
         """Spark's re-run task attempts of this batch's job (a few status calls; only when served)."""
-        spark = self.driver.spark
         if self._server is None or spark is None:
             return 0
         try:
-            # The job group run_batch sets (driver/loop.py).
-            failed = failed_task_attempts(spark, f"txstream-{self.app}-batch-{batch_id}")
+            failed = failed_task_attempts(spark, batch_job_group(self.app, batch_id))
         except Exception as exc:
             log.debug("task retries of batch %s: %s", batch_id, exc)
             return 0
@@ -350,11 +365,9 @@ class Telemetry:
         self.last_plan.labels(self.app).set(time.time())
         return out
 
-    def idle(self, marks: dict[tuple[str, int], Watermarks]) -> None:
+    def idle(self, marks: dict[tuple[str, int], Watermarks], owned: set[tuple[str, int]]) -> None:
         """A turn of the loop with nothing to do: every owned partition is at its last stable
         offset (lag 0), and the loop is alive. No line is printed."""
-        membership = self.driver.membership
-        owned = {(tp.topic, tp.partition) for tp in membership.owned()} if membership else set()
         # With nothing owned the planner did not run: its last watermarks are of partitions gone.
         self._lags({k: m for k, m in marks.items() if k in owned}, {})
         self.last_plan.labels(self.app).set(time.time())   # alive, even owning nothing (a standby)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from txstream.task.spec import RANGE_COLUMN
+from txstream.protocol import RANGE_COLUMN
 
 _PROJECT = "org.apache.spark.sql.catalyst.plans.logical.Project"
 

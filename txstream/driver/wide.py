@@ -1,5 +1,4 @@
-"""Wide batches on the driver: the plan log, the output units, closing a batch
-(docs/wide-transforms.md). The narrow protocol (driver/loop.py, task/publish.py) is untouched.
+"""The wide batch protocol: the plan log, the output units, closing a batch (docs/wide-transforms.md).
 
 A batch b, in `units` mode:
 1. **Log the plan.** One transaction of the driver's producer (`<app>-driver`) commits, for each
@@ -26,23 +25,38 @@ import json
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 
 from txstream import faults
+from txstream.driver.jobs import SparkJobs
+from txstream.driver.membership import GroupMembership
 from txstream.driver.planlog import LoggedPartition, PendingBatch, PlanShare, last_batch_id, pending_batch
+from txstream.driver.planning import Planner
+from txstream.driver.report import BatchReport
+from txstream.driver.specs import TaskSpecs
 from txstream.errors import (
     FencedError,
     InfrastructureError,
     PoisonRecordError,
-    TransformError,
     UserError,
 )
+from txstream.protocol import (
+    ACKED,
+    ALREADY_DONE,
+    AT_MOST_ONCE,
+    COMMITTED,
+    EMPTY,
+    EXACTLY_ONCE,
+    SINGLE_TRANSACTION,
+    UNITS,
+)
+from txstream.settings import RunSettings
 from txstream.task.publisher import TransactionalPublisher
 from txstream.task.reading import ReadAccounts
-from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, EMPTY, TaskResult, result_schema
-from txstream.task.spec import AT_MOST_ONCE, EXACTLY_ONCE, PartitionPlan
+from txstream.task.result import TaskResult, result_schema
+from txstream.task.spec import PartitionPlan
 from txstream.task.units import (
     NONDETERMINISTIC,
     VALUES_DIFFER,
@@ -53,12 +67,6 @@ from txstream.task.units import (
     unit_transactional_id,
     wide_collector,
 )
-
-if TYPE_CHECKING:
-    from txstream.driver.loop import BatchReport, Driver
-
-UNITS, SINGLE_TRANSACTION = "units", "single-transaction"
-WIDE_MODES = (UNITS, SINGLE_TRANSACTION)
 
 
 class WideAppRunningError(UserError):
@@ -88,20 +96,32 @@ class WideBatch:
 
 
 class WideBatches:
-    """The wide protocol for one run (driver side)."""
+    """The wide protocol for one run (a `BatchProtocol`)."""
 
-    def __init__(self, driver: Driver, mode: str, units: int, allow_nondeterministic: bool) -> None:
-        self.driver = driver
-        self.settings = driver.settings
-        self.mode = mode
-        self.units = units
+    remembers = False   # committed offsets carry the plan log: always read from Kafka
+
+    def __init__(self, settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: Any,
+                 input_partitions: int, echo: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.specs = specs
+        self.jobs = jobs
+        self.admin = admin
+        self.input_partitions = input_partitions
+        self.mode = settings.wide_mode
+        self.units = settings.output_units or input_partitions or 1
+        self.allow_nondeterministic = settings.allow_nondeterministic
+        self.echo = echo
+        self.membership: GroupMembership | None = None
         self.last_reads: dict[tuple[str, int], tuple[int, int]] = {}   # the last batch's, per input partition
-        self.allow_nondeterministic = allow_nondeterministic
         self.current: WideBatch | None = None
+        self._batch_id = 0
         self._publisher: TransactionalPublisher | None = None
         self._markers_metadata: Any = None
         self._waiting_noted = False
-        self.echo = driver.echo
+
+    @property
+    def batch_id(self) -> int:
+        return self._batch_id
 
     # -- start ------------------------------------------------------------------------------------
 
@@ -112,10 +132,10 @@ class WideBatches:
         return (f"protocol: wide, {self.units} output units (<app>-unit-0..{self.units - 1}, markers in "
                 f"{markers_name(self.settings.app_id)}; docs/wide-transforms.md)")
 
-    def start(self) -> None:
+    def start(self, membership: GroupMembership | None) -> None:
         """Refuse a second live instance; create the markers topic; fence an older driver."""
         s = self.settings
-        self._refuse_second_instance()
+        self._refuse_second_instance(membership.member_id() if membership is not None else None)
         if s.guarantee != EXACTLY_ONCE:
             return
         self._ensure_markers_topic()
@@ -127,11 +147,15 @@ class WideBatches:
             consumer = Consumer(s.clients.consumer(markers_name(s.app_id), **{"enable.auto.commit": False}))
             self._markers_metadata = consumer.consumer_group_metadata()
             consumer.close()
-        self._publisher = TransactionalPublisher(self.driver.specs.publish.producer_config(transactional=True),
-                                                 f"{s.app_id}-driver", None, self.driver.specs.publish.timeout_s)
+        self._publisher = TransactionalPublisher(self.specs.publish.producer_config(transactional=True),
+                                                 f"{s.app_id}-driver", None, self.specs.publish.timeout_s)
         self._publisher.init()
 
-    def _refuse_second_instance(self) -> None:
+    def joined(self, membership: GroupMembership) -> None:
+        self.membership = membership
+        membership.remembers = self.remembers
+
+    def _refuse_second_instance(self, own: str | None) -> None:
         """A wide app runs as one instance. Members of its group that do not go away within a
         session timeout (a crashed instance's do) belong to a live instance: refuse."""
         from confluent_kafka.admin import AdminClient
@@ -140,11 +164,10 @@ class WideBatches:
 
         s = self.settings
         session_s = int(s.consumer_config.get("session.timeout.ms", 10_000)) / 1000
-        admin: AdminClient = self.driver.admin
+        admin: AdminClient = self.admin
         deadline = time.monotonic() + session_s + 5
         noted = False
-        # The driver may have joined already (an empty group: driver/loop.py _group_is_empty).
-        own = self.driver.membership.member_id() if self.driver.membership is not None else None
+        # `own`: this driver's member id, when it joined already (an empty group).
         while True:
             description = retriable(lambda: admin.describe_consumer_groups([s.app_id])[s.app_id].result(30), 60)
             members = [m for m in description.members or [] if m.member_id != own]
@@ -168,7 +191,7 @@ class WideBatches:
         from txstream.kafka.offsets import cluster_topics
 
         name = markers_name(self.settings.app_id)
-        admin = self.driver.admin
+        admin = self.admin
         known = cluster_topics(admin, timeout=30)
         if name not in known:
             brokers = len(admin.list_topics(timeout=30).brokers)
@@ -189,16 +212,18 @@ class WideBatches:
     def read_log(self, owned: list[TopicPartition]) -> dict[tuple[str, int], LoggedPartition]:
         from txstream.kafka.retry import retriable
 
-        consumer = self.driver.membership.consumer
+        consumer = self.membership.consumer
         wanted = [TopicPartition(p.topic, p.partition) for p in owned]
         answer = retriable(lambda: consumer.committed(wanted, timeout=30), 30)
         return {(tp.topic, tp.partition): LoggedPartition(tp.offset if tp.offset >= 0 else None,
                                                           PlanShare.decode(tp.metadata)) for tp in answer}
 
-    def next_plans(self, owned: list[TopicPartition], planner: Any, cap: int) -> list[PartitionPlan]:
+    def next_plans(self, planner: Planner, owned: list[TopicPartition],
+                   committed: dict[tuple[str, int], int | None], cap: int) -> list[PartitionPlan]:
         """The logged batch that is not closed, else a new one (logged before it runs); [] when
-        there is nothing to do or not every input partition is this instance's."""
-        total = self.driver.input_partitions
+        there is nothing to do or not every input partition is this instance's. (`committed`:
+        the group's offsets, which the log carries too, with the pending plan.)"""
+        total = self.input_partitions
         if len(owned) < total:
             if not self._waiting_noted:
                 self.echo(f"waiting to own all {total} input partitions (this instance has {len(owned)}): "
@@ -251,20 +276,17 @@ class WideBatches:
 
     # -- running ----------------------------------------------------------------------------------
 
-    def run_batch(self, plans: list[PartitionPlan]) -> BatchReport:
-        from txstream.driver.loop import BatchReport
-
-        driver = self.driver
+    def run_batch(self, plans: list[PartitionPlan], planned_at: float | None = None) -> BatchReport:
         batch = self.current
         if batch is None or batch.plans != plans:
             # Plans from the poison isolator: a new batch of its own, logged like any other.
             batch = self._new_batch_for(plans)
-        driver.batch_id = batch.batch_id
+        self._batch_id = batch.batch_id
         started = time.monotonic()
         s = self.settings
         s.processor.batch_timestamp = datetime.fromtimestamp(batch.timestamp_ms / 1000, tz=timezone.utc)
-        accounts = driver.spark.sparkContext.accumulator({}, ReadAccounts())
-        out = driver.output_frame(batch.plans, accounts=accounts)
+        accounts = self.jobs.spark.sparkContext.accumulator({}, ReadAccounts())
+        out = self.jobs.output_frame(batch.batch_id, batch.plans, accounts=accounts)
         out = out.select(*[c for c in out.columns if c != "offset"])
         if s.guarantee == AT_MOST_ONCE:
             self._commit_plain(batch)
@@ -275,18 +297,18 @@ class WideBatches:
         else:
             rows = self._run_units(batch, out, accounts, description)
         self.current = None
-        return driver.count_batch(BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started,
-                                              reads=self.last_reads))
+        return BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started, reads=self.last_reads)
 
     def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
-        driver, s = self.driver, self.settings
+        s = self.settings
         key_routed = "key" in out.columns
         route = ["key"] if key_routed else list(out.columns)
-        spec = UnitSpec(publish=driver.specs.publish, batch_id=batch.batch_id, units=batch.units,
+        spec = UnitSpec(publish=self.specs.publish, batch_id=batch.batch_id, units=batch.units,
                         plan_id=batch.plan_id, routing="key" if key_routed else "all columns",
                         markers_metadata=self._markers_metadata)
         frame = out.repartition(batch.units, *route).mapInArrow(functools.partial(publish_unit, spec), result_schema())
-        rows = driver.run_job(lambda: [r.asDict() for r in frame.collect()], description)
+        rows = self.jobs.run(lambda: [r.asDict() for r in frame.collect()], batch.batch_id, description,
+                             self.membership.poll)
         by_status: dict[str, list[dict]] = {}
         for row in rows:
             by_status.setdefault(row["status"], []).append(row)
@@ -319,8 +341,7 @@ class WideBatches:
 
     def _run_single(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
         """All of the batch's output, its dead letters and its input offsets: one transaction."""
-        driver = self.driver
-        table = driver.run_job(out.toArrow, description)
+        table = self.jobs.run(out.toArrow, batch.batch_id, description, self.membership.poll)
         read = self._read_accounts(batch, accounts)
         started = time.perf_counter()
         if self.settings.guarantee == EXACTLY_ONCE:
@@ -377,8 +398,8 @@ class WideBatches:
 
         publisher = self._publisher
         assert publisher is not None
-        membership = self.driver.membership
-        spec = self.driver.specs.publish
+        membership = self.membership
+        spec = self.specs.publish
         for attempt in range(3):
             produced = 0
             try:
@@ -410,12 +431,12 @@ class WideBatches:
         raise AssertionError("unreachable")
 
     def _commit_plain(self, batch: WideBatch) -> None:
-        self.driver.membership.commit([TopicPartition(p.topic, p.partition, p.end) for p in batch.plans])
+        self.membership.commit([TopicPartition(p.topic, p.partition, p.end) for p in batch.plans])
 
     def _publish_dead_plain(self, batch: WideBatch, dead: list[tuple], records: Any = None) -> int:
         from confluent_kafka import Producer
 
-        spec = self.driver.specs.publish
+        spec = self.specs.publish
         producer = Producer(spec.producer_config(transactional=False))
         produced = _produce(wide_collector(spec, producer, batch.batch_id, 0), spec, records, dead)
         if producer.flush(spec.timeout_s):
@@ -431,7 +452,7 @@ class WideBatches:
         batch = self.current
         if batch is None or self.settings.guarantee != EXACTLY_ONCE or self.mode != UNITS:
             return
-        spec = self.driver.specs.publish
+        spec = self.specs.publish
         for unit in range(batch.units):
             fence = TransactionalPublisher(spec.producer_config(transactional=True),
                                            unit_transactional_id(self.settings.app_id, unit), None, spec.timeout_s)
@@ -466,7 +487,7 @@ class WideBatches:
         else:
             self._publish_dead_plain(WideBatch(share.batch_id, self.plan_units, 0, [plan], False),
                                      [(plan.topic, plan.partition, record)])
-            self.driver.membership.commit([tp])
+            self.membership.commit([tp])
 
     def close(self) -> None:
         if self._publisher is not None:
@@ -501,9 +522,3 @@ def _wait_for_partitions(admin: Any, topic: str, count: int, timeout: float = 30
         time.sleep(0.2)
     raise InfrastructureError(f"the markers topic {topic} has no leader for all {count} partitions after {timeout:.0f}s")
 
-
-def check_wide_settings(mode: str, units: int | None) -> None:
-    if mode not in WIDE_MODES:
-        raise TransformError(f"wide mode must be one of {', '.join(WIDE_MODES)}, got {mode!r}")
-    if units is not None and units < 1:
-        raise TransformError("output units must be at least 1")

@@ -17,13 +17,15 @@ import pyarrow as pa
 
 from txstream import faults
 from txstream.errors import AbortableError, FencedError, InfrastructureError, PoisonRecordError, TaskError
+from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED, RANGE_COLUMN, STALE_PLAN
 from txstream.serde.avro import AvroCodec
-from txstream.task import job_spec, worker_heap
+from txstream.task import worker_heap
 from txstream.task.collector import RecordCollector, add_runs, encoded_batch
 from txstream.task.publisher import TransactionalPublisher
-from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
+from txstream.task.result import TaskResult, results_batch
 from txstream.task.sidefile import read_side_files
-from txstream.task.spec import EXACTLY_ONCE, RANGE_COLUMN, PartitionPlan, PublishSpec
+from txstream.task.spec import FromJob, PartitionPlan, PublishSpec
+from txstream.task.spec import resolve as resolve_job_spec
 
 _PUBLISHERS: dict[str, TransactionalPublisher] = {}   # per Python worker, across batches
 _GROUP_READERS: dict[str, Any] = {}
@@ -142,14 +144,14 @@ def cached_publishers() -> list[str]:
     return sorted(_PUBLISHERS)
 
 
-def publish_slot(spec: PublishSpec | job_spec.FromJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def publish_slot(spec: PublishSpec | FromJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: docs/architecture.md §3.4 for the ranges of this task's slot (one
     producer, one transaction for all of them). Yields one result row per range. `spec`: the
-    batch's, or `FromJob` (the job carries it: task/job_spec.py)."""
+    batch's, or `FromJob` (the job carries it: task/spec.py)."""
     worker_heap.settle()
     from pyspark import TaskContext
 
-    spec = job_spec.resolve(spec)
+    spec = resolve_job_spec(spec)
 
     indexes = spec.read.slot_plans(TaskContext.get().partitionId())
     results = [TaskResult(i) for i in indexes]

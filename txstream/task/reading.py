@@ -11,7 +11,6 @@ dead-letter topic inside the same transaction (sidefile.py, publish.py).
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import operator
 import time
@@ -22,10 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from txstream.protocol import RANGE_COLUMN
 from txstream.serde.avro import AvroCodec, arrow_type
-from txstream.task import job_spec, worker_heap
+from txstream.task import worker_heap
 from txstream.task.sidefile import ReadResult, write_side_file, write_side_files
-from txstream.task.spec import RANGE_COLUMN, PartitionPlan, ReadSpec
+from txstream.task.spec import FromJob, PartitionPlan, ReadSpec
+from txstream.task.spec import resolve as resolve_job_spec
 
 # confluent_kafka.Message's accessors, mapped over a fetch's messages (`_Columns.add_all`):
 # the unbound C methods, ~25 ns a call (operator.methodcaller: ~85).
@@ -65,48 +66,13 @@ def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa
     ])
 
 
-def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = False,
-                tagged: bool = False, from_job: bool = False):  # SparkSession -> DataFrame
-    """The batch's input DataFrame: one Spark partition per planned range, read by task i; with
-    `per_slot`, one per slot (`spec.slot_width` consecutive reading tasks), its ranges read
-    together in one Python hand-off.
-
-    Spark pays ~20 ms per Python hand-off (measured here, local[2], an empty `mapInArrow` over
-    256 partitions coalesced into 2 tasks: 2.7 s against 0.1 s without the hop), so reading a slot
-    of 128 ranges one Spark partition each cost ~2.6 s per batch.
-
-    `tagged`: each row also carries its reading task in RANGE_COLUMN, which the returned frame
-    hides (the transform never sees it: `struct("*")` must not pick it up); the driver carries it
-    through the transform's plan to the publisher, for the lineage headers (driver/range_tag.py).
-
-    `accounts`: a Spark accumulator (`ReadAccounts`) that takes each range's count and
-    undecodable records instead of the side file, when no publisher of the same task follows
-    (a wide batch: the output is shuffled to the units, docs/wide-transforms.md).
-
-    A `mapInArrow` over `spark.range(n, numPartitions=n)` rather than a Python data source:
-    partition i holds exactly the number i, so task i reads plan i, and Spark needs no Python
-    process on the driver to plan the read (a data source costs three planning round trips per
-    batch and three more Python daemons at start-up).
-
-    `from_job`: the tasks read the ranges of the spec their job carries (task/job_spec.py), not
-    `spec`'s, which then gives the frame only its shape: the frame serves every batch of that
-    shape."""
-    n = max(1, len(spec.layout) or len(spec.plans))
-    # spark.range splits [0, n) into equal consecutive runs: partition j holds slot j's tasks.
-    partitions = n // spec.slot_width if per_slot and spec.slot_width > 1 else n
-    frame = spark.range(0, n, 1, partitions).mapInArrow(
-        functools.partial(read_planned_range, job_spec.FromJob("read") if from_job else spec, accounts, tagged),
-        input_struct(spec.key_schema, spec.value_schema, tagged))
-    return frame.drop(RANGE_COLUMN) if tagged else frame
-
-
-def read_planned_range(spec: ReadSpec | job_spec.FromJob, accounts: Any, tagged: bool,
+def read_planned_range(spec: ReadSpec | FromJob, accounts: Any, tagged: bool,
                        ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Task i's reader: the records of plan i as Arrow batches, then the side file. A task of
-    several ranges (a slot read in one partition, range_frame `per_slot`) reads them together.
+    several ranges (a slot read in one partition, driver/jobs.py range_frame `per_slot`) reads them together.
     `tagged`: each batch ends with RANGE_COLUMN, the reading task of its rows."""
     worker_heap.settle()
-    spec = job_spec.resolve(spec)
+    spec = resolve_job_spec(spec)
     tasks = [task for id_batch in ids for task in id_batch.column(0).to_pylist()]
     ranges = [(task, index) for task, index in zip(tasks, map(spec.plan_at, tasks), strict=True)
               if index >= 0]   # -1: padding, a dry plan
@@ -176,7 +142,7 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
     """The ranges of one slot, read at once: one assignment of all their partitions, so that
     librdkafka fetches them in the same requests. Read one after another, each range paid its own
     assignment and first fetch: ~12 ms per range of 350 records here (a slot of 128 ranges,
-    1.5 s), about what reading them in one Spark partition each costs (range_frame). Each range
+    1.5 s), about what reading them in one Spark partition each costs (driver/jobs.py range_frame). Each range
     still ends exactly at its planned end (`_Columns.add_all`) and has its own account (count,
     dead letters) in the slot's one side file, written once every range is read (sidefile.py);
     batches of different ranges may interleave, which a slot read this

@@ -1,9 +1,11 @@
-"""What one task reports to the driver: a row of RESULT_SCHEMA, and the outcomes it names."""
+"""What one task reports to the driver: a row of RESULT_SCHEMA (its outcomes: txstream/protocol.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pyarrow as pa
+
+from txstream.protocol import EMPTY
 
 RESULT_SCHEMA = pa.schema([
     ("index", pa.int32()), ("status", pa.string()), ("records_in", pa.int64()),
@@ -19,11 +21,6 @@ def result_schema():
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(RESULT_SCHEMA)
-
-
-# Task outcomes the driver acts on.
-COMMITTED, ALREADY_DONE, STALE_PLAN, FENCED, ACKED, EMPTY = (
-    "committed", "already-done", "stale-plan", "fenced", "acked", "empty")
 
 
 @dataclass

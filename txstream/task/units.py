@@ -24,12 +24,13 @@ import pyarrow as pa
 from txstream import faults
 from txstream.errors import AbortableError, FencedError, TaskError
 from txstream.kafka import headers
+from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, EMPTY, EXACTLY_ONCE, FENCED
 from txstream.serde.avro import AvroCodec
 from txstream.task import worker_heap
 from txstream.task.collector import RecordCollector
 from txstream.task.publish import _group_moved_codes, cached_publisher, drop_publisher
-from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, EMPTY, FENCED, TaskResult
-from txstream.task.spec import EXACTLY_ONCE, PublishSpec
+from txstream.task.result import TaskResult
+from txstream.task.spec import PublishSpec
 
 NONDETERMINISTIC = "nondeterministic"   # a replay's rows differ from the committed attempt's
 VALUES_DIFFER = "values-differ"         # same rows and routing, other values (skipped all the same)

@@ -1,0 +1,51 @@
+"""What a finished batch reports: its plans, the tasks' result rows, its timings, and its line."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from txstream.protocol import ACKED, COMMITTED
+from txstream.task.spec import PartitionPlan
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    plans: list[PartitionPlan]
+    rows: list[dict]
+    seconds: float
+    # A wide batch's rows are per output unit, not per range: what was read from each input
+    # partition, (records, undecodable records), comes separately.
+    reads: dict[tuple[str, int], tuple[int, int]] | None = None
+    # The driver's own time before Spark ran the batch: committed and end offsets, planning, and
+    # building and checking the job's DataFrame (None: not measured, a wide batch).
+    driver_s: float | None = None
+
+    @property
+    def statuses(self) -> dict[str, int]:
+        """How many ranges ended how (committed, already-done, stale-plan, ...)."""
+        return dict(Counter(row["status"] for row in self.rows))
+
+    def total(self, column: str) -> int:
+        return sum(int(r[column]) for r in self.rows)
+
+    def line(self, lag: int | None = None) -> str:
+        parts = [f"batch {self.batch_id}", f"partitions {len(self.plans)}",
+                 f"in {self.total('records_in')}", f"out {self.total('records_out')}",
+                 f"dead-lettered {self.total('dead_letters')}", f"{self.seconds:.2f}s"]
+        # Max over the tasks: reading+decoding, encoding+producing, send_offsets+commit (or the
+        # acknowledgements), init_transactions; then how long publishers waited for their input
+        # (reading, the JVM hops and the transform together).
+        timing = {k: max((float(r[k]) for r in self.rows), default=0.0)
+                  for k in ("read_s", "upstream_s", "produce_s", "commit_s", "init_s")}
+        parts.append("(read {read_s:.2f} produce {produce_s:.2f} commit {commit_s:.2f} init {init_s:.2f})"
+                     .format(**timing))
+        parts.append(f"upstream {timing['upstream_s']:.2f}")
+        if self.driver_s is not None:
+            parts.append(f"driver {self.driver_s:.2f}")
+        others = {s: n for s, n in self.statuses.items() if s not in (COMMITTED, ACKED)}
+        if others:
+            parts.append(" ".join(f"{s}={n}" for s, n in sorted(others.items())))
+        if lag is not None:
+            parts.append(f"lag {lag}")
+        return "  ".join(parts)

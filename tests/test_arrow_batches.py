@@ -61,7 +61,7 @@ def test_rows_per_batch_follow_the_last_batch_and_measure_again_after_a_failure(
 
 @pytest.mark.parametrize("join", [False, True], ids=["plain", "broadcast-join"])
 def test_a_job_built_once_follows_the_settings_of_each_run(spark, join) -> None:
-    """The driver runs one DataFrame for every batch of a shape (driver/loop.py) and changes the
+    """The driver runs one DataFrame for every batch of a shape (driver/jobs.py) and changes the
     settings between batches: Spark must read them each time the job runs, not when it was built.
     Here the same DataFrame, collected under other settings, hands its Python worker batches of
     the new count, and Spark's per-row byte check comes and goes with its setting; also behind a

@@ -378,8 +378,8 @@ class _StampsWhenBuilt(_StampsEachCall):
                          ids=["same-plan", "stamps-per-job", "plan-per-call"])
 def test_a_batch_job_is_built_once_and_run_for_the_next_batches(processor, bootstrap_servers,
                                                                 make_topic, run_processor) -> None:
-    """The ranges travel with each batch's Spark job (task/job_spec.py), so the driver builds the
-    job once, calling the transform, and runs it batch after batch (driver/loop.py _batch_frame).
+    """The ranges travel with each batch's Spark job (task/spec.py), so the driver builds the
+    job once, calling the transform, and runs it batch after batch (driver/jobs.py narrow_job).
     With `transform_each_batch` every batch gets its own job and transform call: no batch runs an
     older batch's plan. Either way each record is published once, its lineage naming its own
     partition and offset, and the offsets end at the end."""
@@ -426,8 +426,8 @@ def test_the_transform_is_applied_once_before_the_first_output(partitions, calls
                                                                run_processor) -> None:
     """Choosing the protocol needs the transform's plan, and so does the first batch's job: with
     two slots over the owned partitions the driver builds the job first and chooses on its plan
-    (driver/loop.py validate), so the transform is applied once in the run. Over one partition
-    the job's source is a single Spark partition, where even a groupBy plans no shuffle, so a
+    (driver/loop.py validate, driver/narrow.py first_job), so the transform is applied once in
+    the run. Over one partition the job's source is a single Spark partition, where even a groupBy plans no shuffle, so a
     dry frame of two ranges chooses, and the job applies the transform again. Either way one
     job serves every batch and every record is published once."""
     source, sink = make_topic("once-in", partitions=partitions), make_topic("once-out", partitions=2)
@@ -510,7 +510,7 @@ class _StampsArrowBatchRows(PassThrough):
 
 def test_the_job_built_once_takes_the_arrow_batch_size_each_batch_learned(bootstrap_servers, make_topic,
                                                                           run_processor) -> None:
-    """The driver's one job for the run (driver/loop.py) gets the Arrow batch size the batch before
+    """The driver's one job for the run (driver/jobs.py) gets the Arrow batch size the batch before
     learned (spark/arrow_batches.py) when it runs: 160 KB records, 40 per batch. The first batch
     (Spark's 64 MB check, 10,000 rows) hands the transform's own mapInArrow all 40 at once; after
     it, a batch holds 64 MB over 16 times 160 KB, 26 rows, in the same job."""

@@ -1,4 +1,4 @@
-"""A run's first batch is small (driver/loop.py `cap`): output soon after the start, even over a
+"""A run's first batch is small (driver/pacing.py `cap`): output soon after the start, even over a
 backlog; then batches as big as the cap allows. And the driver joins an empty group while Spark
 starts, not after it."""
 from __future__ import annotations

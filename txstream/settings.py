@@ -67,7 +67,7 @@ class RunSettings:
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
     producers_per_slot: int = 4           # transactional.ids per slot (driver/slots.py)
-    first_batch_records: int = 10_000     # the run's first batch reads at most this many (driver/loop.py)
+    first_batch_records: int = 10_000     # the run's first batch reads at most this many (driver/pacing.py)
 
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:

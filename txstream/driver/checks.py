@@ -55,7 +55,7 @@ def check_narrow(frame, own_coalesce: bool = False) -> None:
     protocol: task i must publish range i.
 
     Checked on the very DataFrame the batch collects, whose physical plan Spark then reuses
-    (planning it twice per batch cost ~0.1-0.2 s of driver time). Checked every batch, not
+    (not planned twice per batch). Checked every batch, not
     only at start: a join whose static side outgrows Spark's broadcast threshold turns into
     a shuffled join without the processor changing."""
     parts = wide_parts(frame, own_coalesce)

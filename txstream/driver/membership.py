@@ -132,9 +132,8 @@ class GroupMembership:
             return
         # Resumed first: librdkafka refuses to seek a partition whose fetcher has not started
         # (_STATE), and one paused since its assignment starts only once resumed, after the
-        # group's committed offset is fetched: a few ms (11 ms measured on a driver's first
-        # watch), with no event to wait on, so the seek is retried until WATCH_SEEK_S. What it
-        # fetches before the seek lands is dropped (the seek outdates it).
+        # group's committed offset is fetched, with no event to wait on: so the seek is retried
+        # until WATCH_SEEK_S. What it fetches before the seek lands is dropped (the seek outdates it).
         self.consumer.resume(positions)
         self._watching = positions
         try:
@@ -142,7 +141,7 @@ class GroupMembership:
             for tp in positions:
                 while not self._seek(tp, retry=time.monotonic() < deadline):
                     time.sleep(0.002)
-        except KafkaException as exc:   # no watch this time: the back-off alone, as before
+        except KafkaException as exc:   # no watch this time: the idle back-off alone
             log.warning("group membership: no watch of %s, the idle back-off alone (%s)", positions, exc)
             self.unwatch()
 
@@ -184,8 +183,7 @@ class GroupMembership:
         With `remember` (the narrow driver), offsets this driver read or saw committed since its
         assignment last changed are answered without asking Kafka (`fresh` asks anyway). Under
         exactly-once that read came right after the batch's transactions committed, and could wait
-        for their markers; on a local broker the driver's time before a batch went 8 -> 6 ms on
-        average, the batch time within the noise (benchmarks/results/side-by-side, -known-offsets).
+        for their markers.
         The tasks' re-check still reads stably, and a plan whose start is not what is committed
         publishes nothing (docs/architecture.md §3, invariant 2)."""
         if not partitions:

@@ -1,8 +1,8 @@
 """Slots: how a narrow batch's ranges are grouped into publishing tasks (docs/architecture.md §3.4).
 
-One task per input partition paid, per partition and batch, a Spark task, two Python hand-offs,
-a producer (and its `init_transactions` whenever the task landed on another Python worker) and a
-transaction: a batch over 256 partitions took 11x as long as over 4 for the same records. Kafka
+One task per input partition would pay, per partition and batch, a Spark task, two Python
+hand-offs, a producer (and its `init_transactions` whenever the task landed on another Python
+worker) and a transaction: a batch's cost would grow with its partitions, not its records. Kafka
 Streams' exactly_once_v2 (KIP-447) answers the same problem with one producer per thread for
 all its partitions. Here: a batch has one publishing task per *slot* (by default as many slots as
 Spark has cores), a slot's ranges are read one after another inside its task and published
@@ -25,8 +25,7 @@ Zombie fencing, the argument (docs/architecture.md §3.4 says it in full):
   dead one owned fences all of the same ids in its first batch, which aborts what the dead one
   left open (read_committed consumers would otherwise wait for its transaction timeout).
 - Several ids per slot: Spark hands a slot's task to whichever Python worker is idle, so with one
-  id a task paid `init_transactions` whenever the slot last ran on another worker (51 of 103
-  tasks in the batch sweep at 1,000 records per partition). With several, a worker keeps
+  id a task would pay `init_transactions` whenever the slot last ran on another worker. With several, a worker keeps
   publishing through the id it holds; which attempts may skip the init and why the rest fence
   all ids is docs/architecture.md §3.4 (a).
 """
@@ -100,9 +99,9 @@ class Slots:
 
         With `shape` (`Slots.shape`: every slot of the owned partitions and how many it owns),
         every slot, as wide as the widest, whether its partitions have records this batch or
-        not. The batch's Spark job is built for its layout's size (driver/loop.py), so without
-        it a sparse stream, a different set of partitions with records in every batch, built a
-        job every batch (~0.2 s of driver time here). A slot of padding only reads and
+        not. The batch's Spark job is built for its layout's size (driver/jobs.py), so without
+        it a sparse stream, a different set of partitions with records in every batch, would
+        build a job every batch. A slot of padding only reads and
         publishes nothing (task/publish.py publish_slot)."""
         groups: dict[str, list[int]] = {}
         for index, plan in enumerate(plans):

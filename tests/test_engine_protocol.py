@@ -138,7 +138,7 @@ def test_a_slot_publishes_its_ranges_in_one_transaction_each_range_naming_its_so
     """Two partitions in one slot (--task-slots 1): one producer, one transaction with both end
     offsets; each output record still names the partition and offset its input came from, and
     each range is its own publication."""
-    from txstream.narrow.slots import Slots
+    from txstream.driver.slots import Slots
 
     narrow, source, sink = narrow_with_membership
     ends = {p: hi for p, (_lo, hi) in
@@ -237,7 +237,7 @@ def test_clean_batches_publish_through_held_producers_with_no_task_failing(narro
     """Five batches by hand with 4 ids per slot: only the first fences all; no Spark task of any
     batch fails (a task that raised would be retried as a copy that fences all, hiding the
     failure behind a correct result); each range once, through the slot's ids only."""
-    from txstream.narrow.slots import Slots, slot_pool
+    from txstream.driver.slots import Slots, slot_pool
 
     narrow, source, sink = narrow_with_membership
     probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "x"})

@@ -2,6 +2,8 @@
 the sink's columns and types, and a narrow physical plan (docs/architecture.md, invariant 3)."""
 from __future__ import annotations
 
+import re
+
 from txstream.errors import TransformError
 from txstream.serde.avro import check_struct_fits
 from txstream.settings import RunSettings
@@ -50,13 +52,36 @@ def wide_parts(frame, own_coalesce: bool = False) -> list[str]:
     return shuffles + merges[1 if own_coalesce else 0:]
 
 
+def describe_wide(parts: list[str]) -> str:
+    """What makes a transform wide, in words, from the first of its `wide_parts` (plan lines)."""
+    part = parts[0] if parts else ""
+
+    def columns(text: str) -> str:
+        names = [re.sub(r"#\d+L?$", "", c.strip().split(" ")[0]) for c in text.split(",")[:-1]]
+        named = [n for n in names if n and not n.startswith("_groupingexpression")]
+        return ", ".join(named) if named else "a computed key"
+
+    hashed = re.search(r"hashpartitioning\((.*)\)", part)
+    if hashed:
+        return f"it brings rows together by {columns(hashed.group(1))} (a shuffle)"
+    ranged = re.search(r"rangepartitioning\((.*)\)", part)
+    if ranged:
+        return f"it sorts rows by {columns(ranged.group(1))} across partitions (a shuffle)"
+    if "SinglePartition" in part:
+        return "it brings every row into one partition (a global aggregate, sort or limit)"
+    if "RoundRobinPartitioning" in part:
+        return "it repartitions the rows (a shuffle)"
+    if "Coalesce" in part:
+        return "it merges partitions (coalesce)"
+    return "it moves rows between partitions"
+
+
 def check_narrow(frame, own_coalesce: bool = False) -> None:
     """Refuse a plan with a shuffle or a merge of partitions in a run that chose the narrow
     protocol: task i must publish range i.
 
     Checked on the very DataFrame the batch collects, whose physical plan Spark then reuses
-    (not planned twice per batch). Checked every batch, not
-    only at start: a join whose static side outgrows Spark's broadcast threshold turns into
+    (not planned twice per batch). Checked every batch, not only at start: a join whose static side outgrows Spark's broadcast threshold turns into
     a shuffled join without the processor changing."""
     parts = wide_parts(frame, own_coalesce)
     if parts:

@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from txstream import faults
 from txstream.driver.batches import BatchProtocol
-from txstream.driver.checks import wide_parts
+from txstream.driver.checks import describe_wide, wide_parts
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
@@ -136,7 +136,7 @@ class Driver:
         from txstream.driver.determinism import check_deterministic
         from txstream.driver.wide import WideBatches
 
-        self.echo(f"the transform is wide ({parts[0]})")
+        self.echo(f"the transform is wide: {describe_wide(parts)}")
         loose = check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
                                     s.allow_nondeterministic)
         for part in loose:

@@ -121,7 +121,7 @@ class NarrowBatches:
         if self.slots is None:
             self.slots = new_slots(self.settings, self.jobs.spark)
         self.echo(f"{self.slots.count} task slots: a batch's ranges are published by one task per slot, "
-                  "through the slot's producer, in one transaction (driver/slots.py)")
+                  "through the slot's producer, in one transaction")
 
     def joined(self, membership: GroupMembership) -> None:
         self.membership = membership

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from txstream.protocol import ACKED, COMMITTED
+from txstream.protocol import ACKED, COMMITTED, EMPTY
 from txstream.task.spec import PartitionPlan
 
 
@@ -18,7 +18,7 @@ class BatchReport:
     # partition, (records, undecodable records), comes separately.
     reads: dict[tuple[str, int], tuple[int, int]] | None = None
     # The driver's own time before Spark ran the batch: committed and end offsets, planning, and
-    # building and checking the job's DataFrame (None: not measured, a wide batch).
+    # building and checking the job's DataFrame (None: not measured).
     driver_s: float | None = None
 
     @property
@@ -43,7 +43,8 @@ class BatchReport:
         parts.append(f"upstream {timing['upstream_s']:.2f}")
         if self.driver_s is not None:
             parts.append(f"driver {self.driver_s:.2f}")
-        others = {s: n for s, n in self.statuses.items() if s not in (COMMITTED, ACKED)}
+        # Empty: a wide unit the batch gave no rows, the usual case of a small batch.
+        others = {s: n for s, n in self.statuses.items() if s not in (COMMITTED, ACKED, EMPTY)}
         if others:
             parts.append(" ".join(f"{s}={n}" for s, n in sorted(others.items())))
         if lag is not None:

@@ -290,6 +290,7 @@ class WideBatches:
         out = out.select(*[c for c in out.columns if c != "offset"])
         if s.guarantee == AT_MOST_ONCE:
             self._commit_plain(batch)
+        driver_s = time.monotonic() - (planned_at or started)
         description = (f"txstream {s.app_id} batch {batch.batch_id} ({len(batch.plans)} partitions, "
                        f"{sum(p.size for p in batch.plans)} records, wide: {self.mode})")
         if self.mode == SINGLE_TRANSACTION:
@@ -297,7 +298,8 @@ class WideBatches:
         else:
             rows = self._run_units(batch, out, accounts, description)
         self.current = None
-        return BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started, reads=self.last_reads)
+        return BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started, reads=self.last_reads,
+                           driver_s=driver_s)
 
     def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
         s = self.settings

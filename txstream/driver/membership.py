@@ -224,9 +224,9 @@ class GroupMembership:
 
         Unsubscribe first and serve the revoke that follows through poll(), so that the client's
         close() has no assignment left to revoke: librdkafka can wait for ever inside close() when
-        it runs a rebalance callback there (CI, once in four runs: a driver that joined early and
-        failed its transform check before its first poll hung in close()'s revoke, in
-        incremental_unassign's request to the group thread; cf. librdkafka#4527). close() then
+        it runs a rebalance callback there (in incremental_unassign's request to the group
+        thread, librdkafka#4527; e.g. a driver that joined early and failed its transform check
+        before its first poll). close() then
         runs in a thread of its own, bounded by what is left of `timeout`: a client that still
         does not return is left behind with a warning (the broker drops the member after its
         session timeout) instead of keeping the driver from exiting."""

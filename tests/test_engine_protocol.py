@@ -426,7 +426,7 @@ def test_the_transform_is_applied_once_before_the_first_output(partitions, calls
                                                                run_processor) -> None:
     """Choosing the protocol needs the transform's plan, and so does the first batch's job: with
     two slots over the owned partitions the driver builds the job first and chooses on its plan
-    (driver/loop.py validate, driver/narrow.py first_job), so the transform is applied once in
+    (driver/choice.py choose_protocol, driver/narrow.py first_job), so the transform is applied once in
     the run. Over one partition the job's source is a single Spark partition, where even a groupBy plans no shuffle, so a
     dry frame of two ranges chooses, and the job applies the transform again. Either way one
     job serves every batch and every record is published once."""

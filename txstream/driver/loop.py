@@ -11,7 +11,6 @@ import logging
 import signal
 import threading
 import time
-from datetime import datetime, timezone
 from typing import Callable
 
 from confluent_kafka import TopicPartition
@@ -19,13 +18,12 @@ from confluent_kafka.admin import AdminClient
 
 from txstream import faults
 from txstream.driver.batches import BatchProtocol
-from txstream.driver.checks import describe_wide, wide_parts
+from txstream.driver.choice import choose_protocol
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
-from txstream.driver.narrow import NarrowBatches, first_job
 from txstream.driver.pacing import Pacing
-from txstream.driver.planning import Planner, transactional_id
+from txstream.driver.planning import Planner
 from txstream.driver.poison import PoisonIsolator
 from txstream.driver.report import BatchReport
 from txstream.driver.specs import TaskSpecs
@@ -112,37 +110,10 @@ class Driver:
         self.input_partitions = sum(self.input_topic_partitions.values())
 
     def validate(self) -> None:
-        """Refuse an unpublishable output before anything is read, and choose the protocol from
-        the physical plan: narrow (one transaction per slot of input partitions) or wide (units, or
-        one transaction per batch), said in the run's first lines."""
-        s = self.settings
-        jobs = self.jobs
-        assert jobs is not None
-        s.processor.batch_timestamp = datetime.now(timezone.utc)
-        first = first_job(jobs, s, self.input_topic_partitions)
-        if first is not None:
-            frame = first.out
-        else:
-            topic = s.input_topics[0]
-            # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even
-            # for groupBy, and the check below would miss a wide transform.
-            dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
-            frame = jobs.output_frame(0, dry)
-        parts = wide_parts(frame)
-        if not parts:
-            self.protocol = NarrowBatches(s, self.specs, jobs, self.pacing, self.echo, first)
-            self.echo(self.protocol.describe())
-            return
-        from txstream.driver.determinism import check_deterministic
-        from txstream.driver.wide import WideBatches
-
-        self.echo(f"the transform is wide: {describe_wide(parts)}")
-        loose = check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
-                                    s.allow_nondeterministic)
-        for part in loose:
-            self.echo(f"warning: not deterministic (allowed): {part}")
-        self.protocol = WideBatches(s, self.specs, jobs, self.admin, self.input_partitions, self.echo)
-        self.echo(self.protocol.describe())
+        """Check the transform's output and choose the batch protocol (driver/choice.py)."""
+        assert self.jobs is not None
+        self.protocol = choose_protocol(self.settings, self.specs, self.jobs, self.pacing, self.admin,
+                                        self.input_topic_partitions, self.echo)
 
     def _start_spark(self) -> None:
         """The session (spark/setup.py decides master and settings). Locally the Python workers are

@@ -649,7 +649,7 @@ class Driver:
             if out is None:
                 return None
         elif not per_slot:
-            out = out.withColumn(RANGE_COLUMN, F.spark_partition_id())
+            out = carry_range_tag(out, tag=False, offset=self.settings.lineage).withColumn(RANGE_COLUMN, F.spark_partition_id())
             if layout.width > 1:
                 out = out.coalesce(layout.publishing_tasks)
         return out.mapInArrow(functools.partial(publish_slot, FromJob("publish")), result_schema())

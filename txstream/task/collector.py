@@ -16,6 +16,10 @@ from txstream.errors import OutputError, kafka_error_of, topic_missing
 from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec
 
+# The source offset the driver carries through the transform's plan (driver/range_tag.py), which
+# the lineage takes before a user's `offset` column: it is the reader's, whatever the transform does.
+OFFSET_COLUMN = "_txstream_offset"
+
 
 @dataclass
 class RecordCollector:
@@ -53,7 +57,7 @@ class RecordCollector:
         keys = (_encoded(batch.column(names.index("key")), self.key_codec, "key")
                 if "key" in names else [None] * n)
         sent = self.sent
-        offsets = batch.column(names.index("offset")) if "offset" in names else None
+        offsets = _source_offsets(batch)
         if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None:
             # The common shape (one topic, Kafka's partitioner, no headers of its own): one pass.
             topic = self.default_topic
@@ -205,7 +209,6 @@ def _lineage_of_runs(collectors: Mapping[int, RecordCollector], batch: pa.Record
     publication, its next positions: a collector's runs recur in one batch), in one pass of Arrow
     compute calls (`RecordCollector._lineage_values` gives one run's)."""
     n = batch.num_rows
-    names = batch.schema.names
     lengths = np.array([end - start for _, start, end in runs], np.int64)
     which = pa.array(np.repeat(np.arange(len(runs), dtype=np.int32), lengths))
     prefixes = pc.take(pa.array([collectors[pos].lineage_prefix for pos, _, _ in runs], pa.string()), which)
@@ -218,11 +221,20 @@ def _lineage_of_runs(collectors: Mapping[int, RecordCollector], batch: pa.Record
     # Each row's position: its run's first position plus its place in the run.
     run_first_row = np.repeat(np.array([start for _, start, _ in runs], np.int64), lengths)
     positions = np.repeat(np.array(starts, np.int64), lengths) + (np.arange(n, dtype=np.int64) - run_first_row)
-    offsets = batch.column(names.index("offset")) if "offset" in names else None
+    offsets = _source_offsets(batch)
     offset_text = pc.cast(offsets, pa.string()) if offsets is not None else pa.nulls(n, pa.string())
     joined = pc.binary_join_element_wise(prefixes, offset_text, middles, pc.cast(pa.array(positions), pa.string()), "",
                                          null_handling="replace", null_replacement="")
     return joined.cast(pa.binary()).to_pylist()
+
+
+def _source_offsets(batch: pa.RecordBatch) -> pa.Array | None:
+    """Each row's source offset: the carried one, else the user's `offset` column, else none."""
+    names = batch.schema.names
+    for name in (OFFSET_COLUMN, "offset"):
+        if name in names:
+            return batch.column(names.index(name))
+    return None
 
 
 @contextmanager

@@ -346,7 +346,8 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
         row.consumed = len(visible[key])
 
     # Pass 2: outputs and dead letters, attributed to publications and source offsets.
-    first_pub: dict[tuple[str, int], dict[int, bytes | None]] = {k: {} for k in rows}
+    first_pub: dict[tuple[str, int], dict[int | tuple[int, bytes], bytes | None]] = {k: {} for k in rows}
+    covered: dict[tuple[str, int], set[int]] = {k: set() for k in rows}
     dup: dict[tuple[str, int], set[int]] = {k: set() for k in rows}
     repeated_without_offset: dict[tuple[str, int], int] = {k: 0 for k in rows}
     dead_set = set(dead)
@@ -403,10 +404,14 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
             if repeated:
                 dup[key].add(offset)
                 continue
+            covered[key].add(offset)
+            # A dead letter names its app: two apps dead-lettering one input record are not a duplicate.
+            app = _dead_letter_app(headers) if msg.topic() in dead_set else None
             seen = first_pub[key]
-            if offset not in seen:
-                seen[offset] = pub
-            elif one_to_one or (pub is not None and seen[offset] is not None and pub != seen[offset]):
+            slot = offset if app is None else (offset, app)
+            if slot not in seen:
+                seen[slot] = pub
+            elif one_to_one or (pub is not None and seen[slot] is not None and pub != seen[slot]):
                 dup[key].add(offset)   # a second publication of the offset (or, 1:1, any second record)
 
     report.records_read += _read(clients, out_ranges, on_output, timeout)
@@ -442,7 +447,7 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
         row.duplicates = len(dup[key]) + repeated_without_offset[key]
         row.duplicate_offsets = sorted(dup[key])[:SAMPLES]
         if one_to_one:
-            missing = visible[key].difference(first_pub[key])
+            missing = visible[key].difference(covered[key])
             if row.without_offset:
                 # Records without an offset cover some of these: only the count is known.
                 row.gaps = max(0, row.consumed - row.outputs - row.dead_lettered)
@@ -453,6 +458,13 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
     publications.finish()
     report.seconds = time.monotonic() - began
     return report
+
+
+def _dead_letter_app(headers: list[tuple[str, bytes]]) -> bytes | None:
+    for k, v in reversed(headers):
+        if k == hdr.DLQ_APP_ID:
+            return v
+    return None
 
 
 def _read(clients: KafkaClients, ranges: dict[tuple[str, int], tuple[int, int]], handle,

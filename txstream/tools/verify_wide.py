@@ -30,7 +30,7 @@ MARKERS_SUFFIX = ".units"   # task/units.py markers_name
 
 
 class WideLineage(NamedTuple):
-    app: str | None          # None: output written before wide lineage named the app
+    app: str | None          # None: the record names no app (the --app-id given, if any)
     batch: int
     unit: int
     publication: bytes | None

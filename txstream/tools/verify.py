@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from confluent_kafka import IsolationLevel
 from confluent_kafka.admin import OffsetSpec
@@ -77,8 +77,8 @@ class Publications:
     incomplete: int = 0
     incomplete_samples: list[str] = field(default_factory=list)
 
-    def add(self, publication: bytes | None, position: bytes | None, where: str) -> bool:
-        """Note a record at `where` (topic[partition]@offset); True when it repeats one seen."""
+    def add(self, publication: bytes | None, position: bytes | None, msg: Any) -> bool:
+        """Note the record `msg` (a consumed message); True when it repeats one seen."""
         if publication is None or position is None:
             return False
         try:
@@ -89,12 +89,12 @@ class Publications:
         if pos not in seen:
             seen.add(pos)
             if len(self.first_seen) < 100_000:
-                self.first_seen[(publication, pos)] = where
+                self.first_seen[(publication, pos)] = _where(msg)
             return False
         self.repeats += 1
         if len(self.repeat_samples) < SAMPLES:
             first = self.first_seen.get((publication, pos))
-            self.repeat_samples.append(f"{where} repeats publication {publication.decode(errors='replace')} "
+            self.repeat_samples.append(f"{_where(msg)} repeats publication {publication.decode(errors='replace')} "
                                        f"position {pos}" + (f" (first at {first})" if first else ""))
         return True
 
@@ -369,11 +369,10 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
                 if unit is None:
                     report.without_lineage += 1
                 else:
-                    publications.add(unit.publication, unit.position, f"{msg.topic()}[{msg.partition()}]@{msg.offset()}")
+                    publications.add(unit.publication, unit.position, msg)
                     wide.add(unit, msg.value())
                 continue
-            repeated = publications.add(lineage.publication, lineage.position,
-                                        f"{msg.topic()}[{msg.partition()}]@{msg.offset()}")
+            repeated = publications.add(lineage.publication, lineage.position, msg)
             key = (lineage.topic, lineage.partition)
             offset = lineage.offset
             row = rows.get(key)
@@ -458,6 +457,11 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
     publications.finish()
     report.seconds = time.monotonic() - began
     return report
+
+
+def _where(msg: Any) -> str:
+    """A record as the report names it: topic[partition]@offset."""
+    return f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
 
 
 def _dead_letter_app(headers: list[tuple[str, bytes]]) -> bytes | None:

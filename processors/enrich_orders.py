@@ -16,7 +16,6 @@ class EnrichOrders(Processor):
         orders = batch.where(F.col("value.amount") > 0)
         return orders.select(
             F.col("key"),
-            F.col("offset"),  # keeps exact per-record lineage headers
             F.struct(
                 F.col("value.id").alias("id"),
                 F.col("value.customer_id").alias("customer_id"),

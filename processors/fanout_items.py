@@ -12,11 +12,10 @@ class FanOutItems(Processor):
     output_value_schema = "schemas/order_item.avsc"
 
     def transform(self, batch: DataFrame) -> DataFrame:
-        lines = batch.select("offset", F.col("value.id").alias("order_id"), F.col("value.amount").alias("amount"),
+        lines = batch.select(F.col("value.id").alias("order_id"), F.col("value.amount").alias("amount"),
                              F.explode(F.sequence(F.lit(1), F.col("value.items"))).alias("line"),
                              F.col("value.items").alias("items"))
         return lines.select(
             F.col("order_id").cast("binary").alias("key"),
-            "offset",
             F.struct("order_id", "line",
                      (F.col("amount") / F.col("items")).alias("line_amount")).alias("value"))

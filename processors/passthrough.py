@@ -10,4 +10,4 @@ class PassThrough(Processor):
     one_to_one = True
 
     def transform(self, batch: DataFrame) -> DataFrame:
-        return batch.select("key", "value", "headers", "offset")
+        return batch.select("key", "value", "headers")

@@ -17,5 +17,5 @@ class RouteByCurrency(Processor):
         topic = (F.when(currency.isin(*self.routed), F.concat(F.lit(self.topic_prefix), F.lower(currency)))
                  .otherwise(F.lit(None)))
         # A string `value` is published as UTF-8: here the order as JSON text.
-        return batch.select("key", "offset", topic.alias("topic"),
+        return batch.select("key", topic.alias("topic"),
                             F.to_json(F.col("value")).alias("value"))

@@ -418,3 +418,54 @@ def test_under_one_to_one_a_second_record_of_one_publication_is_a_duplicate(boot
     assert audit(bootstrap_servers, inp, out).clean  # without seq and without --one-to-one: cannot tell
     report = audit(bootstrap_servers, inp, out, one_to_one=True)
     assert report.partitions[0].duplicate_offsets == [2], report.table()
+
+
+# ---------------------------------------------------------------------------------------------
+# Records whose lineage has no source offset, publications, records from outside txstream
+# ---------------------------------------------------------------------------------------------
+
+def test_records_without_an_offset_are_audited_by_publication_and_position(bootstrap_servers, make_topic):
+    inp, clean_out, copied_out = make_topic("in"), make_topic("out"), make_topic("out2")
+    write_inputs(bootstrap_servers, inp, 5)
+    offsetless = [(inp, 0, None)] * 5
+    publisher = Publisher(bootstrap_servers)
+    publisher.publish(clean_out, offsetless)
+    report = audit(bootstrap_servers, inp, clean_out)
+    assert report.clean and report.totals["without_offset"] == 5 and report.without_lineage == 0, report.table()
+    assert "not the offset" in report.table() and "no txstream lineage" not in report.table()
+
+    publisher.publish(copied_out, offsetless, repeat=(2, 0))
+    code, output = run_cli("--input", inp, "--output", copied_out, "--bootstrap-servers", bootstrap_servers)
+    assert code == 1, output
+    assert f"duplicate: {copied_out}[0]@3 repeats publication" in output and "position 2" in output, output
+    assert audit(bootstrap_servers, inp, copied_out).partitions[0].duplicates == 1
+
+
+def test_a_publication_with_a_missing_position_is_incomplete(bootstrap_servers, make_topic):
+    inp, out = make_topic("in"), make_topic("out")
+    write_inputs(bootstrap_servers, inp, 4)
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for position in (0, 1, 3):   # position 2 went to a topic verify is not given
+        producer.produce(out, b"x", headers=[(hdr.LINEAGE, hdr.lineage_value(inp, 0, position, "p1", position))])
+    assert producer.flush(30) == 0
+    code, output = run_cli("--input", inp, "--output", out, "--bootstrap-servers", bootstrap_servers)
+    assert code == 1 and "incomplete: publication p1: positions 2 not found" in output, output
+
+
+def test_records_from_outside_txstream_are_noted_not_audited(bootstrap_servers, topics):
+    inp, out, dlq = topics
+    Publisher(bootstrap_servers).publish(out, src(inp, range(10)))
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    producer.produce(out, b"from elsewhere")
+    producer.produce(out, b"from elsewhere", headers=[(hdr.LINEAGE, b"not ours")])
+    assert producer.flush(30) == 0
+    for flag in ("--dead-letter-topic", "--dead-letter"):
+        code, output = run_cli("--input", inp, "--output", out, flag, dlq, "--bootstrap-servers", bootstrap_servers)
+        assert code == 0, output
+        assert "note: 2 output/dead-letter record(s) carry no txstream lineage header (written outside txstream" \
+            in output, output
+    code, output = run_cli("--input", inp, "--output", out, "--format", "json", "--bootstrap-servers",
+                           bootstrap_servers)
+    data = json.loads(output)
+    assert code == 0 and data["without_lineage"] == 2 and data["totals"]["outputs"] == 10, data
+    assert data["verdict"].startswith("CLEAN")

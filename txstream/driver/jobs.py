@@ -133,6 +133,7 @@ class SparkJobs:
             if out is None:
                 return None
         elif not per_slot:
+            out = carry_range_tag(out, tag=False, offset=self.settings.lineage)
             out = out.withColumn(RANGE_COLUMN, F.spark_partition_id())
             if layout.width > 1:
                 out = out.coalesce(layout.publishing_tasks)

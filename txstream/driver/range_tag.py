@@ -1,74 +1,140 @@
-"""Carry the readers' range tag through the transform, so that a slot read in one Spark
-partition still tells its publisher which range each output row came from (the lineage
-headers name the source partition; each range is its own publication).
+"""Carry the readers' range tag and each row's source offset through the transform, so that the
+publisher knows, for every output row, which range it came from (each range is its own
+publication) and which input record (the offset in its lineage header), whatever the transform
+selects.
 
 The reader adds RANGE_COLUMN and the transform sees its input without it (task/reading.py
 range_frame): a transform selects its own columns, and `struct("*")` must not pick the tag up.
-Here the transform's analyzed plan is rebuilt with the tag appended to every projection above
-the reader, the same expressions otherwise, so the tag reaches the output. Only a chain of
-one-input operators that keep their input's columns (a filter, a projection, a Python UDF, an
-explode) can carry it: a join or a union (a second input), an aggregate, a partition map of the
-transform's own leaves the tag behind, and `carry_range_tag` returns None (the run then reads
-one Spark partition per range, which tags rows by partition id instead).
+The input's `offset` column is the user's to keep or drop. Here the transform's analyzed plan is
+rebuilt with the reader's tag and offset attributes appended to every projection above the
+reader, the same expressions otherwise, and the offset renamed OFFSET_COLUMN at the top.
+
+What can carry them: a chain of one-input operators that keep their input's columns (a filter, a
+projection, a Python UDF, an explode); the offset also crosses a join (the rows of the reader's
+side keep their identity). What cannot: a union (whose rows come from two inputs), an aggregate
+(an output row has no one input row), a partition map of the transform's own. Without the tag,
+`carry_range_tag` returns None (the run then reads one Spark partition per range, which tags rows
+by partition id); without the offset, the output rows name their range and their
+position in its publication, not their input record (docs/guarantees.md).
 
 Hand-written over Py4J: Catalyst's own rewrite (`transformUp`) takes a Scala partial function,
-which Python cannot pass. It costs a handful of Py4J round trips per operator (tens of
-milliseconds of driver time per batch for a typical transform)."""
+which Python cannot pass."""
 from __future__ import annotations
 
 from typing import Any
 
 from txstream.protocol import RANGE_COLUMN
+from txstream.task.collector import OFFSET_COLUMN
 
-_PROJECT = "org.apache.spark.sql.catalyst.plans.logical.Project"
+_CATALYST = "org.apache.spark.sql.catalyst"
+_PROJECT = f"{_CATALYST}.plans.logical.Project"
+_JOIN = f"{_CATALYST}.plans.logical.Join"
 
 
-def carry_range_tag(frame: Any) -> Any | None:
-    """`frame` (the transform's output over a tagged reader) with RANGE_COLUMN as its last
-    column, or None when its plan cannot carry it."""
+def carry_range_tag(frame: Any, tag: bool = True, offset: bool = True) -> Any | None:
+    """`frame` (the transform's output over the batch's reader) with, where its plan can carry
+    them, the input's offset in OFFSET_COLUMN (`offset`) and the reader's RANGE_COLUMN (`tag`) as
+    its last columns. With `tag`, None when the plan cannot carry the tag; without, `frame` itself
+    when it cannot carry the offset (a run reading one range per Spark partition tags its rows by
+    partition id)."""
     from py4j.protocol import Py4JError
 
+    if not tag:
+        if not offset or OFFSET_COLUMN in frame.columns:
+            return frame
+        try:
+            carried = _carried(frame, tag=False)
+        except Py4JError:
+            carried = None
+        return frame if carried is None else carried
     if RANGE_COLUMN in frame.columns:   # the transform's own column of that name: ambiguous
         return None
     try:
-        return _carried(frame)
+        carried = _carried(frame, tag=True, offset=True) if offset and OFFSET_COLUMN not in frame.columns else None
+        return carried if carried is not None else _carried(frame, tag=True, offset=False)
     except Py4JError:
         return None
 
 
-def _carried(frame: Any) -> Any | None:
+def _carried(frame: Any, tag: bool, offset: bool = True) -> Any | None:
+    """The frame rebuilt with the reader's tag (`tag`) and offset (`offset`) carried, or None when
+    its plan cannot carry what is asked."""
     from pyspark.sql import DataFrame
 
     spark = frame.sparkSession
     jvm = spark._jvm
-    node = frame._jdf.queryExecution().analyzed()
-    above: list[Any] = []
-    tag = None
-    while tag is None:
-        output = node.output()
-        tag = _named(output, RANGE_COLUMN) if f"{RANGE_COLUMN}#" in output.toString() else None
-        if tag is None:
-            if node.children().size() != 1:
+    top = frame._jdf.queryExecution().analyzed()
+    above: list[tuple[Any, int]] = []   # (operator, the index of its child towards the reader)
+    node = top
+    while not _is_reader(node):
+        children = node.children()
+        if children.size() == 1:
+            index = 0
+        elif not tag and node.getClass().getName() == _JOIN:
+            sides = [i for i in range(children.size()) if _holds_reader(children.apply(i))]
+            if len(sides) != 1:
                 return None
-            above.append(node)
-            node = node.children().apply(0)
-    if not above or node.nodeName() != "MapInArrow":   # not the reader's tag
+            index = sides[0]
+        else:
+            return None
+        above.append((node, index))
+        node = children.apply(index)
+    if not above:
         return None
+    carried = []
+    if tag:
+        range_attr = _named(node.output(), RANGE_COLUMN)
+        if range_attr is None:
+            return None
+        carried.append(range_attr)
+    offset_attr = _named(node.output(), "offset") if offset else None
+    if offset and (offset_attr is None or top.outputSet().contains(offset_attr)):
+        # No offset to carry, or the transform keeps the input's own: the publisher reads that.
+        return None
+    if offset_attr is not None:
+        carried.insert(0, offset_attr)
     scala = jvm.scala.jdk.javaapi.CollectionConverters
+    logical = jvm.org.apache.spark.sql.catalyst.plans.logical
     rebuilt = node
-    for op in reversed(above):
+    for op, index in reversed(above):
         if op.getClass().getName() == _PROJECT:
             projection = jvm.java.util.ArrayList(scala.asJava(op.projectList()))
-            projection.add(tag)
-            rebuilt = jvm.org.apache.spark.sql.catalyst.plans.logical.Project(scala.asScala(projection).toSeq(), rebuilt)
+            for attribute in carried:
+                if not op.outputSet().contains(attribute):
+                    projection.add(attribute)
+            rebuilt = logical.Project(scala.asScala(projection).toSeq(), rebuilt)
         else:
-            child = jvm.java.util.ArrayList()
-            child.add(rebuilt)
-            rebuilt = op.withNewChildren(scala.asScala(child).toSeq())
-        if not rebuilt.outputSet().contains(tag):
+            children = jvm.java.util.ArrayList(scala.asJava(op.children()))
+            children.set(index, rebuilt)
+            rebuilt = op.withNewChildren(scala.asScala(children).toSeq())
+        if not all(rebuilt.outputSet().contains(attribute) for attribute in carried):
             return None
+    projection = jvm.java.util.ArrayList(scala.asJava(top.output()))
+    if offset_attr is not None:
+        projection.add(_alias(jvm, offset_attr, OFFSET_COLUMN))
+    if tag:
+        projection.add(carried[-1])
+    rebuilt = logical.Project(scala.asScala(projection).toSeq(), rebuilt)
     jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, rebuilt)
     return DataFrame(jdf, spark)
+
+
+def _is_reader(node: Any) -> bool:
+    """txstream's reader: a `mapInArrow` over `spark.range` (task/reading.py range_frame)."""
+    return (node.nodeName() == "MapInArrow" and node.children().size() == 1
+            and node.children().apply(0).nodeName() == "Range")
+
+
+def _holds_reader(node: Any) -> bool:
+    return _is_reader(node) or any(_holds_reader(node.children().apply(i)) for i in range(node.children().size()))
+
+
+def _alias(jvm: Any, attribute: Any, name: str) -> Any:
+    """Catalyst's `Alias(attribute, name)` (its defaults spelt out: Py4J sees one constructor)."""
+    expressions = jvm.org.apache.spark.sql.catalyst.expressions
+    empty = jvm.scala.jdk.javaapi.CollectionConverters.asScala(jvm.java.util.ArrayList()).toSeq()
+    return expressions.Alias(attribute, name, expressions.NamedExpression.newExprId(), empty,
+                             jvm.scala.Option.empty(), empty)
 
 
 def _named(attributes: Any, name: str) -> Any | None:

@@ -2,13 +2,11 @@
 `status`; and the one reader of a record's lineage, for both formats (docs/architecture.md,
 "Lineage").
 
-Lineage: every output record names the input record it came from, so anyone can audit
-exactly-once from the topics alone. Since the compact format one header carries it all,
-`txstream.lineage: <topic>/<partition>/<offset>/<publication>/<position>` (UTF-8; Kafka topic
-names cannot hold `/`). It was five headers before, one per field; each header is a separate
-allocation in the client and a name in every record the broker stores: five cost 4.0 µs of the
-client's CPU and 2.2 µs of the broker's per record, the one 2.0 / 1.3, none 1.4 / 0.9
-(`benchmarks/lineage_cost.py`, one run). Output written in the five-header format still reads.
+Lineage: every output record names where it came from, so anyone can audit exactly-once from the
+topics alone. One header carries it, `txstream.lineage:
+<topic>/<partition>/<offset>/<publication>/<position>` (UTF-8; Kafka topic names cannot hold `/`):
+one header rather than one per field, because each header costs the client and the broker per
+record (benchmarks/lineage_cost.py). Output written in the older five-header format still reads.
 """
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ from typing import NamedTuple
 
 LINEAGE = "txstream.lineage"
 
-# The five-header format (before the compact one), still read; dead letters and wide output
-# keep the publication and position names.
+# The five-header format, still read; dead letters and wide output keep the publication and
+# position names.
 SOURCE_TOPIC = "txstream.source.topic"
 SOURCE_PARTITION = "txstream.source.partition"
 SOURCE_OFFSET = "txstream.source.offset"
@@ -32,22 +30,23 @@ DLQ_APP_ID = "txstream.dlq.app.id"
 PUBLICATION = "txstream.publication"
 
 # The record's position in its publication (0, 1, 2 ... in the order produced; dead letters
-# included): (publication, source offset, position) is unique by construction, so `verify`
-# catches any repeat, a verbatim copy of a committed record included.
+# included): (publication, position) is unique by construction, so `verify` catches any repeat,
+# a verbatim copy of a committed record included, whether or not the offset is known.
 PUBLICATION_SEQ = "txstream.publication.seq"
 
 # Wide batches (docs/wide-transforms.md): an output record has no single source record; it
-# names the batch and the output unit that published it, which `verify` checks were published
-# once (one publication per batch and unit).
+# names the app, the batch and the output unit that published it. The app tells two apps
+# writing one topic apart: batch ids are per app.
 BATCH = "txstream.batch"
 UNIT = "txstream.unit"
+APP = "txstream.app"
 
 _FIVE = frozenset((SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, PUBLICATION, PUBLICATION_SEQ))
 
 
 class Lineage(NamedTuple):
-    """What a record's lineage names. `offset` is None for a row whose transform dropped (or
-    nulled) the input's `offset` column: it names its source partition only."""
+    """What a record's lineage names. `offset` is None when the plan could not carry the source
+    offset (docs/guarantees.md): the record names its source partition, publication and position."""
 
     topic: str
     partition: int
@@ -110,5 +109,7 @@ def _offset(value: bytes | None) -> int | None:
         return None   # the five-header format wrote `None` for a nulled offset
 
 
-def wide_lineage(batch_id: int, unit: int | str, publication: str) -> list[tuple[str, bytes]]:
-    return [(BATCH, str(batch_id).encode()), (UNIT, str(unit).encode()), (PUBLICATION, publication.encode())]
+def wide_lineage(batch_id: int, unit: int | str, publication: str, app_id: str | None = None) -> list[tuple[str, bytes]]:
+    """A wide publication's headers (each record adds its position)."""
+    named = [(APP, app_id.encode())] if app_id else []
+    return [*named, (BATCH, str(batch_id).encode()), (UNIT, str(unit).encode()), (PUBLICATION, publication.encode())]

@@ -16,6 +16,10 @@ from txstream.errors import OutputError, kafka_error_of, topic_missing
 from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec
 
+# The source offset the driver carries through the transform's plan (driver/range_tag.py), which
+# the lineage takes before a user's `offset` column: it is the reader's, whatever the transform does.
+OFFSET_COLUMN = "_txstream_offset"
+
 
 @dataclass
 class RecordCollector:
@@ -53,7 +57,7 @@ class RecordCollector:
         keys = (_encoded(batch.column(names.index("key")), self.key_codec, "key")
                 if "key" in names else [None] * n)
         sent = self.sent
-        offsets = batch.column(names.index("offset")) if "offset" in names else None
+        offsets = _source_offsets(batch)
         if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None:
             # The common shape (one topic, Kafka's partitioner, no headers of its own): one pass.
             topic = self.default_topic
@@ -136,7 +140,7 @@ class RecordCollector:
         for topic, value, key, partition, record_headers in self.sent[start:]:
             while True:
                 try:
-                    if record_headers is None:   # `headers=None` alone cost ~0.35 us a record (measured)
+                    if record_headers is None:   # passing `headers=None` has a per-record cost of its own
                         produce(topic, value, key, partition)
                     else:
                         produce(topic, value, key, partition, headers=record_headers)
@@ -158,11 +162,10 @@ def add_runs(collectors: Mapping[int, RecordCollector], batch: pa.RecordBatch, r
              produced: Callable[[int], None] = lambda _pos: None) -> list[int] | None:
     """A slot's batch of several ranges' runs, `(collector position, first row, end row)` covering
     the batch in order, built at once and produced run by run: the records each run's
-    `add_batch` would produce, header for header. Each `add_batch` call cost ~0.2 ms before its
-    first record (its Arrow compute calls and list building), which a slot of 128 ranges paid for
-    each of its ~100-row runs (measured: 128 runs of 100 records 37 ms, one of 12,800 10 ms, no
-    producer). Returns each run's record count, or None when the batch is not of the one-pass
-    shape (the caller then takes `add_batch` per run). `produced(pos)`: after each run."""
+    `add_batch` would produce, header for header: each `add_batch` call has a fixed cost before its
+    first record (its Arrow compute calls and list building), which a slot of many small ranges
+    would pay once per run. Returns each run's record count, or None when the batch is not of the
+    one-pass shape (the caller then takes `add_batch` per run). `produced(pos)`: after each run."""
     names = batch.schema.names
     if not runs or not all(collectors[pos].one_pass(names) for pos, _, _ in runs):
         return None
@@ -205,7 +208,6 @@ def _lineage_of_runs(collectors: Mapping[int, RecordCollector], batch: pa.Record
     publication, its next positions: a collector's runs recur in one batch), in one pass of Arrow
     compute calls (`RecordCollector._lineage_values` gives one run's)."""
     n = batch.num_rows
-    names = batch.schema.names
     lengths = np.array([end - start for _, start, end in runs], np.int64)
     which = pa.array(np.repeat(np.arange(len(runs), dtype=np.int32), lengths))
     prefixes = pc.take(pa.array([collectors[pos].lineage_prefix for pos, _, _ in runs], pa.string()), which)
@@ -218,11 +220,20 @@ def _lineage_of_runs(collectors: Mapping[int, RecordCollector], batch: pa.Record
     # Each row's position: its run's first position plus its place in the run.
     run_first_row = np.repeat(np.array([start for _, start, _ in runs], np.int64), lengths)
     positions = np.repeat(np.array(starts, np.int64), lengths) + (np.arange(n, dtype=np.int64) - run_first_row)
-    offsets = batch.column(names.index("offset")) if "offset" in names else None
+    offsets = _source_offsets(batch)
     offset_text = pc.cast(offsets, pa.string()) if offsets is not None else pa.nulls(n, pa.string())
     joined = pc.binary_join_element_wise(prefixes, offset_text, middles, pc.cast(pa.array(positions), pa.string()), "",
                                          null_handling="replace", null_replacement="")
     return joined.cast(pa.binary()).to_pylist()
+
+
+def _source_offsets(batch: pa.RecordBatch) -> pa.Array | None:
+    """Each row's source offset: the carried one, else the user's `offset` column, else none."""
+    names = batch.schema.names
+    for name in (OFFSET_COLUMN, "offset"):
+        if name in names:
+            return batch.column(names.index(name))
+    return None
 
 
 @contextmanager
@@ -232,8 +243,7 @@ def _collections_paused() -> Iterator[None]:
     Each record is a tuple (and its headers) that the collector keeps until the commit: a batch
     allocates hundreds of thousands of objects without freeing any, which is what triggers
     CPython's collections, and each collection walks what the batch built so far. None of them is
-    garbage (the records hold no cycles). Measured on a 147,000-record batch with the worker's
-    heap frozen: 1.03 µs per record with collections, 0.56 without. Process-wide, restored after;
+    garbage (the records hold no cycles), so the collections are pure cost. Process-wide, restored after;
     a thread that found collections on turns them back on, so overlapping callers cannot leave
     them off."""
     was_enabled = gc.isenabled()

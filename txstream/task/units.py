@@ -159,7 +159,7 @@ def wide_collector(p: PublishSpec, producer: Any, batch_id: int, unit: int) -> R
         value_codec=AvroCodec(p.output_value_schema) if p.output_value_schema else None,
         key_codec=AvroCodec(p.output_key_schema) if p.output_key_schema else None,
         source=("", -1), publication=publication, lineage=p.lineage,
-        fixed_headers=headers.wide_lineage(batch_id, unit, publication), refused_topics=p.refused_topics)
+        fixed_headers=headers.wide_lineage(batch_id, unit, publication, p.app_id), refused_topics=p.refused_topics)
 
 
 def _collector(spec: UnitSpec, unit: int, producer: Any) -> RecordCollector:

@@ -1,34 +1,46 @@
 """The audit of a wide app's output (docs/wide-transforms.md §8), beside tools/verify.py's.
 
-A wide output record names no source record: it names its batch and unit (`txstream.batch`,
-`txstream.unit`) and its publication. The closing transaction of each batch writes one record to
-the app's markers topic (`<app>.units`, partition 0): the batch's input ranges and how many records
-each unit published. The audit checks, per batch and unit:
-- one publication (a second one is a unit published twice: duplicates);
-- no repeated position within it;
+A wide output record names no source record: it names its app, batch and unit (`txstream.app`,
+`txstream.batch`, `txstream.unit`), its publication and its position (tools/verify.py checks
+the positions of every publication). The closing transaction of each batch writes one record to
+the app's markers topic (`<app>.units`, partition 0): the batch's input ranges and how many
+records each unit published. The audit checks, per app, batch and unit:
+- one publication per closing of the batch (a second one is a unit published twice: duplicates);
 - as many records as the batch record says (fewer: lost; more: duplicated);
-- per batch, with `count_field`: the field summed over the batch's output equals the input
-  records in the batch's ranges that were not dead-lettered (an aggregate's counts reconcile);
+- per batch, with `count_field`: the field summed over the batch's output against the input
+  records in the batch's ranges that were not dead-lettered. More is a duplicate; fewer is what a
+  filtering transform leaves (reported, not a problem);
 and that every closed batch's units are in the output. Units of a batch that is not closed yet
 (published, the input not yet committed) are reported as pending, not as problems.
+
+A batch closed twice (its id reused after `txstream offsets reset`: the plan log restarts) is a
+replay: each closing publishes each unit once, so it is told apart from a duplicate. Batches whose
+input ranges overlap an earlier batch's of the same app are reported as replays too.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from txstream.kafka import headers as hdr
 
 SAMPLES = 20
+MARKERS_SUFFIX = ".units"   # task/units.py markers_name
+
+
+class WideLineage(NamedTuple):
+    app: str | None          # None: the record names no app (the --app-id given, if any)
+    batch: int
+    unit: int
+    publication: bytes | None
+    position: bytes | None
 
 
 @dataclass
 class UnitSeen:
     publications: set = field(default_factory=set)
     records: int = 0
-    positions: set = field(default_factory=set)
-    repeated: int = 0
     counted: int = 0        # the count field summed
 
 
@@ -37,44 +49,61 @@ class WideAudit:
     """Collects wide output records (`add`) and batch records (`add_batch`), then `finish`."""
 
     count_field: str | None = None
-    batches: dict[int, dict] = field(default_factory=dict)
-    units: dict[tuple[int, int], UnitSeen] = field(default_factory=dict)
+    # (app, batch) -> its batch records (one per closing: two after a replay of the batch id)
+    batches: dict[tuple[str | None, int], list[dict]] = field(default_factory=dict)
+    units: dict[tuple[str | None, int, int], UnitSeen] = field(default_factory=dict)
     records: int = 0
     problems: list[str] = field(default_factory=list)
     problem_count: int = 0
-    pending_batches: list[int] = field(default_factory=list)
+    pending_batches: list[str] = field(default_factory=list)
     reconciled_batches: int = 0
+    filtered_batches: int = 0          # --count-field: output counts below the input's
+    filtered_records: int = 0
+    replays: list[str] = field(default_factory=list)
     unreadable_counts: int = 0
+    unreconciled_batches: int = 0
+    audited_end: dict = field(default_factory=dict)
 
     @staticmethod
-    def lineage(headers: list[tuple[str, bytes]] | None) -> tuple[int, int, bytes | None, bytes | None] | None:
-        """(batch, unit, publication, position) of a wide output record, or None."""
+    def lineage(headers: list[tuple[str, bytes]] | None) -> WideLineage | None:
+        """The wide lineage of an output record, or None."""
         if not headers:
             return None
-        found = {k: v for k, v in headers if k in (hdr.BATCH, hdr.UNIT, hdr.PUBLICATION, hdr.PUBLICATION_SEQ)}
+        found = {k: v for k, v in headers if k in (hdr.APP, hdr.BATCH, hdr.UNIT, hdr.PUBLICATION, hdr.PUBLICATION_SEQ)}
         if hdr.BATCH not in found or hdr.UNIT not in found:
             return None
-        return int(found[hdr.BATCH]), int(found[hdr.UNIT]), found.get(hdr.PUBLICATION), found.get(hdr.PUBLICATION_SEQ)
+        try:
+            batch, unit = int(found[hdr.BATCH]), int(found[hdr.UNIT])
+        except ValueError:
+            return None
+        app = found[hdr.APP].decode(errors="replace") if hdr.APP in found else None
+        return WideLineage(app, batch, unit, found.get(hdr.PUBLICATION), found.get(hdr.PUBLICATION_SEQ))
 
-    def add(self, lineage: tuple[int, int, bytes | None, bytes | None], value: bytes | None) -> None:
-        batch, unit, publication, position = lineage
-        seen = self.units.setdefault((batch, unit), UnitSeen())
+    @property
+    def apps(self) -> set[str]:
+        """The apps the wide output names."""
+        return {app for app, _, _ in self.units if app is not None}
+
+    def add(self, lineage: WideLineage, value: bytes | None) -> None:
+        seen = self.units.setdefault((lineage.app, lineage.batch, lineage.unit), UnitSeen())
         self.records += 1
         seen.records += 1
-        seen.publications.add(publication)
-        if position is not None:
-            if (publication, position) in seen.positions:
-                seen.repeated += 1
-            seen.positions.add((publication, position))
+        seen.publications.add(lineage.publication)
         if self.count_field is not None:
             try:
                 seen.counted += int(json.loads(value)[self.count_field])   # type: ignore[arg-type]
             except (TypeError, ValueError, KeyError):
                 self.unreadable_counts += 1
 
-    def add_batch(self, value: bytes) -> None:
+    def add_batch(self, app: str | None, value: bytes, offset: int = -1) -> None:
         record = json.loads(value)
-        self.batches[int(record["batch"])] = record
+        record["offset_in_markers"] = offset
+        self.batches.setdefault((app, int(record["batch"])), []).append(record)
+
+    def keep_batches(self, keep) -> None:
+        """Only the batch records `keep(app, batch, record)` accepts (those inside the snapshot)."""
+        self.batches = {k: kept for k, records in self.batches.items()
+                        if (kept := [r for r in records if keep(k[0], k[1], r)])}
 
     def _problem(self, text: str) -> None:
         self.problem_count += 1
@@ -82,46 +111,80 @@ class WideAudit:
             self.problems.append(text)
 
     def finish(self, visible: dict[tuple[str, int], set[int]], dead_offsets: dict[tuple[str, int], set[int]],
-               committed: dict[tuple[str, int], int]) -> None:
-        """`visible`: the input offsets read per partition; `dead_offsets`: the dead-lettered ones;
-        `committed`: the app's committed offsets (a batch ending at or before them is closed)."""
-        by_batch: dict[int, dict[int, UnitSeen]] = {}
-        for (batch, unit), seen in self.units.items():
-            by_batch.setdefault(batch, {})[unit] = seen
-        for batch, units in sorted(by_batch.items()):
-            record = self.batches.get(batch)
+               audited_end: dict[tuple[str, int], int], default_app: str | None = None) -> None:
+        """`visible`: the input offsets read per partition, up to `audited_end`; `dead_offsets`: the
+        dead-lettered ones. Output records that name no app belong to `default_app` (--app-id)."""
+        self.audited_end = audited_end
+        by_batch: dict[tuple[str | None, int], dict[int, UnitSeen]] = {}
+        for (app, batch, unit), seen in self.units.items():
+            by_batch.setdefault((app or default_app, batch), {})[unit] = seen
+        self._replays()
+        for (app, batch), units in sorted(by_batch.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+            name = _name(app, batch)
+            records = self.batches.get((app, batch), [])
+            closings = max(1, len(records))
             for unit, seen in sorted(units.items()):
-                if len(seen.publications) > 1:
-                    self._problem(f"batch {batch} unit {unit}: published by {len(seen.publications)} publications "
-                                  f"({seen.records} records): duplicates")
-                if seen.repeated:
-                    self._problem(f"batch {batch} unit {unit}: {seen.repeated} record(s) repeated within one publication")
-            if record is None:
-                self.pending_batches.append(batch)
+                if len(seen.publications) > closings:
+                    self._problem(f"{name} unit {unit}: published by {len(seen.publications)} publications "
+                                  f"({seen.records} records), closed {len(records)} time(s): duplicates")
+            if not records:
+                self.pending_batches.append(name)
                 continue
-            expected = {int(k): v for k, v in record["unit_records"].items()}
+            expected: dict[int, int] = {}
+            for record in records:
+                for k, v in record["unit_records"].items():
+                    expected[int(k)] = expected.get(int(k), 0) + v
             for unit in sorted(set(expected) | set(units)):
                 got = units[unit].records if unit in units else 0
                 if got != expected.get(unit, 0):
-                    self._problem(f"batch {batch} unit {unit}: {got} record(s) in the output, the batch record "
+                    self._problem(f"{name} unit {unit}: {got} record(s) in the output, the batch record "
                                   f"says {expected.get(unit, 0)}")
             if self.count_field is not None:
-                inputs = 0
+                self._reconcile(name, records, units, visible, dead_offsets)
+        for (app, batch), records in sorted(self.batches.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+            closed = sum(v for r in records for v in r["unit_records"].values())
+            if (app, batch) not in by_batch and closed:
+                self._problem(f"{_name(app, batch)}: closed with {closed} record(s), none in the output")
+
+    def _reconcile(self, name: str, records: list[dict], units: dict[int, UnitSeen],
+                   visible: dict[tuple[str, int], set[int]], dead_offsets: dict[tuple[str, int], set[int]]) -> None:
+        inputs = 0
+        for record in records:
+            for topic, partition, start, end in record["ranges"]:
+                if end > self.audited_end.get((topic, partition), end):
+                    self.unreconciled_batches += 1   # read beyond the audited range (before an offsets reset)
+                    return
+                offsets = visible.get((topic, partition), set())
+                dead = dead_offsets.get((topic, partition), set())
+                inputs += sum(1 for o in offsets if start <= o < end and o not in dead)
+        counted = sum(s.counted for s in units.values())
+        if counted > inputs:
+            self._problem(f"{name}: the output's {self.count_field} add up to {counted}, more than the "
+                          f"{inputs} input record(s) the batch read (not dead-lettered): duplicates")
+        elif counted < inputs:
+            # A transform that filters before it counts: fewer is its filter, not a loss we can see.
+            self.filtered_batches += 1
+            self.filtered_records += inputs - counted
+        else:
+            self.reconciled_batches += 1
+
+    def _replays(self) -> None:
+        """Batches of one app whose ranges overlap an earlier closing's: an offsets reset re-read them."""
+        by_app: dict[str | None, list[tuple[int, int, dict]]] = {}
+        for (app, batch), records in self.batches.items():
+            for record in records:
+                by_app.setdefault(app, []).append((int(record.get("time_ms", 0)), batch, record))
+        for app, closings in by_app.items():
+            read: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+            for _, batch, record in sorted(closings, key=lambda c: (c[0], c[1])):
+                earlier = set()
                 for topic, partition, start, end in record["ranges"]:
-                    key = (topic, partition)
-                    offsets = visible.get(key, set())
-                    dead = dead_offsets.get(key, set())
-                    inputs += sum(1 for o in offsets if start <= o < end and o not in dead)
-                counted = sum(s.counted for s in units.values())
-                if counted != inputs:
-                    self._problem(f"batch {batch}: the output's {self.count_field} add up to {counted}, the "
-                                  f"batch read {inputs} input record(s) (not dead-lettered)")
-                else:
-                    self.reconciled_batches += 1
-        for batch, record in sorted(self.batches.items()):
-            if batch not in by_batch and any(v for v in record["unit_records"].values()):
-                self._problem(f"batch {batch}: closed with {sum(record['unit_records'].values())} record(s), none "
-                              "in the output")
+                    for s, e, b in read.get((topic, partition), []):
+                        if start < e and s < end:
+                            earlier.add(b)
+                    read.setdefault((topic, partition), []).append((start, end, batch))
+                if earlier:
+                    self.replays.append(f"{_name(app, batch)} re-read input of batch(es) {sorted(earlier)[:5]}")
 
     @property
     def clean(self) -> bool:
@@ -129,19 +192,37 @@ class WideAudit:
 
     def lines(self) -> list[str]:
         out = [f"wide output: {self.records} record(s) of {len(self.units)} (batch, unit) publications over "
-               f"{len({b for b, _ in self.units})} batch(es); {len(self.batches)} closed batch record(s)"]
+               f"{len({(a, b) for a, b, _ in self.units})} batch(es); "
+               f"{sum(len(r) for r in self.batches.values())} closed batch record(s)"]
         if self.count_field is not None:
             out.append(f"wide output: {self.reconciled_batches} batch(es) reconciled ({self.count_field} vs input)"
                        + (f"; {self.unreadable_counts} value(s) without a readable {self.count_field}"
                           if self.unreadable_counts else ""))
+            if self.unreconciled_batches:
+                out.append(f"wide output: {self.unreconciled_batches} batch(es) not reconciled: they read input "
+                           "beyond the audited range (batches from before an offsets reset)")
+            if self.filtered_batches:
+                out.append(f"wide output: in {self.filtered_batches} batch(es) the {self.count_field} add up to "
+                           f"{self.filtered_records} fewer than the input records: the transform filters them out "
+                           "(not a duplicate, and not a loss verify can see)")
+        if self.replays:
+            out.append(f"wide output: {len(self.replays)} replayed batch(es) (input read again after an offsets "
+                       f"reset: not duplicates): {'; '.join(self.replays[:5])}")
         if self.pending_batches:
-            out.append(f"wide output: batch(es) {self.pending_batches[:5]} published, not closed yet (pending)")
+            out.append(f"wide output: {', '.join(self.pending_batches[:5])} published, not closed yet (pending)")
         out += [f"wide problem: {p}" for p in self.problems]
         if self.problem_count > len(self.problems):
             out.append(f"wide problem: (+{self.problem_count - len(self.problems)} more)")
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"records": self.records, "publications": len(self.units), "closed_batches": len(self.batches),
+        return {"records": self.records, "publications": len(self.units),
+                "closed_batches": sum(len(r) for r in self.batches.values()),
                 "pending_batches": self.pending_batches, "reconciled_batches": self.reconciled_batches,
-                "problems": self.problems, "problem_count": self.problem_count, "clean": self.clean}
+                "filtered_batches": self.filtered_batches, "filtered_records": self.filtered_records,
+                "replays": self.replays, "problems": self.problems, "problem_count": self.problem_count,
+                "clean": self.clean}
+
+
+def _name(app: str | None, batch: int) -> str:
+    return f"batch {batch}" if app is None else f"{app} batch {batch}"

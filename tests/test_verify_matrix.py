@@ -1,0 +1,346 @@
+"""`txstream verify` against every output shape txstream writes (issue 50): each processor runs
+once, for real (the session's Spark, the real broker), and verify must pass its output; then each
+duplicate shape is injected into a copy of that output (the copy keeps every record's key, value,
+headers and partition) and verify must fail (exit 1) naming the duplicate.
+
+Processors: narrow keeping `offset`, narrow dropping it, a Python UDF, an explode (1:n), a filter
+to nothing, a fan-out to two topics, a wide groupBy (which filters: --count-field says so), a wide
+keyless distinct. Each input holds one undecodable record, so each app has a dead letter.
+
+Duplicate shapes: a verbatim copy of one record committed by another transactional producer; a
+whole publication replayed by another producer (a second commit of the same range or unit: a new
+publication id); a record copied into another partition; a dead letter copied into the output.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from processors.sample_orders import orders
+from tests.support.kafka import Record, avro_bytes, produce, read_all
+from tests.support.waiting import wait_until
+from txstream import Processor
+from txstream.cli import main as cli
+from txstream.kafka import headers as hdr
+from txstream.serde.avro import load_schema
+
+ORDER_SCHEMA = "schemas/order.avsc"
+ORDER = load_schema(ORDER_SCHEMA)
+COUNT = 60
+GARBAGE = b"\xff\xff not avro"
+SECOND = "second"   # the fan-out's other topic, set per run
+
+
+class _Orders(Processor):
+    value_schema = ORDER_SCHEMA
+
+
+class KeepsOffset(_Orders):
+    def transform(self, batch: DataFrame) -> DataFrame:
+        return batch.select("key", "offset", F.to_json("value").alias("value"))
+
+
+class DropsOffset(_Orders):
+    def transform(self, batch: DataFrame) -> DataFrame:
+        return batch.select("key", F.to_json("value").alias("value"))
+
+
+def _shout(text: str) -> str:
+    return text.upper()
+
+
+class PythonUdf(_Orders):
+    def transform(self, batch: DataFrame) -> DataFrame:
+        return batch.select("key", F.udf(_shout, "string")(F.to_json("value")).alias("value"))
+
+
+class Explodes(_Orders):
+    def transform(self, batch: DataFrame) -> DataFrame:
+        return batch.select("key", F.explode(F.array(F.col("value.id"), F.col("value.customer_id"))).alias("value"))
+
+
+class FiltersAll(_Orders):
+    def transform(self, batch: DataFrame) -> DataFrame:
+        return batch.filter(F.col("value.amount") > 1e12).select("key", F.to_json("value").alias("value"))
+
+
+class FansOut(_Orders):
+    def transform(self, batch: DataFrame) -> DataFrame:
+        topic = F.when(F.col("value.currency") == "EUR", F.lit(self.output_topic)).otherwise(F.lit(self.second))
+        return batch.select("key", F.col("value.id").alias("value"), topic.alias("topic"))
+
+
+class GroupsBy(_Orders):
+    """Counts the orders with a positive amount per currency: a wide transform that filters."""
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        return (batch.filter(F.col("value.amount") > 0).groupBy(F.col("value.currency").alias("currency"))
+                .agg(F.count("*").alias("n"))
+                .select(F.col("currency").cast("binary").alias("key"), F.to_json(F.struct("n")).alias("value")))
+
+
+class Distinct(_Orders):
+    def transform(self, batch: DataFrame) -> DataFrame:
+        return batch.select(F.to_json(F.struct(F.col("value.currency").alias("c"))).alias("value")).distinct()
+
+
+PROCESSORS = {"keeps-offset": KeepsOffset, "drops-offset": DropsOffset, "udf": PythonUdf, "explode": Explodes,
+              "filters-all": FiltersAll, "fan-out": FansOut, "group-by": GroupsBy, "distinct": Distinct}
+WIDE = {"group-by", "distinct"}
+SHAPES = ["verbatim-copy", "publication-replayed", "other-partition", "dead-letter-in-output"]
+
+
+@dataclass
+class AppRun:
+    """One processor's real run: its topics and what it published."""
+
+    name: str
+    app_id: str
+    source: str
+    outputs: list[str]
+    dead_letter: str
+    records: dict[str, list[Record]] = field(default_factory=dict)   # topic -> its records
+
+    def verify(self, outputs: list[str], dead_letter: str, *extra: str, bootstrap: str) -> tuple[int, str]:
+        args = ["verify", "--input", self.source, "--dead-letter-topic", dead_letter, "--app-id", self.app_id,
+                "--bootstrap-servers", bootstrap, *extra]
+        for topic in outputs:
+            args += ["--output", topic]
+        result = CliRunner().invoke(cli, args, catch_exceptions=False)
+        return result.exit_code, result.output
+
+
+def _has_leaders(admin, name: str, partitions: int) -> bool:
+    meta = admin.list_topics(name, timeout=10).topics.get(name)
+    return (meta is not None and meta.error is None and len(meta.partitions) == partitions
+            and all(p.leader >= 0 for p in meta.partitions.values()))
+
+
+@pytest.fixture(scope="module")
+def topics(admin):
+    created: list[str] = []
+
+    def create(prefix: str, partitions: int = 2) -> str:
+        name = f"vm-{prefix}-{uuid.uuid4().hex[:8]}"
+        admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+        created.append(name)
+        # The broker's metadata lags the controller's answer a little: the run checks its topics.
+        wait_until(lambda: _has_leaders(admin, name, partitions), 30, f"topic {name}'s leaders")
+        return name
+
+    yield create
+    if created:
+        admin.delete_topics(created)
+
+
+@pytest.fixture(scope="module")
+def source(bootstrap_servers, topics) -> str:
+    """COUNT orders over 2 partitions and one undecodable record."""
+    name = topics("in")
+    records = [(o["customer_id"].encode(), avro_bytes(ORDER, o)) for o in orders(COUNT)]
+    records.insert(COUNT // 2, (b"garbage", GARBAGE))
+    produce(bootstrap_servers, name, records)
+    return name
+
+
+def _run(bootstrap: str, spark, cls: type[Processor], app_id: str, source: str, outputs: list[str],
+         dead_letter: str) -> None:
+    """Run `cls` as app `app_id` in the session's Spark until it has caught up."""
+    from txstream.driver.loop import Driver
+    from txstream.settings import resolve
+
+    settings = resolve(cls, bootstrap_servers=bootstrap, master="local[2]", app_id=app_id,
+                       inputs=[source], output=outputs[0], dead_letter=dead_letter, until_caught_up=True)
+    lines: list[str] = []
+    driver = Driver(settings, echo=lines.append, spark=spark)
+    assert driver.run() == 0, lines
+    assert driver.totals["dead_letters"] == 1, lines
+
+
+@pytest.fixture(scope="module")
+def runs(bootstrap_servers, spark, topics, source):
+    """Each processor run once, lazily, for every test of the module."""
+    done: dict[str, AppRun] = {}
+
+    def run(name: str) -> AppRun:
+        if name in done:
+            return done[name]
+        cls = PROCESSORS[name]
+        outputs = [topics(f"{name}-out")] + ([topics(f"{name}-out2")] if name == "fan-out" else [])
+        app = AppRun(name, f"vm-{name}-{uuid.uuid4().hex[:8]}", source, outputs, topics(f"{name}-dlq"))
+        if name == "fan-out":
+            cls = type("FansOutHere", (FansOut,), {"second": outputs[1]})
+        _run(bootstrap_servers, spark, cls, app.app_id, source, outputs, app.dead_letter)
+        for topic in [*outputs, app.dead_letter]:
+            app.records[topic] = read_all(bootstrap_servers, topic)
+        assert len(app.records[app.dead_letter]) == 1
+        done[name] = app
+        return app
+
+    return run
+
+
+# -- the duplicate shapes, each on a copy of the run's topics ------------------------------------
+
+def _copy(bootstrap: str, topics, app: AppRun) -> dict[str, str]:
+    """A copy of the app's output and dead-letter topics, record for record and partition for
+    partition; returns each topic's copy."""
+    copies = {topic: topics(f"{app.name}-copy") for topic in [*app.outputs, app.dead_letter]}
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for topic, records in app.records.items():
+        for r in records:
+            producer.produce(copies[topic], r.value, r.key, partition=r.partition, headers=list(r.headers.items()))
+    assert producer.flush(30) == 0
+    return copies
+
+
+def _commit(bootstrap: str, records: list[tuple[str, int, Record, list]]) -> list[str]:
+    """Produce (topic, partition, record, headers) in one transaction of another transactional
+    producer; returns where each landed, as verify names a record: topic[partition]@offset."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"vm-intruder-{uuid.uuid4().hex}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    landed: list[str] = []
+
+    def delivered(err, msg) -> None:
+        assert err is None, err
+        landed.append(f"{msg.topic()}[{msg.partition()}]@{msg.offset()}")
+
+    for topic, partition, r, headers in records:
+        producer.produce(topic, r.value, r.key, partition=partition, headers=headers, on_delivery=delivered)
+    assert producer.flush(30) == 0
+    producer.commit_transaction(30)
+    return landed
+
+
+def _publication(r: Record) -> bytes:
+    lineage = r.lineage
+    return lineage.publication if lineage is not None else r.headers[hdr.PUBLICATION]
+
+
+def _with_publication(r: Record, publication: bytes) -> list:
+    """`r`'s headers naming another publication (what a second commit of its range or unit writes)."""
+    old = _publication(r)
+    return [(k, v.replace(old, publication)) for k, v in r.headers.items()]
+
+
+def _inject(bootstrap: str, app: AppRun, copies: dict[str, str], shape: str) -> tuple[list[str], Record]:
+    """The duplicate `shape` in the copies; returns where the intruding records landed and the
+    record they copy."""
+    out = [(t, r) for t in app.outputs for r in app.records[t]]
+    dead = [(app.dead_letter, r) for r in app.records[app.dead_letter]]
+    topic, record = (out or dead)[0]
+    if shape == "verbatim-copy":
+        return _commit(bootstrap, [(copies[topic], record.partition, record, list(record.headers.items()))]), record
+    if shape == "other-partition":
+        return _commit(bootstrap, [(copies[topic], 1 - record.partition, record, list(record.headers.items()))]), record
+    if shape == "dead-letter-in-output":
+        (_, letter), = dead
+        return _commit(bootstrap, [(copies[app.outputs[0]], 0, letter, list(letter.headers.items()))]), letter
+    assert shape == "publication-replayed"
+    publication = _publication(record)
+    replay = uuid.uuid4().hex.encode()
+    same = [(copies[t], r.partition, r, _with_publication(r, replay)) for t, r in [*out, *dead]
+            if _publication(r) == publication]
+    return _commit(bootstrap, same), record
+
+
+# -- the matrix ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
+def test_verify_passes_the_real_output(name, runs, bootstrap_servers) -> None:
+    app = runs(name)
+    extra = ["--count-field", "n"] if name == "group-by" else []
+    code, output = app.verify(app.outputs, app.dead_letter, *extra, bootstrap=bootstrap_servers)
+    assert code == 0, output
+    assert "CLEAN" in output and "no txstream lineage" not in output, output
+    # Every narrow output names its input record, whether or not the transform kept `offset`.
+    assert "not the offset" not in output, output
+    assert "pending" not in output, output
+    code, as_json = app.verify(app.outputs, app.dead_letter, *extra, "--format", "json", bootstrap=bootstrap_servers)
+    data = json.loads(as_json)
+    assert code == 0 and data["clean"] and data["totals"]["without_offset"] == 0, data
+    assert data["totals"]["dead_lettered"] == 1 and data["totals"]["consumed"] == COUNT + 1, data
+    if name in WIDE:
+        assert data["totals"]["wide_outputs"] == sum(len(app.records[t]) for t in app.outputs) > 0, data
+        # Wide output names its batch, not a source partition: no "0 outputs" per source partition.
+        for line in output.splitlines():
+            if line.startswith(f"{app.source}["):
+                assert line.split()[3] == "-", output
+    if name == "group-by":
+        assert "filters them out" in output and data["wide"]["filtered_records"] > 0, output
+    if name in WIDE:
+        # Without --app-id the output's own lineage names the app whose batch records close it.
+        code, output = CliRunner().invoke(cli, [
+            "verify", "--input", app.source, "--output", app.outputs[0], "--dead-letter-topic", app.dead_letter,
+            "--bootstrap-servers", bootstrap_servers]).exit_code, None
+        assert code == 0
+        data = json.loads(CliRunner().invoke(cli, [
+            "verify", "--input", app.source, "--output", app.outputs[0], "--dead-letter-topic", app.dead_letter,
+            "--bootstrap-servers", bootstrap_servers, "--format", "json"]).output)
+        assert data["clean"] and data["wide"]["pending_batches"] == [] and data["wide"]["closed_batches"] > 0, data
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
+def test_verify_catches_an_injected_duplicate(name, shape, runs, topics, bootstrap_servers) -> None:
+    app = runs(name)
+    copies = _copy(bootstrap_servers, topics, app)
+    landed, copied = _inject(bootstrap_servers, app, copies, shape)
+    outputs = [copies[t] for t in app.outputs]
+    code, output = app.verify(outputs, copies[app.dead_letter], bootstrap=bootstrap_servers)
+    assert code == 1, output
+    assert "NOT CLEAN" in output, output
+    if shape == "publication-replayed":
+        # A second publication of what one already published: named by its source offset, or
+        # for wide output by its batch and unit.
+        lineage = copied.lineage
+        if lineage is not None and lineage.offset is not None:
+            assert f"duplicate {lineage.topic}[{lineage.partition}] at offsets" in output, output
+            assert str(lineage.offset) in output.split(f"duplicate {lineage.topic}[{lineage.partition}] at offsets")[1]
+        else:
+            batch, unit = int(copied.headers[hdr.BATCH]), int(copied.headers[hdr.UNIT])
+            assert f"batch {batch} unit {unit}: published by 2 publications" in output, output
+    else:
+        # The copy and its original are named (which one verify read first depends on the topics' order).
+        where, = landed
+        assert any(line.startswith("duplicate: ") and "repeats publication" in line and where in line
+                   for line in output.splitlines()), output
+
+
+# -- wide output: two apps, and a replay ---------------------------------------------------------
+
+def test_two_wide_apps_writing_one_topic_are_told_apart(bootstrap_servers, spark, topics, source) -> None:
+    shared, dlq = topics("shared-out"), topics("shared-dlq")
+    apps = [f"vm-twin-{i}-{uuid.uuid4().hex[:6]}" for i in range(2)]
+    for app_id in apps:
+        _run(bootstrap_servers, spark, GroupsBy, app_id, source, [shared], dlq)
+    result = CliRunner().invoke(cli, ["verify", "--input", source, "--output", shared, "--dead-letter-topic", dlq,
+                                      "--bootstrap-servers", bootstrap_servers, "--count-field", "n"])
+    # Both apps' batch 1 are in the topic: each is its own app's, closed by its own batch record.
+    assert result.exit_code == 0, result.output
+    assert "pending" not in result.output and "published by 2" not in result.output, result.output
+
+
+def test_a_wide_replay_after_an_offsets_reset_is_not_a_duplicate(bootstrap_servers, spark, topics, source) -> None:
+    out, dlq = topics("replay-out"), topics("replay-dlq")
+    app_id = f"vm-replay-{uuid.uuid4().hex[:6]}"
+    _run(bootstrap_servers, spark, GroupsBy, app_id, source, [out], dlq)
+    reset = CliRunner().invoke(cli, ["offsets", "reset", "--app-id", app_id, "--to-earliest", "--execute",
+                                     "--bootstrap-servers", bootstrap_servers])
+    assert reset.exit_code == 0, reset.output
+    _run(bootstrap_servers, spark, GroupsBy, app_id, source, [out], dlq)
+    result = CliRunner().invoke(cli, ["verify", "--input", source, "--output", out, "--dead-letter-topic", dlq,
+                                      "--app-id", app_id, "--bootstrap-servers", bootstrap_servers])
+    assert "replayed batch" in result.output, result.output
+    assert "published by 2" not in result.output, result.output
+    # The dead letter was written twice, by two publications of its offset: that one is a duplicate
+    # for the narrow audit, as every re-read of a dead letter after a reset would be.

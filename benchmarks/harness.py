@@ -608,10 +608,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="seconds before a run counts as failed (default 900, 300 with --quick)")
     ap.add_argument("--output-prefix", default=None, help="results file name prefix (default: timestamp)")
     ap.add_argument("--results-dir", type=Path, default=RESULTS,
-                    help="where the results files go (default benchmarks/results; README.md is only rewritten "
+                    help="where the results files go (default benchmarks/results; docs/performance.md is only rewritten "
                          "from the default)")
-    ap.add_argument("--no-readme", action="store_true",
-                    help="do not regenerate README.md's Performance section at the end")
+    ap.add_argument("--no-figures", action="store_true",
+                    help="do not regenerate docs/performance.md's figures at the end")
     args = ap.parse_args(argv)
     if args.batch_records is None:
         args.batch_records = 2_000 if args.quick else 25_000
@@ -688,7 +688,7 @@ def main(argv=None) -> int:
         contenders = [c for c in contenders if c.long_running]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     # Latency files carry their rate (<stamp>-latency-r20000[-quick]): runs at different rates are
-    # different kinds for benchmarks/readme.py, which reads the rate from the JSON's settings.
+    # different kinds for benchmarks/figures.py, which reads the rate from the JSON's settings.
     kind = ((f"-latency-{rate_tag(args.rate)}" if args.latency else "")
             + (f"-txn{args.input_transactions_ms:g}" if args.input_transactions_ms else "")
             + (f"-sweep-{args.sweep}" if args.sweep else ""))
@@ -763,9 +763,9 @@ def main(argv=None) -> int:
         print()
         print(report.markdown(results))
         log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in paths))
-        from benchmarks import readme
+        from benchmarks import figures
 
-        readme.update_after_run(results_dir, args.no_readme, log)
+        figures.update_after_run(results_dir, args.no_figures, log)
         if not any_ok(results):
             log("FAILED: no contender produced a result (see the statuses above)")
             return 1

@@ -1,12 +1,12 @@
-"""`python -m benchmarks.readme`: rewrite README.md's Performance figures from the result files.
+"""`python -m benchmarks.figures`: rewrite docs/performance.md's figures from the result files.
 
-Everything between `<!-- bench:start -->` and `<!-- bench:end -->` in README.md is replaced by
-figures taken from the newest JSON of each kind under benchmarks/results/ (throughput, latency at
-each rate, each sweep, and the wide groupBy benchmark of `python -m benchmarks.wide`; a full run is
-preferred over a `--quick` one), with links to the files. Nothing is typed by hand. A README
-without the markers is left alone (the harness calls this at the end of every run). `--check`
-exits 1 when the section is not what the files say; `--readme` and `--results` point it at other
-files (e.g. a copy of the README and a scratch results directory).
+Everything between `<!-- bench:start -->` and `<!-- bench:end -->` in docs/performance.md is
+replaced by figures taken from the newest JSON of each kind under benchmarks/results/ (throughput,
+first output, latency at each rate, each sweep, and the wide groupBy benchmark of `python -m
+benchmarks.wide`; a full run is preferred over a `--quick` one), with links to the files, so no
+figure is typed by hand. A page without the markers is left alone (each benchmark calls this at
+the end of its run). `--check` exits 1 when the section is not what the files say; `--page` and
+`--results` point it at other files (e.g. a copy of the page and a scratch results directory).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from benchmarks import report
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "performance.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # The order of the section; latency has one kind per rate ("latency@2000", "latency@20000"),
 # in ascending rate, where "latency" stands.
@@ -90,8 +90,9 @@ def newest(directory: Path = RESULTS) -> dict[str, tuple[Path, dict]]:
     return {k: (p, r) for k, (_rank, p, r) in best.items()}
 
 
-def _link(path: Path) -> str:
-    rel = Path(os.path.relpath(path, README.parent)).as_posix()
+def _link(path: Path, base: Path) -> str:
+    """Links to a result's files, relative to `base` (the page's directory)."""
+    rel = Path(os.path.relpath(path, base)).as_posix()
     md, png = path.with_suffix(".md"), path.with_suffix(".png")
     parts = [f"[{path.stem}.md]({rel[:-5]}.md)" if md.exists() else None, f"[json]({rel})",
              f"[chart]({rel[:-5]}.png)" if png.exists() else None]
@@ -116,13 +117,13 @@ def _machine(results: dict) -> str:
             + (f", txstream at {git}" if git else ""))
 
 
-def throughput_section(path: Path, results: dict) -> list[str]:
+def throughput_section(path: Path, results: dict, base: Path) -> list[str]:
     s = results["settings"]
     inp = results.get("input", {})
     quick = " (a `--quick` smoke run)" if s.get("quick") else ""
     lines = [f"**Throughput**{quick}: {inp.get('records', 0):,} orders ({inp.get('avg_value_bytes')} B values) in "
              f"{s['partitions']} partitions, {s['runs']} run(s) per contender, median; {_machine(results)}. "
-             f"Files: {_link(path)}.", "",
+             f"Files: {_link(path, base)}.", "",
              "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MiB "
              "| other work (cores) |",
              "|---|---|---|---|---|---|---|"]
@@ -166,7 +167,7 @@ def throughput_section(path: Path, results: dict) -> list[str]:
     return lines
 
 
-def latency_section(path: Path, results: dict) -> list[str]:
+def latency_section(path: Path, results: dict, base: Path) -> list[str]:
     s = results["settings"]
     quick = " (a `--quick` smoke run)" if s.get("quick") else ""
     window = (f"{s['latency_seconds']:.0f} s window after {s['warmup']:.0f} s of warm-up"
@@ -177,7 +178,7 @@ def latency_section(path: Path, results: dict) -> list[str]:
                 "exactly-once processor writes it; latency counts from each record's produce call)"
                 if s.get("input_transactions_ms") else "")
              + ", read back read_committed"
-             + (f"; {window}" if window else "") + f"; {_machine(results)}; {_link(path)}.", "",
+             + (f"; {window}" if window else "") + f"; {_machine(results)}; {_link(path, base)}.", "",
              "| contender | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | records measured | input records/s |",
              "|---|---|---|---|---|---|---|---|"]
     for e in results["contenders"].values():
@@ -209,7 +210,7 @@ def latency_section(path: Path, results: dict) -> list[str]:
     return lines
 
 
-def wide_section(path: Path, results: dict) -> list[str]:
+def wide_section(path: Path, results: dict, base: Path) -> list[str]:
     """benchmarks/wide.py: a per-batch groupBy(customer).agg(), txstream's two publication modes
     next to Spark SS foreachBatch with Spark's Kafka sink and Kafka Streams (totals per interval)."""
     args = results.get("args") or {}
@@ -221,7 +222,7 @@ def wide_section(path: Path, results: dict) -> list[str]:
     lines = [f"**Wide transform** (per-batch `groupBy(customer).agg()`, `python -m benchmarks.wide`){quick}: "
              f"{inp.get('records', args.get('records', 0)):,} orders in {inp.get('partitions', args.get('partitions'))} "
              f"partitions, batches of {inp.get('records_per_batch', 0):,} records, {args.get('runs')} round(s), "
-             f"median; {_machine(results | {'git_at_start': git})}; {_link(path)}.", "",
+             f"median; {_machine(results | {'git_at_start': git})}; {_link(path, base)}.", "",
              "| contender | records/s | first output s | steady records/s | in-batch records/s | batches | CPU s "
              "| peak RSS MB | other work (cores) | vs units: records/s | vs units: steady | vs units: in-batch |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -248,13 +249,13 @@ def wide_section(path: Path, results: dict) -> list[str]:
 SWEEP_TITLES = {"batch": "Records per batch", "partitions": "Partitions", "record-size": "Record size"}
 
 
-def first_output_section(path: Path, results: dict) -> list[str]:
+def first_output_section(path: Path, results: dict, base: Path) -> list[str]:
     """benchmarks/first_output.py: seconds to the first output, against brokers with and without
     Kafka's 3 s initial rebalance delay (this tree's txstream; a baseline's too when it ran one)."""
     s = results["settings"]
     lines = [f"**First output**: seconds from launching `txstream run` ({s['guarantee']}, `--master {s['master']}`, "
              f"{s['records']:,} orders in {s['partitions']} partitions) to the first output record a read_committed "
-             f"consumer sees, {s['rounds']} round(s), median (each run); {_machine(results)}; {_link(path)}.", ""]
+             f"consumer sees, {s['rounds']} round(s), median (each run); {_machine(results)}; {_link(path, base)}.", ""]
     for tree, by_delay in results["first_output_s"].items():
         who = "txstream" if tree == "this" else f"txstream at {results.get('baseline') or tree} ({tree})"
         parts = [f"{statistics.median(runs):.2f} s ({', '.join(f'{x:.1f}' for x in runs)}) with "
@@ -263,7 +264,7 @@ def first_output_section(path: Path, results: dict) -> list[str]:
     return lines
 
 
-def sweep_section(path: Path, results: dict) -> list[str]:
+def sweep_section(path: Path, results: dict, base: Path) -> list[str]:
     pts = results["points"]
     quick = " (a `--quick` smoke run)" if results["settings"].get("quick") else ""
     most = max(p["input"]["records"] for p in pts)
@@ -276,7 +277,7 @@ def sweep_section(path: Path, results: dict) -> list[str]:
     lines = [f"**{SWEEP_TITLES.get(results['sweep'], results['sweep'])} sweep**{quick}: {results['parameter']}; "
              f"{per_point}"
              + (f", {pts[0]['input']['partitions']} partitions" if results["sweep"] != "partitions" else "")
-             + f"; {_machine(results)}; {_link(path)}.", ""]
+             + f"; {_machine(results)}; {_link(path, base)}.", ""]
     mbs = results["sweep"] == "record-size"
     for name, label in report.sweep_names(results):
         cells = []
@@ -304,11 +305,14 @@ def sweep_section(path: Path, results: dict) -> list[str]:
     return lines
 
 
-def section(directory: Path = RESULTS) -> str:
+def section(directory: Path = RESULTS, base: Path = PAGE.parent) -> str:
+    """The generated section, its links relative to `base`."""
     found = newest(directory)
-    out = [START, "", "_Generated by `python -m benchmarks.readme` from the newest files in "
-           "[benchmarks/results/](benchmarks/results/) (the harness reruns it after each run); do not edit "
-           "by hand. How the figures are computed: [benchmarks/README.md](benchmarks/README.md). "
+    results_link = Path(os.path.relpath(RESULTS, base)).as_posix()
+    how_link = Path(os.path.relpath(REPO / "benchmarks" / "README.md", base)).as_posix()
+    out = [START, "", "_Generated by `python -m benchmarks.figures` from the newest files in "
+           f"[benchmarks/results/]({results_link}/) (each benchmark reruns it after its run); do not edit "
+           f"by hand. How the figures are computed: [benchmarks/README.md]({how_link}). "
            "The machine is small and shared with other work, so compare ratios within one file, not absolute "
            "numbers across files._", ""]
     if not found:
@@ -319,15 +323,15 @@ def section(directory: Path = RESULTS) -> str:
         path, results = found[kind]
         try:
             if kind == "throughput":
-                out += throughput_section(path, results)
+                out += throughput_section(path, results, base)
             elif kind.startswith("latency@"):
-                out += latency_section(path, results)
+                out += latency_section(path, results, base)
             elif kind == "wide":
-                out += wide_section(path, results)
+                out += wide_section(path, results, base)
             elif kind == "first-output":
-                out += first_output_section(path, results)
+                out += first_output_section(path, results, base)
             else:
-                out += sweep_section(path, results)
+                out += sweep_section(path, results, base)
         except Exception as exc:  # one odd file must not break the rest
             out.append(f"({path.name}: could not be summarised: {type(exc).__name__}: {exc})")
         out.append("")
@@ -335,48 +339,50 @@ def section(directory: Path = RESULTS) -> str:
     return "\n".join(out)
 
 
-def update(readme: Path = README, directory: Path = RESULTS, check: bool = False) -> str:
+def update(page: Path = PAGE, directory: Path = RESULTS, check: bool = False) -> str:
     """Rewrite the marked section; returns what happened (never raises for missing markers)."""
     try:
-        text = readme.read_text()
+        text = page.read_text()
     except OSError as exc:
-        return f"README not updated: {exc}"
+        return f"figures not updated: {exc}"
     start, end = text.find(START), text.find(END)
     if start < 0 or end < start:
-        return f"README not updated: {readme.name} has no {START} ... {END} markers"
-    new = text[:start] + section(directory) + text[end + len(END):]
+        return f"figures not updated: {page.name} has no {START} ... {END} markers"
+    new = text[:start] + section(directory, page.parent) + text[end + len(END):]
     if new == text:
-        return f"{readme.name}: Performance section already up to date"
+        return f"{page.name}: figures already up to date"
     if check:
-        return f"{readme.name}: Performance section is out of date"
-    readme.write_text(new)
-    return f"{readme.name}: Performance section rewritten from {len(newest(directory))} result file(s)"
+        return f"{page.name}: figures are out of date"
+    page.write_text(new)
+    return f"{page.name}: figures rewritten from {len(newest(directory))} result file(s)"
 
 
 def update_after_run(results_dir: Path, skip: bool, log) -> None:
-    """What each benchmark does once its files are written: rewrite the section from them, unless
-    they went elsewhere or `--no-readme` (`skip`); a failure here leaves the results standing."""
+    """What each benchmark does once its files are written: rewrite the figures from them, unless
+    they went elsewhere or `--no-figures` (`skip`); a failure here leaves the results standing."""
+    page = PAGE.relative_to(REPO)
     if Path(results_dir).resolve() != RESULTS.resolve():
-        log(f"README.md left alone: results written to {results_dir}, not {RESULTS.relative_to(REPO)}")
+        log(f"{page} left alone: results written to {results_dir}, not {RESULTS.relative_to(REPO)}")
     elif not skip:
         try:
             log(update())
-        except Exception as exc:  # the results stand without the README
-            log(f"README not updated: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # the results stand without the page
+            log(f"{page} not updated: {type(exc).__name__}: {exc}")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.readme", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.figures", description=__doc__)
     ap.add_argument("--check", action="store_true", help="only say whether the section is up to date")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing it")
-    ap.add_argument("--readme", type=Path, default=README, help="the README to rewrite (default: README.md)")
+    ap.add_argument("--page", type=Path, default=PAGE,
+                    help="the page to rewrite (default: docs/performance.md)")
     ap.add_argument("--results", type=Path, default=RESULTS,
                     help="the results directory to read (default: benchmarks/results)")
     args = ap.parse_args(argv)
     if args.print:
-        print(section(args.results))
+        print(section(args.results, args.page.parent))
         return 0
-    message = update(readme=args.readme, directory=args.results, check=args.check)
+    message = update(page=args.page, directory=args.results, check=args.check)
     print(message)
     return 1 if "out of date" in message else 0
 

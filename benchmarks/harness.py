@@ -32,7 +32,8 @@ from benchmarks.common import (
     seed_input,
     warm_up_broker,
 )
-from benchmarks.contenders import Contender, Job, Unavailable, all_contenders
+from benchmarks.contenders import Contender, Job, Unavailable
+from benchmarks.contenders.registry import all_contenders
 from benchmarks.measure import ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process, verify_output
 
 RESULTS = BENCH_DIR / "results"
@@ -658,6 +659,36 @@ def _terminate(_sig, _frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
+def run_sweep(args, ctx: dict, results: dict) -> list[Contender]:
+    """Every point of `args.sweep` (benchmarks/sweep.py says what each sweep varies); fills
+    results['sweep'], ['parameter'], ['points']. Returns the contenders used."""
+    from benchmarks import sweep
+
+    kind = args.sweep
+    names = args.sweep_contenders or sweep.DEFAULTS[kind]
+    results.update(sweep=kind, parameter=sweep.PARAMETER[kind], points=[])
+    used: list[Contender] = []
+    shared_inputs: dict[int, tuple] = {}   # records -> (seeded, partitions, input) of points that share
+    for point in sweep.points(args):
+        log(f"=== {kind} sweep: {sweep.PARAMETER[kind]} = {point['label']} ===")
+        ctx["point"] = f"-{kind}-{point['value']}"
+        if point.get("shared_input") and point["records"] in shared_inputs:
+            ctx["seeded"], ctx["partitions"], inp = shared_inputs[point["records"]]
+        else:
+            topic = f"bench-in-{ctx['stamp']}-{kind}-{point['value']}"
+            inp = seed(ctx, topic, point["records"], point["partitions"], point["value_size"])
+            if point.get("shared_input"):
+                shared_inputs[point["records"]] = (ctx["seeded"], ctx["partitions"], inp)
+        entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
+        results["points"].append(entry)
+        batch_records = point.get("batch_records", args.batch_records)
+        contenders = [sweep.variant(name, kind, point["value"], point["partitions"], batch_records) for name in names]
+        used.extend(contenders)
+        entry["contenders"] = run_contenders(contenders, ctx, args.runs)
+    ctx.pop("point", None)
+    return used
+
+
 def seed(ctx: dict, topic: str, records: int, partitions: int, value_size: int | None = None) -> dict:
     """Create and fill an input topic; ctx['seeded'] is what the runs read and check against."""
     bootstrap = ctx["bootstrap"]
@@ -718,9 +749,7 @@ def main(argv=None) -> int:
             "then transactions under load)")
 
         if args.sweep:
-            from benchmarks import sweep
-
-            used = sweep.run(args, ctx, results)
+            used = run_sweep(args, ctx, results)
             results["versions"] = versions(used, broker)
         else:
             results["contenders"] = {}

@@ -29,8 +29,9 @@
 """
 from __future__ import annotations
 
-from benchmarks.contenders import Contender, all_contenders
+from benchmarks.contenders import Contender
 from benchmarks.contenders.handwritten import HandWrittenLoop
+from benchmarks.contenders.registry import all_contenders
 from benchmarks.contenders.txstream_engine import TxStream
 
 DEFAULTS = {
@@ -79,32 +80,3 @@ def points(args) -> list[dict]:
         out.append({"value": v, "label": f"{v:,} B", "partitions": args.partitions, "records": records,
                     "value_size": v, "batch_records": -(-records // args.sweep_batches)})
     return out
-
-
-def run(args, ctx: dict, results: dict) -> list[Contender]:
-    """Run every point; fills results['sweep'], ['parameter'], ['points']. Returns the contenders used."""
-    from benchmarks.harness import log, run_contenders, seed
-
-    kind = args.sweep
-    names = args.sweep_contenders or DEFAULTS[kind]
-    results.update(sweep=kind, parameter=PARAMETER[kind], points=[])
-    used: list[Contender] = []
-    shared_inputs: dict[int, tuple] = {}   # records -> (seeded, partitions, input) of points that share
-    for point in points(args):
-        log(f"=== {kind} sweep: {PARAMETER[kind]} = {point['label']} ===")
-        ctx["point"] = f"-{kind}-{point['value']}"
-        if point.get("shared_input") and point["records"] in shared_inputs:
-            ctx["seeded"], ctx["partitions"], inp = shared_inputs[point["records"]]
-        else:
-            topic = f"bench-in-{ctx['stamp']}-{kind}-{point['value']}"
-            inp = seed(ctx, topic, point["records"], point["partitions"], point["value_size"])
-            if point.get("shared_input"):
-                shared_inputs[point["records"]] = (ctx["seeded"], ctx["partitions"], inp)
-        entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
-        results["points"].append(entry)
-        batch_records = point.get("batch_records", args.batch_records)
-        contenders = [variant(name, kind, point["value"], point["partitions"], batch_records) for name in names]
-        used.extend(contenders)
-        entry["contenders"] = run_contenders(contenders, ctx, args.runs)
-    ctx.pop("point", None)
-    return used

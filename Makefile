@@ -54,11 +54,11 @@ soak: kafka-jars spark-archive
 
 # The whole benchmark suite (benchmarks/README.md), one step after another; a step that exits non-zero
 # stops make. Each step writes its own files under benchmarks/results/ and rewrites the figures of
-# docs/performance.md. The throughput table runs the issue's size, 1,000,000 orders, twice per contender
+# docs/performance.md. The throughput table runs 1,000,000 orders, twice per contender
 # (at 200,000, Spark's start-up is most of a txstream run). BENCH_ARGS goes to the throughput table
 # and wins over those (e.g. BENCH_ARGS="--records 200000 --runs 3"),
 # LATENCY_ARGS to both latency runs, SWEEP_ARGS to the three sweeps, WIDE_ARGS to the wide benchmark.
-# About an hour on the 2-core machine the results come from.
+# About an hour and a half on the 2-core machine the results come from.
 bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --records 1000000 --runs 2 $(BENCH_ARGS)
 	$(PY) -m benchmarks.first_output --rounds 3

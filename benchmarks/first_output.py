@@ -2,14 +2,14 @@
 `group.initial.rebalance.delay.ms`: 0 (txstream's local broker, the other benchmarks') and Kafka's
 default, 3000, which production brokers keep (a group's first member waits that long for others
 before its assignment, on every start of an app whose group is empty). The driver joins an empty
-group while Spark starts (driver/loop.py `_group_is_empty`), so the delay should cost nothing;
+group while Spark starts, so the delay should cost nothing;
 `--baseline PATH` (a git worktree of another commit) runs that commit's txstream beside this one's.
 
 Each run: 20,000 of the enricher's Avro orders in 4 partitions (one input per broker), exactly-once,
 `local[2]`, `--until-caught-up`; first output = launch to the first record a read_committed
 consumer of the output sees. Settings alternate within each round; medians. The figures go to
 `<stamp>-first-output.json` and `.md` under `--results-dir` (benchmarks/results/, whose newest
-such file docs/performance.md's generated section shows: the issue's goal of a first output within 5 s).
+such file docs/performance.md's generated section shows).
 
     python -m benchmarks.first_output [--rounds 3] [--baseline /path/to/worktree] [--results-dir DIR]
 """

@@ -268,10 +268,8 @@ def run_contenders(contenders: list[Contender], ctx: dict, runs: int, warmup_run
     instead of favouring whoever ran in the fast minutes. Their entries in the results, by name.
 
     `warmup_run`: the first contender runs once more before the rounds, not counted (its entry's
-    `warmup_run`). Whoever ran first in an invocation paid for what was still cold after the
-    broker's warm-up: at 1,000,000 orders txstream exactly-once's two rounds gave 58,808 and
-    74,471 records/s, while the same engine with /metrics served, run fifth, gave 76,838 and
-    77,067 (results 20261124-214750)."""
+    `warmup_run`): whoever runs first in an invocation pays for what is still cold after the
+    broker's warm-up."""
     entries: dict[str, dict] = {}
     ready: list[Contender] = []
     for contender in contenders:

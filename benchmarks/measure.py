@@ -100,8 +100,8 @@ class TreeSampler:
                         mem = proc.memory_info().rss
                         # Each sample: Spark's launcher script becomes the JVM by exec (same pid).
                         # An exited process not yet reaped (a zombie) has no command line: it
-                        # keeps the role it had, else a Python worker's whole CPU counted as
-                        # "main" (5-10 s of a 1M run here, with the main process at ~2.3 s).
+                        # keeps the role it had, else a Python worker's whole CPU would count
+                        # as "main".
                         cmdline = proc.cmdline()
                         if cmdline or key not in self.roles:
                             self.roles[key] = process_role(cmdline)

@@ -73,10 +73,8 @@ class Contender:
 def jvm_collector() -> str:
     """The collector of the JVM contenders (Kafka Streams, the ceiling's perf tools): serial on a
     machine of at most SERIAL_GC_MAX_TASK_THREADS usable cores, like txstream's own local JVM
-    (txstream/spark/session.py), G1 on a larger one (the JVM's own choice from 2 cores up). Each
-    gets the collector that serves it best here: on 2 cores, 1,000,000 orders, 3 runs each
-    alternating, Kafka Streams 126,962 against 118,664 records/s with it (CPU 10.8 against 11.8
-    s), the ceiling 187,980 against 160,393 (benchmarks/results/side-by-side, -serial-gc-jvm-contenders)."""
+    (txstream/spark/session.py), G1 on a larger one (the JVM's own choice from 2 cores up): each
+    gets the collector that serves it best on the machine, so none is handicapped against txstream."""
     from txstream.spark.session import SERIAL_GC_MAX_TASK_THREADS
     from txstream.spark.setup import local_task_threads
 

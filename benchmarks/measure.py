@@ -186,7 +186,7 @@ class OutputWatcher:
     def _loop(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        # client.id: benchmarks/broker_requests.py leaves the watcher's requests out of a contender's.
+        # client.id: benchmarks/experiments/broker_requests.py leaves the watcher's requests out of a contender's.
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"watch-{self.topic}",
                              "client.id": WATCHER_CLIENT_ID, "isolation.level": "read_committed", "enable.auto.commit": False,
                              "enable.partition.eof": False, "fetch.wait.max.ms": 50,

@@ -53,12 +53,12 @@ soak: kafka-jars spark-archive
 	TXSTREAM_SOAK=1 $(PY) -m pytest tests/chaos/test_soak.py -s $(PYTEST_ARGS)
 
 # The whole benchmark suite (benchmarks/README.md), one step after another; a step that exits non-zero
-# stops make. Each step writes its own files under benchmarks/results/ and rewrites README.md's
-# generated section. The throughput table runs the issue's size, 1,000,000 orders, twice per contender
+# stops make. Each step writes its own files under benchmarks/results/ and rewrites the figures of
+# docs/performance.md. The throughput table runs 1,000,000 orders, twice per contender
 # (at 200,000, Spark's start-up is most of a txstream run). BENCH_ARGS goes to the throughput table
 # and wins over those (e.g. BENCH_ARGS="--records 200000 --runs 3"),
 # LATENCY_ARGS to both latency runs, SWEEP_ARGS to the three sweeps, WIDE_ARGS to the wide benchmark.
-# About an hour on the 2-core machine the results come from.
+# About an hour and a half on the 2-core machine the results come from.
 bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --records 1000000 --runs 2 $(BENCH_ARGS)
 	$(PY) -m benchmarks.first_output --rounds 3
@@ -71,8 +71,8 @@ bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --sweep record-size $(SWEEP_ARGS)
 	$(PY) -m benchmarks.wide $(WIDE_ARGS)
 
-# The same steps at smoke sizes, to check the plumbing (files named -quick; README.md prefers a full
-# run's files when there are any): 20000 records and 1 run per table and sweep point, two points per
+# The same steps at smoke sizes, to check the plumbing (files named -quick; docs/performance.md
+# prefers a full run's files when there are any): 20000 records and 1 run per table and sweep point, two points per
 # sweep (10 KB records capped at 30 MB of input), 10 s latency windows after 3 s of warm-up, one
 # 20000-record wide round. About 20 minutes there.
 bench-quick: kafka-jars spark-archive

@@ -1,16 +1,16 @@
 """What a txstream run's log says about its batches.
 
-`txstream run` prints one line per batch (txstream/driver.py, BatchReport.line):
+`txstream run` prints one line per batch (BatchReport.line):
 
     batch 3  partitions 4  in 20000  out 20000  dead-lettered 0  4.52s  (read 0.79 produce 0.33 commit 0.12 init 0.16)  upstream 0.90  lag 20000
 
 seconds = the whole batch (driver planning + Spark job); read / produce / commit / init are the
 maximum over the batch's tasks of reading and decoding, encoding and producing, send_offsets +
 commit (or waiting for acknowledgements), and init_transactions (0 when the task reused a cached
-producer); upstream (since txstream 782d020) is the publisher's wait for its input (reading, the
-JVM hops and the transform together). Before that change, produce included the wait and there
-was no upstream figure; both forms are read. driver (newer logs only) is the driver's
-own time before the Spark job: offsets, planning, building and checking the job's DataFrame.
+producer); upstream is the publisher's wait for its input (reading, the JVM hops and the
+transform together); driver is the driver's own time before the Spark job: offsets, planning,
+building and checking the job's DataFrame. Lines without upstream or driver are read too, so
+that older result files can be re-summarised.
 
 The per-batch line only has the maximum over tasks, so the benchmark starts txstream through
 `benchmarks/contenders/txstream_run.py`, which adds one line per batch with every task's

@@ -9,7 +9,7 @@ machine's drift spreads over all of them. The broker listens on the hosts' bridg
 run in network namespaces (tests/support/hosts.py; root only). On one 2-core machine two workers
 cannot be faster than local[2]: the point is the price of the cluster path — executors in JVMs of
 their own, Python workers forked by pyspark's stock daemon instead of txstream's pre-importing one,
-the processor's code shipped, the preflight, task results and shuffles over the network — measured.
+the processor's code shipped, the preflight, task results and shuffles over the network.
 Results: benchmarks/results/<timestamp>-cluster.{json,md}.
 """
 from __future__ import annotations

@@ -231,7 +231,7 @@ def warm_up_broker(bootstrap: str, timeout: float = 180.0, load_s: float = 0.0) 
 
     On a new cluster the first transactional producer waits for `__transaction_state` (50
     partitions) to be created and loaded ("Not coordinator", "Coordinator load in progress"),
-    and the first group for `__consumer_offsets`: a minute or more on this machine, which would
+    and the first group for `__consumer_offsets`: up to minutes on a small machine, which would
     be charged to whichever contender runs first. One committed transaction with offsets
     (send_offsets_to_transaction) does both. Then `load_s` seconds of the work every contender
     asks of it (`load_broker`). Returns the seconds it took.
@@ -264,8 +264,8 @@ def load_broker(bootstrap: str, seconds: float, partitions: int = 4) -> int:
     """Transactions of 2,000 records with offsets, read back read_committed, for `seconds`.
 
     A broker's JVM compiles its hot paths (produce, fetch, transaction markers) during its first
-    minute of load: measured, in latency runs of two identical txstream builds, whichever ran
-    first was ~40 ms slower at p50 in 8 of 8 pairs. Returns the records produced."""
+    minute of load, which would otherwise slow whichever contender runs first. Returns the
+    records produced."""
     import threading
 
     from confluent_kafka import Consumer, Producer, TopicPartition

@@ -2,14 +2,14 @@
 `group.initial.rebalance.delay.ms`: 0 (txstream's local broker, the other benchmarks') and Kafka's
 default, 3000, which production brokers keep (a group's first member waits that long for others
 before its assignment, on every start of an app whose group is empty). The driver joins an empty
-group while Spark starts (driver/loop.py `_group_is_empty`), so the delay should cost nothing;
+group while Spark starts, so the delay should cost nothing;
 `--baseline PATH` (a git worktree of another commit) runs that commit's txstream beside this one's.
 
 Each run: 20,000 of the enricher's Avro orders in 4 partitions (one input per broker), exactly-once,
 `local[2]`, `--until-caught-up`; first output = launch to the first record a read_committed
 consumer of the output sees. Settings alternate within each round; medians. The figures go to
 `<stamp>-first-output.json` and `.md` under `--results-dir` (benchmarks/results/, whose newest
-such file README.md's generated section shows: the issue's goal of a first output within 5 s).
+such file docs/performance.md's generated section shows).
 
     python -m benchmarks.first_output [--rounds 3] [--baseline /path/to/worktree] [--results-dir DIR]
 """
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, default=None, help="a git worktree of another commit, run beside this one")
     ap.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results",
                     help="where the results files go (default benchmarks/results)")
-    ap.add_argument("--no-readme", action="store_true", help="leave README.md's generated section alone")
+    ap.add_argument("--no-figures", action="store_true", help="leave docs/performance.md's figures alone")
     ap.add_argument("--quick", action="store_true", help="smoke run: one round (files named -quick)")
     args = ap.parse_args()
     if args.quick:
@@ -114,15 +114,15 @@ def main() -> None:
         results["hardware"]["loadavg_at_end"] = os.getloadavg()
         results["first_output_s"] = {tree: {str(d): figures[(tree, d)] for d in delays} for tree in trees}
         results["median_s"] = {tree: {str(d): statistics.median(figures[(tree, d)]) for d in delays} for tree in trees}
-        write_results(args.results_dir, results, lines, readme=not args.no_readme)
+        write_results(args.results_dir, results, lines, figures=not args.no_figures)
     finally:
         for cluster in clusters.values():
             cluster.stop()
 
 
-def write_results(directory: Path, results: dict, lines: list[str], readme: bool) -> None:
-    """`<stamp>-first-output.json` and `.md`, then README.md's generated section (benchmarks/readme.py)."""
-    from benchmarks import readme as readme_section
+def write_results(directory: Path, results: dict, lines: list[str], figures: bool) -> None:
+    """`<stamp>-first-output.json` and `.md`, then docs/performance.md's figures (benchmarks/figures.py)."""
+    from benchmarks import figures as figures_section
 
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -135,7 +135,7 @@ def write_results(directory: Path, results: dict, lines: list[str], readme: bool
         f"{s['partitions']} partitions, {s['rounds']} round(s); seconds from launch to the first output record a "
         f"read_committed consumer sees; txstream at {results.get('git_at_start', '?')}.", "", "```", *lines, "```", ""]))
     print(f"wrote {path} and {path.with_suffix('.md').name}")
-    readme_section.update_after_run(directory, not readme, print)
+    figures_section.update_after_run(directory, not figures, print)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ from benchmarks.common import (
     seed_input,
     warm_up_broker,
 )
-from benchmarks.contenders import Contender, Job, Unavailable, all_contenders
+from benchmarks.contenders import Contender, Job, Unavailable
+from benchmarks.contenders.registry import all_contenders
 from benchmarks.measure import ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process, verify_output
 
 RESULTS = BENCH_DIR / "results"
@@ -267,10 +268,8 @@ def run_contenders(contenders: list[Contender], ctx: dict, runs: int, warmup_run
     instead of favouring whoever ran in the fast minutes. Their entries in the results, by name.
 
     `warmup_run`: the first contender runs once more before the rounds, not counted (its entry's
-    `warmup_run`). Whoever ran first in an invocation paid for what was still cold after the
-    broker's warm-up: at 1,000,000 orders txstream exactly-once's two rounds gave 58,808 and
-    74,471 records/s, while the same engine with /metrics served, run fifth, gave 76,838 and
-    77,067 (results 20261124-214750)."""
+    `warmup_run`): whoever runs first in an invocation pays for what is still cold after the
+    broker's warm-up."""
     entries: dict[str, dict] = {}
     ready: list[Contender] = []
     for contender in contenders:
@@ -608,10 +607,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="seconds before a run counts as failed (default 900, 300 with --quick)")
     ap.add_argument("--output-prefix", default=None, help="results file name prefix (default: timestamp)")
     ap.add_argument("--results-dir", type=Path, default=RESULTS,
-                    help="where the results files go (default benchmarks/results; README.md is only rewritten "
+                    help="where the results files go (default benchmarks/results; docs/performance.md is only rewritten "
                          "from the default)")
-    ap.add_argument("--no-readme", action="store_true",
-                    help="do not regenerate README.md's Performance section at the end")
+    ap.add_argument("--no-figures", action="store_true",
+                    help="do not regenerate docs/performance.md's figures at the end")
     args = ap.parse_args(argv)
     if args.batch_records is None:
         args.batch_records = 2_000 if args.quick else 25_000
@@ -658,6 +657,36 @@ def _terminate(_sig, _frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
+def run_sweep(args, ctx: dict, results: dict) -> list[Contender]:
+    """Every point of `args.sweep` (benchmarks/sweep.py says what each sweep varies); fills
+    results['sweep'], ['parameter'], ['points']. Returns the contenders used."""
+    from benchmarks import sweep
+
+    kind = args.sweep
+    names = args.sweep_contenders or sweep.DEFAULTS[kind]
+    results.update(sweep=kind, parameter=sweep.PARAMETER[kind], points=[])
+    used: list[Contender] = []
+    shared_inputs: dict[int, tuple] = {}   # records -> (seeded, partitions, input) of points that share
+    for point in sweep.points(args):
+        log(f"=== {kind} sweep: {sweep.PARAMETER[kind]} = {point['label']} ===")
+        ctx["point"] = f"-{kind}-{point['value']}"
+        if point.get("shared_input") and point["records"] in shared_inputs:
+            ctx["seeded"], ctx["partitions"], inp = shared_inputs[point["records"]]
+        else:
+            topic = f"bench-in-{ctx['stamp']}-{kind}-{point['value']}"
+            inp = seed(ctx, topic, point["records"], point["partitions"], point["value_size"])
+            if point.get("shared_input"):
+                shared_inputs[point["records"]] = (ctx["seeded"], ctx["partitions"], inp)
+        entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
+        results["points"].append(entry)
+        batch_records = point.get("batch_records", args.batch_records)
+        contenders = [sweep.variant(name, kind, point["value"], point["partitions"], batch_records) for name in names]
+        used.extend(contenders)
+        entry["contenders"] = run_contenders(contenders, ctx, args.runs)
+    ctx.pop("point", None)
+    return used
+
+
 def seed(ctx: dict, topic: str, records: int, partitions: int, value_size: int | None = None) -> dict:
     """Create and fill an input topic; ctx['seeded'] is what the runs read and check against."""
     bootstrap = ctx["bootstrap"]
@@ -688,7 +717,7 @@ def main(argv=None) -> int:
         contenders = [c for c in contenders if c.long_running]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     # Latency files carry their rate (<stamp>-latency-r20000[-quick]): runs at different rates are
-    # different kinds for benchmarks/readme.py, which reads the rate from the JSON's settings.
+    # different kinds for benchmarks/figures.py, which reads the rate from the JSON's settings.
     kind = ((f"-latency-{rate_tag(args.rate)}" if args.latency else "")
             + (f"-txn{args.input_transactions_ms:g}" if args.input_transactions_ms else "")
             + (f"-sweep-{args.sweep}" if args.sweep else ""))
@@ -718,9 +747,7 @@ def main(argv=None) -> int:
             "then transactions under load)")
 
         if args.sweep:
-            from benchmarks import sweep
-
-            used = sweep.run(args, ctx, results)
+            used = run_sweep(args, ctx, results)
             results["versions"] = versions(used, broker)
         else:
             results["contenders"] = {}
@@ -763,9 +790,9 @@ def main(argv=None) -> int:
         print()
         print(report.markdown(results))
         log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in paths))
-        from benchmarks import readme
+        from benchmarks import figures
 
-        readme.update_after_run(results_dir, args.no_readme, log)
+        figures.update_after_run(results_dir, args.no_figures, log)
         if not any_ok(results):
             log("FAILED: no contender produced a result (see the statuses above)")
             return 1

@@ -100,8 +100,8 @@ class TreeSampler:
                         mem = proc.memory_info().rss
                         # Each sample: Spark's launcher script becomes the JVM by exec (same pid).
                         # An exited process not yet reaped (a zombie) has no command line: it
-                        # keeps the role it had, else a Python worker's whole CPU counted as
-                        # "main" (5-10 s of a 1M run here, with the main process at ~2.3 s).
+                        # keeps the role it had, else a Python worker's whole CPU would count
+                        # as "main".
                         cmdline = proc.cmdline()
                         if cmdline or key not in self.roles:
                             self.roles[key] = process_role(cmdline)
@@ -186,7 +186,7 @@ class OutputWatcher:
     def _loop(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        # client.id: benchmarks/broker_requests.py leaves the watcher's requests out of a contender's.
+        # client.id: benchmarks/experiments/broker_requests.py leaves the watcher's requests out of a contender's.
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"watch-{self.topic}",
                              "client.id": WATCHER_CLIENT_ID, "isolation.level": "read_committed", "enable.auto.commit": False,
                              "enable.partition.eof": False, "fetch.wait.max.ms": 50,

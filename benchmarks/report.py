@@ -272,7 +272,7 @@ def sweep_ratio_lines(results: dict) -> list[str]:
             if any(not c.endswith("n/a") for c in cells):
                 lines.append(f"- txstream exactly-once / {what}, {label}: " + ", ".join(cells))
     if results.get("sweep") == "partitions":
-        # The goal's own figure: a batch's time at each point against the first (same records per batch).
+        # How a batch's time grows across the points: each against the first (same records per batch).
         for name, label in sweep_names(results):
             times = [sweep_value(p["contenders"].get(name, {}), "batch_s_median") for p in results["points"]]
             if times and times[0]:

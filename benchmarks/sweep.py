@@ -6,31 +6,30 @@
   batch. The hand-written loop commits every N x partitions records (the same records per offset
   commit as one txstream batch; its one transaction spans every partition), with the commit
   interval out of the way. Each point reads at least `--sweep-batches` batches of its size
-  (default 5; `--records` when that is more, `--max-input-mb` the cap): with one 100,000-record
-  input for every point, the 20,000 point was two batches and the 100,000 point one, so its
-  "after the first batch" figures measured one batch or none. Points of equal input share a topic.
+  (default 5; `--records` when that is more, `--max-input-mb` the cap), so that every point has
+  batches after the first to measure. Points of equal input share a topic.
 - partitions: 4, 16, 64, 256 (`--partition-counts`); txstream exactly-once, Kafka Streams
   (exactly_once_v2, the reference for partitions scaling: KIP-447) and the hand-written loop,
   each point on its own input topic with that many partitions (output topics too). txstream's
   batches hold `--batch-records` at every point (default 25,000: `--max-records-per-partition`
-  that / partitions), ten of them by default: the batch median is a steady batch's time, which
-  the goal compares across points (a fresh topic's first transaction to 256 partitions took
-  ~5 s here, paid once per topic and producer, which a run of two batches mostly measured).
+  that / partitions), ten of them by default: the batch median is a steady batch's time, compared
+  across points (a fresh topic's first transaction to many partitions takes seconds, paid once
+  per topic and producer).
 - record-size: order values of about 100 B, 1 KB, 10 KB (`--value-sizes`; the optional `note` is
   padded, the enriched output is the same size at every point); txstream exactly-once,
   at-least-once and the hand-written loop. A point whose input would exceed `--max-input-mb`
   gets fewer records (recorded in the point's `input`). txstream's batches hold a
-  `--sweep-batches`th of each point's records (`--max-records-per-partition` that / partitions):
-  at the default batch size every point was two batches, the first of them the small first batch,
-  so "after the first batch" was one batch's time and went either way between rounds.
+  `--sweep-batches`th of each point's records (`--max-records-per-partition` that / partitions),
+  so that every point has several batches after the small first one.
 
 `--records` (default 100000), `--partitions` (default 4; not for the partitions sweep) and
 `--runs` (default 1) apply to every point; `--contenders` replaces the sweep's own list.
 """
 from __future__ import annotations
 
-from benchmarks.contenders import Contender, all_contenders
+from benchmarks.contenders import Contender
 from benchmarks.contenders.handwritten import HandWrittenLoop
+from benchmarks.contenders.registry import all_contenders
 from benchmarks.contenders.txstream_engine import TxStream
 
 DEFAULTS = {
@@ -79,32 +78,3 @@ def points(args) -> list[dict]:
         out.append({"value": v, "label": f"{v:,} B", "partitions": args.partitions, "records": records,
                     "value_size": v, "batch_records": -(-records // args.sweep_batches)})
     return out
-
-
-def run(args, ctx: dict, results: dict) -> list[Contender]:
-    """Run every point; fills results['sweep'], ['parameter'], ['points']. Returns the contenders used."""
-    from benchmarks.harness import log, run_contenders, seed
-
-    kind = args.sweep
-    names = args.sweep_contenders or DEFAULTS[kind]
-    results.update(sweep=kind, parameter=PARAMETER[kind], points=[])
-    used: list[Contender] = []
-    shared_inputs: dict[int, tuple] = {}   # records -> (seeded, partitions, input) of points that share
-    for point in points(args):
-        log(f"=== {kind} sweep: {PARAMETER[kind]} = {point['label']} ===")
-        ctx["point"] = f"-{kind}-{point['value']}"
-        if point.get("shared_input") and point["records"] in shared_inputs:
-            ctx["seeded"], ctx["partitions"], inp = shared_inputs[point["records"]]
-        else:
-            topic = f"bench-in-{ctx['stamp']}-{kind}-{point['value']}"
-            inp = seed(ctx, topic, point["records"], point["partitions"], point["value_size"])
-            if point.get("shared_input"):
-                shared_inputs[point["records"]] = (ctx["seeded"], ctx["partitions"], inp)
-        entry = {"value": point["value"], "label": point["label"], "input": inp, "contenders": {}}
-        results["points"].append(entry)
-        batch_records = point.get("batch_records", args.batch_records)
-        contenders = [variant(name, kind, point["value"], point["partitions"], batch_records) for name in names]
-        used.extend(contenders)
-        entry["contenders"] = run_contenders(contenders, ctx, args.runs)
-    ctx.pop("point", None)
-    return used

@@ -31,8 +31,8 @@ Spark's `triggerExecution` per micro-batch). Every run's output is read back (re
 decoded (schemas/customer_totals.avsc): it must be non-empty, the `orders` fields must add up to
 the number of input orders with amount > 0, the `items` to their items, `amount` to their amounts
 (within the enricher's cent truncation), and every such order's customer must be there.
-Results: benchmarks/results/<timestamp>-wide[-quick].{json,md} ("mode": "wide"); at the end README.md's
-generated section is rewritten (`python -m benchmarks.readme`; `--no-readme` skips it).
+Results: benchmarks/results/<timestamp>-wide[-quick].{json,md} ("mode": "wide"); at the end docs/performance.md's
+figures are rewritten (`python -m benchmarks.figures`; `--no-figures` skips it).
 """
 from __future__ import annotations
 
@@ -352,10 +352,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="an existing Kafka cluster [default: start a local broker for the run]")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run counts as failed")
     parser.add_argument("--results-dir", type=Path, default=RESULTS,
-                        help="where the results files go [default: benchmarks/results; README.md is only rewritten "
+                        help="where the results files go [default: benchmarks/results; docs/performance.md is only rewritten "
                              "from the default]")
-    parser.add_argument("--no-readme", action="store_true",
-                        help="do not regenerate README.md's Performance section at the end")
+    parser.add_argument("--no-figures", action="store_true",
+                        help="do not regenerate docs/performance.md's figures at the end")
     parser.add_argument("--kstreams-emit-interval-ms", type=int, default=1000,
                         help="Kafka Streams: how often each task emits its customers' totals (wall clock) "
                              "[default: 1000]")
@@ -463,9 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(f"{out}.md").write_text(report)
     print(report)
     log(f"written: {out}.json, {out}.md")
-    from benchmarks import readme
+    from benchmarks import figures
 
-    readme.update_after_run(results_dir, args.no_readme, log)
+    figures.update_after_run(results_dir, args.no_figures, log)
     return 0 if results and all(r.get("ok") for r in results) and not unavailable else 1
 
 

@@ -41,14 +41,14 @@ def test_a_property_override_is_the_local_brokers_last_word() -> None:
 
 @pytest.mark.integration   # starts a broker of its own, with the request log
 def test_the_request_log_names_each_request_and_its_partitions(tmp_path) -> None:
-    """`request_log` (benchmarks/broker_requests.py): a transaction of records to two partitions
+    """`request_log` (benchmarks/experiments/broker_requests.py): a transaction of records to two partitions
     shows in the log as what the broker did for it, its own markers apart."""
     import time
 
     from confluent_kafka import Producer
 
-    from benchmarks.broker_requests import read_requests
     from benchmarks.common import create_topics
+    from benchmarks.experiments.broker_requests import read_requests
     from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
     cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=str(tmp_path / "kafka"), die_with_parent=True,

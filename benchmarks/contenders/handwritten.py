@@ -102,9 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         "batch.size": 262144,
         # Keyed output where every other contender puts it (the Java clients' partitioner, as
         # Kafka Streams, Spark, Quix Streams and txstream use). librdkafka's default (CRC32) is
-        # also the seeder's, so each record went back to the partition it was read from and a
-        # transaction touched only the partitions its poll had read: at 256 partitions ~8 of them
-        # where the others write all 256 (benchmarks/results/side-by-side/*-broker-requests).
+        # also the seeder's: each record would go back to the partition it was read from, and a
+        # transaction would touch only the partitions its poll had read.
         "partitioner": "murmur2_random",
     })
     producer.init_transactions()

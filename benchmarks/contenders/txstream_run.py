@@ -20,11 +20,25 @@ FIELDS = (("init", "init_s"), ("read", "read_s"), ("upstream", "upstream_s"), ("
           ("commit", "commit_s"), ("in", "records_in"))
 
 
+# Where BatchReport may live: its own leaf module, or beside the loop that builds it.
+REPORT_MODULES = ("txstream.driver.report", "txstream.driver.loop")
+
+
+def _batch_report_class():
+    import importlib
+
+    for name in REPORT_MODULES:
+        try:
+            return importlib.import_module(name).BatchReport
+        except (ImportError, AttributeError):
+            continue
+    raise LookupError(f"BatchReport is in none of {', '.join(REPORT_MODULES)}")
+
+
 def _wrap_batch_report() -> None:
     try:
-        from txstream.driver import loop as driver
-
-        original = driver.BatchReport.line
+        report_class = _batch_report_class()
+        original = report_class.line
     except Exception as exc:  # the run itself must not depend on this
         print(f"bench-tasks unavailable: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return
@@ -36,7 +50,7 @@ def _wrap_batch_report() -> None:
             parts = [f"bench-tasks batch {self.batch_id}"]
             for name, column in FIELDS:
                 if rows and column not in rows[0]:
-                    continue  # e.g. upstream_s before txstream had it
+                    continue  # a column this txstream's rows lack
                 parts.append(f"{name} " + ",".join(format(float(r[column]), ".3f" if column.endswith("_s") else ".0f")
                                                    for r in rows))
             print("  ".join(parts), file=sys.stderr, flush=True)
@@ -44,7 +58,7 @@ def _wrap_batch_report() -> None:
             pass
         return text
 
-    driver.BatchReport.line = line
+    report_class.line = line
 
 
 def main() -> int:

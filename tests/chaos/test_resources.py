@@ -13,7 +13,7 @@ reported, not asserted against a bound: the JVM heap and the Python allocators s
 own pace.
 
 CI runs a few minutes; `TXSTREAM_SOAK=1` runs an hour and prints the memory slope per process
-kind (the figures quoted in the README come from such a run).
+kind (the figures quoted in docs/testing.md come from such a run).
 """
 from __future__ import annotations
 

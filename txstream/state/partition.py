@@ -1,10 +1,12 @@
 """Reading one partition of a state topic from an offset to its end: a read_committed consumer
 assigned to the partition (never subscribed: no group membership, no rebalance), in large
-fetches, until the consumer reports the end (under read_committed, the last stable offset)."""
+fetches. One consumer per restore or snapshot, closed after it: both are rare, and a consumer
+reused across assignments can hand out the previous assignment's end-of-partition events."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from txstream.errors import classify_kafka
@@ -14,18 +16,18 @@ from txstream.state.errors import RestoreIncomplete
 _FETCH = {"isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True,
           "auto.offset.reset": "error", "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20,
           "queued.max.messages.kbytes": 256 << 10}
-_CONSUMERS: dict[str, Any] = {}
 
 
-def reader(clients: KafkaClients, app_id: str) -> Any:
-    """The worker's state reader for this cluster, made once: it never joins its group."""
-    config = clients.consumer(f"{app_id}.state-reader", **_FETCH)
-    key = repr(sorted((k, str(v)) for k, v in config.items()))
-    if key not in _CONSUMERS:
-        from confluent_kafka import Consumer
+@contextmanager
+def reader(clients: KafkaClients, app_id: str) -> Iterator[Any]:
+    """A state reader; it never joins its group (assign only, no commit)."""
+    from confluent_kafka import Consumer
 
-        _CONSUMERS[key] = Consumer(config)
-    return _CONSUMERS[key]
+    consumer = Consumer(clients.consumer(f"{app_id}.state-reader", **_FETCH))
+    try:
+        yield consumer
+    finally:
+        consumer.close()
 
 
 def bounds(consumer: Any, topic: str, partition: int, timeout: float) -> tuple[int, int]:
@@ -33,38 +35,53 @@ def bounds(consumer: Any, topic: str, partition: int, timeout: float) -> tuple[i
     from confluent_kafka import KafkaException, TopicPartition
 
     try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout, cached=False)
     except KafkaException as exc:
         raise classify_kafka(exc, f"offsets of {topic}[{partition}]") from exc
+    if low < 0 or high < 0:
+        raise RestoreIncomplete(f"{topic}[{partition}]: the broker answered no offsets ({low}, {high})")
+    return low, high
 
 
 def read_to_end(consumer: Any, topic: str, partition: int, start: int, on_records: Callable[[list], None],
                 timeout: float) -> int:
-    """Hand every committed record from `start` on to `on_records`, a list per fetch; returns the
-    end offset reached (the next offset to read)."""
+    """Hand every committed record from `start` to the partition's end to `on_records`, a list per
+    fetch; returns the end offset (the next offset to read).
+
+    The end is the high watermark when the read starts, not the first end the consumer reports:
+    a transaction whose commit has returned may not have its commit marker written yet, and a
+    read_committed consumer reports its end at that transaction's first record until it is. The
+    records a committed marker names are all below the high watermark read after the commit."""
     from confluent_kafka import KafkaError, TopicPartition
 
+    _low, end = bounds(consumer, topic, partition, timeout)
+    if start >= end:
+        return start
     consumer.assign([TopicPartition(topic, partition, start)])
     deadline = time.monotonic() + timeout
+    reached = start
     try:
         while True:
-            messages = consumer.consume(num_messages=50_000, timeout=0.5)
-            records = []
+            messages = consumer.consume(num_messages=50_000, timeout=0.2)
+            records = [m for m in messages if m.error() is None]
+            if records:
+                on_records(records)
+                reached = max(reached, records[-1].offset() + 1)
+                deadline = time.monotonic() + timeout
             for message in messages:
                 error = message.error()
                 if error is None:
-                    records.append(message)
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    if records:
-                        on_records(records)
-                    return message.offset()
-                else:
+                    continue
+                if error.code() != KafkaError._PARTITION_EOF:
                     raise classify_kafka(error, f"reading {topic}[{partition}]")
-            if records:
-                on_records(records)
-                deadline = time.monotonic() + timeout
-            elif time.monotonic() > deadline:
-                raise RestoreIncomplete(f"{topic}[{partition}]: no record and no end within {timeout:.0f} s "
-                                        f"(reading from offset {start})")
+                if message.topic() == topic and message.partition() == partition:
+                    reached = max(reached, message.offset())   # past a trailing commit marker
+            if reached < end:
+                reached = max(reached, consumer.position([TopicPartition(topic, partition)])[0].offset)
+            if reached >= end:
+                return reached
+            if time.monotonic() > deadline:
+                raise RestoreIncomplete(f"{topic}[{partition}]: read from offset {start} to {reached} of {end} "
+                                        f"in {timeout:.0f} s (a transaction on it still open?)")
     finally:
         consumer.unassign()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from txstream.kafka.config import KafkaClients
 from txstream.state import partition
@@ -47,7 +47,6 @@ def restore(clients: KafkaClients, app_id: str, operator: str, unit: int, store:
     if local.batch > target:
         raise StateAheadOfMarker("this worker's copy", local.batch, target, operator, unit)
     topic = changelog_topic(app_id, operator)
-    consumer = partition.reader(clients, app_id)
     snapshot = latest_manifest(clients, app_id, operator, unit, timeout)
     if snapshot is not None and snapshot.batch > target:
         _ahead(reread_marker, "the newest snapshot", snapshot.batch, target, operator, unit)
@@ -62,6 +61,17 @@ def restore(clients: KafkaClients, app_id: str, operator: str, unit: int, store:
     else:
         store.replace(StoreVersion(unit))
         start = 0
+    with partition.reader(clients, app_id) as consumer:
+        end = _read_tail(consumer, topic, operator, unit, store, target, start, report, reread_marker, timeout)
+    store.load((), StoreVersion(unit, target, end))
+    report.changelog_from, report.changelog_to = start, end
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _read_tail(consumer: Any, topic: str, operator: str, unit: int, store: StateStore, target: int, start: int,
+               report: RestoreReport, reread_marker: Callable[[], Marker] | None, timeout: float) -> int:
+    """Apply the changelog from `start` to its end; returns the end offset."""
     low, _high = partition.bounds(consumer, topic, unit, timeout)
     if start < low:
         raise StateInconsistent(f"{topic}[{unit}] starts at offset {low}, but the state read from {report.source} "
@@ -79,11 +89,7 @@ def restore(clients: KafkaClients, app_id: str, operator: str, unit: int, store:
         store.load(changes)
         report.changelog_records += len(changes)
 
-    end = partition.read_to_end(consumer, topic, unit, start, take, timeout)
-    store.load((), StoreVersion(unit, target, end))
-    report.changelog_from, report.changelog_to = start, end
-    report.seconds = time.perf_counter() - started
-    return report
+    return partition.read_to_end(consumer, topic, unit, start, take, timeout)
 
 
 def _ahead(reread_marker: Callable[[], Marker] | None, what: str, batch: int, target: int, operator: str,

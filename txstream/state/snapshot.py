@@ -130,7 +130,11 @@ def latest_manifest(clients: KafkaClients, app_id: str, operator: str, unit: int
     """The newest committed snapshot's manifest, read backwards from the partition's end (the
     manifest is the last record of its transaction, so it is near the end)."""
     topic = snapshot_topic(app_id, operator)
-    consumer = partition.reader(clients, app_id)
+    with partition.reader(clients, app_id) as consumer:
+        return _latest_manifest(consumer, topic, operator, unit, timeout)
+
+
+def _latest_manifest(consumer: Any, topic: str, operator: str, unit: int, timeout: float) -> Manifest | None:
     low, high = partition.bounds(consumer, topic, unit, timeout)
     window = 64
     while True:
@@ -161,7 +165,6 @@ def load_snapshot(clients: KafkaClients, app_id: str, manifest: Manifest, store:
     topic = snapshot_topic(app_id, manifest.operator)
     if manifest.chunks == 0:
         return 0
-    consumer = partition.reader(clients, app_id)
     headers = HeaderReader(manifest.operator, manifest.unit, topic, HEADER)
     prefix = b"chunk/%d/" % manifest.batch
     state = {"chunks": 0, "keys": 0}
@@ -178,7 +181,8 @@ def load_snapshot(clients: KafkaClients, app_id: str, manifest: Manifest, store:
             state["chunks"] += 1
             state["keys"] += len(rows)
 
-    partition.read_to_end(consumer, topic, manifest.unit, manifest.first_offset, take, timeout)
+    with partition.reader(clients, app_id) as consumer:
+        partition.read_to_end(consumer, topic, manifest.unit, manifest.first_offset, take, timeout)
     if state["chunks"] != manifest.chunks or state["keys"] != manifest.keys:
         raise RestoreIncomplete(f"{topic}[{manifest.unit}]: the snapshot of batch {manifest.batch} has "
                                 f"{state['chunks']} of its {manifest.chunks} chunks and {state['keys']} of its "

@@ -141,9 +141,9 @@ def test_state_rows_round_trip_and_a_foreign_value_is_a_decode_error() -> None:
 
 def test_snapshot_chunks_round_trip() -> None:
     keys, values = [b"k%d" % i for i in range(1000)], [b"v%d" % i for i in range(1000)]
-    assert list(snapshot_rows(snapshot_chunk(keys, values))) == list(zip(keys, values, strict=True))
+    assert snapshot_rows(snapshot_chunk(keys, values)) == (keys, values)
     with pytest.raises(StateDecodeError, match="not an Arrow stream"):
-        list(snapshot_rows(b"garbage"))
+        snapshot_rows(b"garbage")
 
 
 def test_changelog_records_name_their_writer_and_tombstones_have_no_value() -> None:
@@ -152,7 +152,7 @@ def test_changelog_records_name_their_writer_and_tombstones_have_no_value() -> N
     assert writer.topic == "app.agg.changelog"
     assert records == [(b"a", b"1", [("txstream.state", b"agg/9/3")]), (b"b", None, [("txstream.state", b"agg/9/3")])]
     reader = HeaderReader("agg", 3, writer.topic)
-    assert reader.batch_of(records[0][2], 0) == 9
+    assert reader.batch_of(Record(records[0][2], 0)) == 9
 
 
 @pytest.mark.parametrize("headers, message", [
@@ -163,7 +163,20 @@ def test_changelog_records_name_their_writer_and_tombstones_have_no_value() -> N
 ])
 def test_a_record_another_writer_wrote_is_refused(headers, message) -> None:
     with pytest.raises(ForeignStateRecord, match=message):
-        HeaderReader("agg", 3, "app.agg.changelog").batch_of(headers, 17)
+        HeaderReader("agg", 3, "app.agg.changelog").batch_of(Record(headers, 17))
+
+
+class Record:
+    """The two things a header check reads of a confluent_kafka Message."""
+
+    def __init__(self, headers, offset: int) -> None:
+        self._headers, self._offset = headers, offset
+
+    def headers(self):
+        return self._headers
+
+    def offset(self) -> int:
+        return self._offset
 
 
 def test_state_errors_fall_into_the_taxonomy() -> None:

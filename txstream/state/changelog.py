@@ -61,14 +61,19 @@ class HeaderReader:
         self.operator, self.unit, self.topic, self.name = operator, unit, topic, name
         self._seen: dict[bytes, int] = {}
 
-    def batch_of(self, headers: list[tuple[str, bytes]] | None, offset: int) -> int:
-        value = next((v for k, v in headers or () if k == self.name), None)
-        if value is None:
-            raise ForeignStateRecord(f"{self.topic}[{self.unit}]@{offset} has no {self.name} header: the "
-                                     "topic holds records txstream did not write")
+    def batch_of(self, record: Any) -> int:
+        """The batch that wrote `record` (a confluent_kafka Message)."""
+        headers = record.headers()
+        if headers and len(headers) == 1 and headers[0][0] == self.name:
+            value = headers[0][1]
+        else:
+            value = next((v for k, v in headers or () if k == self.name), None)
         batch = self._seen.get(value)
         if batch is None:
-            batch = self._seen[value] = self._parse(value, offset)
+            if value is None:
+                raise ForeignStateRecord(f"{self.topic}[{self.unit}]@{record.offset()} has no {self.name} header: "
+                                         "the topic holds records txstream did not write")
+            batch = self._seen[value] = self._parse(value, record.offset())
         return batch
 
     def _parse(self, value: bytes, offset: int) -> int:

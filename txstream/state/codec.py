@@ -11,7 +11,7 @@ and the changelog hold the encoded bytes as they are: a restore copies bytes, ne
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import fastavro
@@ -53,12 +53,12 @@ def snapshot_chunk(keys: Sequence[bytes], values: Sequence[bytes]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def snapshot_rows(chunk: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """The (key, value) pairs of a chunk written by `snapshot_chunk`."""
+def snapshot_rows(chunk: bytes) -> tuple[list[bytes], list[bytes]]:
+    """The keys and values of a chunk written by `snapshot_chunk`."""
     try:
         table = pa.ipc.open_stream(chunk).read_all()
     except pa.ArrowInvalid as exc:
         raise StateDecodeError(f"a snapshot chunk ({len(chunk)} bytes) is not an Arrow stream: {exc}") from exc
     if table.schema != _CHUNK_SCHEMA:
         raise StateDecodeError(f"a snapshot chunk has columns {table.schema.names}, not key and value")
-    return zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True)
+    return table.column("key").to_pylist(), table.column("value").to_pylist()

@@ -4,6 +4,7 @@ memory; `rocks` spills to disk."""
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Iterator
 
 from txstream.state.store import Change, StateStore, StoreVersion
@@ -14,7 +15,6 @@ class MemoryStore(StateStore):
         super().__init__(unit)
         self._data: dict[bytes, bytes] = {}
         self._sorted: list[bytes] | None = None
-        self._bytes = 0
 
     def _get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
@@ -30,24 +30,27 @@ class MemoryStore(StateStore):
             yield key, self._data[key]
 
     def _apply(self, changes: Iterable[Change], version: StoreVersion) -> None:
-        data, size = self._data, self._bytes
-        for key, value in changes:
-            old = data.pop(key, None) if value is None else data.get(key)
-            if old is not None:
-                size -= len(key) + len(old)
-            if value is not None:
-                data[key] = value
-                size += len(key) + len(value)
-        self._bytes, self._sorted = size, None
+        # Last change per key first (a C-level dict build), then one update: a restore applies
+        # millions of records, and a Python loop per record would bound its rate.
+        latest = changes if isinstance(changes, dict) else dict(changes)
+        gone = [key for key, value in latest.items() if value is None]
+        self._data.update(latest)
+        for key in gone:
+            del self._data[key]
+        self._sorted = None
 
     def _clear(self, version: StoreVersion) -> None:
-        self._data, self._sorted, self._bytes = {}, None, 0
+        self._data, self._sorted = {}, None
 
     def approximate_count(self) -> int:
         return len(self._data)
 
     def approximate_bytes(self) -> int:
-        return self._bytes
+        """Keys and values, estimated from a sample of the keys."""
+        sample = list(itertools.islice(self._data.items(), 1024))
+        if not sample:
+            return 0
+        return len(self._data) * sum(len(k) + len(v) for k, v in sample) // len(sample)
 
     def close(self) -> None:
         self._clear(self._version)

@@ -34,6 +34,7 @@ class RestoreReport:
     changelog_records: int = 0
     changelog_from: int = 0
     changelog_to: int = 0
+    snapshot_seconds: float = 0.0   # of `seconds`: finding and loading the snapshot
     seconds: float = 0.0
 
 
@@ -54,10 +55,12 @@ def restore(clients: KafkaClients, app_id: str, operator: str, unit: int, store:
     if local.changelog_offset is not None and (snapshot is None or snapshot.changelog_offset <= local.changelog_offset):
         report.source, start = "local copy", local.changelog_offset
     elif snapshot is not None:
+        loading = time.perf_counter()
         store.replace(StoreVersion(unit))
         report.snapshot_keys = load_snapshot(clients, app_id, snapshot, store, timeout)
         store.load((), StoreVersion(unit, snapshot.batch, snapshot.changelog_offset))
         report.source, start = f"snapshot of batch {snapshot.batch}", snapshot.changelog_offset
+        report.snapshot_seconds = time.perf_counter() - loading
     else:
         store.replace(StoreVersion(unit))
         start = 0
@@ -79,15 +82,14 @@ def _read_tail(consumer: Any, topic: str, operator: str, unit: int, store: State
     headers = HeaderReader(operator, unit, topic)
 
     def take(records: list) -> None:
-        changes = []
-        for record in records:
-            batch = headers.batch_of(record.headers(), record.offset())
-            if batch > target:
-                _ahead(reread_marker, f"the changelog record at offset {record.offset()}", batch, target,
-                       operator, unit)
-            changes.append((record.key(), record.value()))
-        store.load(changes)
-        report.changelog_records += len(changes)
+        batch_of = headers.batch_of
+        newest = max(batch_of(record) for record in records)
+        if newest > target:
+            first = next(record for record in records if batch_of(record) > target)
+            _ahead(reread_marker, f"the changelog record at offset {first.offset()}", batch_of(first), target,
+                   operator, unit)
+        store.load([(record.key(), record.value()) for record in records])
+        report.changelog_records += len(records)
 
     return partition.read_to_end(consumer, topic, unit, start, take, timeout)
 

@@ -174,12 +174,12 @@ def load_snapshot(clients: KafkaClients, app_id: str, manifest: Manifest, store:
             key, value = record.key(), record.value()
             if value is None or not key.startswith(prefix) or state["chunks"] == manifest.chunks:
                 continue
-            if headers.batch_of(record.headers(), record.offset()) != manifest.batch:
+            if headers.batch_of(record) != manifest.batch:
                 continue
-            rows = list(snapshot_rows(value))
-            store.load(rows)
+            keys, values = snapshot_rows(value)
+            store.load(zip(keys, values, strict=True))
             state["chunks"] += 1
-            state["keys"] += len(rows)
+            state["keys"] += len(keys)
 
     with partition.reader(clients, app_id) as consumer:
         partition.read_to_end(consumer, topic, manifest.unit, manifest.first_offset, take, timeout)

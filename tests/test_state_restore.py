@@ -252,3 +252,18 @@ def read_partition(bootstrap: str, topic: str, partition: int) -> list[tuple[byt
             records.append((message.key(), message.value()))
     finally:
         consumer.close()
+
+
+def test_the_newest_snapshot_is_found_behind_an_aborted_one(bootstrap_servers, app, tmp_path) -> None:
+    """The manifest is searched backwards from the partition's end in growing windows: an aborted
+    snapshot after it (its records still take offsets) pushes it back past the first window."""
+    unit = Unit(bootstrap_servers, app, 0, open_store("memory", None, 0))
+    unit.batch(1, {b"a": b"1"})
+    written = unit.snapshot()
+    unit.producer.begin_transaction()
+    for n in range(300):
+        unit.producer.produce(snapshot_topic(app, OPERATOR), b"x", b"chunk/9/%d" % n, partition=0)
+    unit.producer.abort_transaction(30)
+    assert latest_manifest(unit.clients, app, OPERATOR, 0) == written
+    store, report = restored(unit, tmp_path)
+    assert report.source == "snapshot of batch 1" and list(store.items()) == [(b"a", b"1")]

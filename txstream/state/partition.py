@@ -63,19 +63,19 @@ def read_to_end(consumer: Any, topic: str, partition: int, start: int, on_record
     try:
         while True:
             messages = consumer.consume(num_messages=50_000, timeout=0.2)
-            records = [m for m in messages if m.error() is None]
+            records = []
+            for message in messages:
+                error = message.error()
+                if error is None:
+                    records.append(message)
+                elif error.code() != KafkaError._PARTITION_EOF:
+                    raise classify_kafka(error, f"reading {topic}[{partition}]")
+                elif message.topic() == topic and message.partition() == partition:
+                    reached = max(reached, message.offset())   # past a trailing commit marker
             if records:
                 on_records(records)
                 reached = max(reached, records[-1].offset() + 1)
                 deadline = time.monotonic() + timeout
-            for message in messages:
-                error = message.error()
-                if error is None:
-                    continue
-                if error.code() != KafkaError._PARTITION_EOF:
-                    raise classify_kafka(error, f"reading {topic}[{partition}]")
-                if message.topic() == topic and message.partition() == partition:
-                    reached = max(reached, message.offset())   # past a trailing commit marker
             if reached < end:
                 reached = max(reached, consumer.position([TopicPartition(topic, partition)])[0].offset)
             if reached >= end:

@@ -82,14 +82,19 @@ def _read_tail(consumer: Any, topic: str, operator: str, unit: int, store: State
     headers = HeaderReader(operator, unit, topic)
 
     def take(records: list) -> None:
-        batch_of = headers.batch_of
-        newest = max(batch_of(record) for record in records)
+        batch_of, changes, newest = headers.batch_of, [], 0
+        append = changes.append
+        for record in records:
+            batch = batch_of(record)
+            if batch > newest:
+                newest = batch
+            append((record.key(), record.value()))
         if newest > target:
             first = next(record for record in records if batch_of(record) > target)
             _ahead(reread_marker, f"the changelog record at offset {first.offset()}", batch_of(first), target,
                    operator, unit)
-        store.load([(record.key(), record.value()) for record in records])
-        report.changelog_records += len(records)
+        store.load(changes)
+        report.changelog_records += len(changes)
 
     return partition.read_to_end(consumer, topic, unit, start, take, timeout)
 

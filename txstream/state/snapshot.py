@@ -131,11 +131,7 @@ def latest_manifest(clients: KafkaClients, app_id: str, operator: str, unit: int
     manifest is the last record of its transaction, so it is near the end)."""
     topic = snapshot_topic(app_id, operator)
     with partition.reader(clients, app_id) as consumer:
-        return _latest_manifest(consumer, topic, operator, unit, timeout)
-
-
-def _latest_manifest(consumer: Any, topic: str, operator: str, unit: int, timeout: float) -> Manifest | None:
-    low, high = partition.bounds(consumer, topic, unit, timeout)
+        low, high = partition.bounds(consumer, topic, unit, timeout)
     window = 64
     while True:
         start = max(low, high - window)
@@ -147,7 +143,8 @@ def _latest_manifest(consumer: Any, topic: str, operator: str, unit: int, timeou
                     found.append(Manifest.parse(record.value(), f"{topic}[{unit}]@{record.offset()}"))
 
         if start < high:
-            partition.read_to_end(consumer, topic, unit, start, take, timeout)
+            with partition.reader(clients, app_id) as consumer:   # a fresh one: no end event of the last window
+                partition.read_to_end(consumer, topic, unit, start, take, timeout)
         if found:
             manifest = found[-1]
             if manifest.operator != operator or manifest.unit != unit:

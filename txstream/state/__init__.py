@@ -8,6 +8,7 @@ where the output unit that owns a state partition runs.
 - `changelog`: the changelog record (key, new value or tombstone, the batch and unit that wrote
   it) and its topic.
 - `snapshot`: a store written to Kafka whole, naming the changelog offset it covers.
+- `partition`: reading one partition of a state topic to its end, read_committed.
 - `restore`: a store brought to the marker's batch from a snapshot plus the changelog's tail.
 - `errors`: what can go wrong, in txstream's taxonomy.
 """

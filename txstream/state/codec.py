@@ -27,12 +27,9 @@ class StateCodec:
 
     def __init__(self, schema: dict[str, Any]) -> None:
         self.schema = fastavro.parse_schema(schema)
-        self._out = io.BytesIO()
 
     def encode(self, row: dict[str, Any]) -> bytes:
-        out = self._out
-        out.seek(0)
-        out.truncate()
+        out = io.BytesIO()
         fastavro.schemaless_writer(out, self.schema, row)
         return out.getvalue()
 

@@ -344,7 +344,7 @@ def measure_restore(keys: int, store_kind: str) -> dict:
 
     from txstream.kafka.config import KafkaClients
     from txstream.local.cluster import LocalKafkaCluster, free_port_block
-    from txstream.state.changelog import ChangelogWriter, changelog_topic, snapshot_topic
+    from txstream.state.changelog import ChangelogWriter, changelog_end, changelog_topic, snapshot_topic
     from txstream.state.codec import StateCodec
     from txstream.state.restore import restore
     from txstream.state.snapshot import write_snapshot
@@ -381,7 +381,7 @@ def measure_restore(keys: int, store_kind: str) -> dict:
             producer.commit_transaction(600)
             source.commit(batch)
             if batch == 1:
-                write_snapshot(clients, producer, app, op, source, changelog_offset=_end(clients, app, op))
+                write_snapshot(clients, producer, app, op, source, changelog_offset=changelog_end(clients, app, op, 0))
         produce_s = time.perf_counter() - started
         target = open_store(store_kind, os.path.join(work, "target"), unit=0)
         del source
@@ -405,18 +405,6 @@ def measure_restore(keys: int, store_kind: str) -> dict:
 
 def _topic_bytes(work: str, topic: str) -> int:
     return sum(p.stat().st_size for p in Path(work, "kafka").rglob(f"{topic}-*/*.log"))
-
-
-def _end(clients, app, op) -> int:
-    from confluent_kafka import Consumer, TopicPartition
-
-    from txstream.state.changelog import changelog_topic
-
-    c = Consumer(clients.consumer("bench-end", **{"isolation.level": "read_committed"}))
-    try:
-        return c.get_watermark_offsets(TopicPartition(changelog_topic(app, op), 0), 30)[1]
-    finally:
-        c.close()
 
 
 def table(rows: list[dict]) -> str:

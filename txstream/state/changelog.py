@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from txstream.kafka.config import KafkaClients
+from txstream.state import partition
 from txstream.state.errors import ForeignStateRecord, StateStoreError
 
 HEADER = "txstream.state"
@@ -28,6 +30,12 @@ def check_operator(operator: str) -> str:
 
 def changelog_topic(app_id: str, operator: str) -> str:
     return f"{app_id}.{check_operator(operator)}.changelog"
+
+
+def changelog_end(clients: KafkaClients, app_id: str, operator: str, unit: int, timeout: float = 30.0) -> int:
+    """Unit's changelog end (high watermark): read after batch s committed and before s+1 began,
+    the changelog offset a snapshot of the state after s covers."""
+    return partition.end_offset(clients, app_id, changelog_topic(app_id, operator), unit, timeout)
 
 
 def snapshot_topic(app_id: str, operator: str) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from txstream.errors import classify_kafka
 from txstream.kafka.config import KafkaClients
@@ -18,24 +17,41 @@ _FETCH = {"isolation.level": "read_committed", "enable.auto.commit": False, "ena
           "queued.max.messages.kbytes": 256 << 10}
 
 
+class Reader:
+    """A read_committed consumer for the records, and a read_uncommitted one for the partition's
+    bounds: a read_committed consumer's "latest offset" is the last stable offset, which stays
+    before a transaction whose commit has returned until its commit marker is written."""
+
+    def __init__(self, clients: KafkaClients, app_id: str) -> None:
+        from confluent_kafka import Consumer
+
+        group = f"{app_id}.state-reader"
+        self.consumer = Consumer(clients.consumer(group, **_FETCH))
+        self.offsets = Consumer(clients.consumer(group, **{"isolation.level": "read_uncommitted",
+                                                           "enable.auto.commit": False}))
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.offsets.close()
+
+
 @contextmanager
-def reader(clients: KafkaClients, app_id: str) -> Iterator[Any]:
+def reader(clients: KafkaClients, app_id: str) -> Iterator[Reader]:
     """A state reader; it never joins its group (assign only, no commit)."""
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(clients.consumer(f"{app_id}.state-reader", **_FETCH))
+    state_reader = Reader(clients, app_id)
     try:
-        yield consumer
+        yield state_reader
     finally:
-        consumer.close()
+        state_reader.close()
 
 
-def bounds(consumer: Any, topic: str, partition: int, timeout: float) -> tuple[int, int]:
-    """The partition's first offset and its end (high watermark)."""
+def bounds(reader: Reader, topic: str, partition: int, timeout: float) -> tuple[int, int]:
+    """The partition's first offset and its high watermark."""
     from confluent_kafka import KafkaException, TopicPartition
 
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout, cached=False)
+        low, high = reader.offsets.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout,
+                                                         cached=False)
     except KafkaException as exc:
         raise classify_kafka(exc, f"offsets of {topic}[{partition}]") from exc
     if low < 0 or high < 0:
@@ -43,7 +59,14 @@ def bounds(consumer: Any, topic: str, partition: int, timeout: float) -> tuple[i
     return low, high
 
 
-def read_to_end(consumer: Any, topic: str, partition: int, start: int, on_records: Callable[[list], None],
+def end_offset(clients: KafkaClients, app_id: str, topic: str, partition: int, timeout: float = 30.0) -> int:
+    """The partition's high watermark: read after a transaction committed, every record it wrote
+    lies below it."""
+    with reader(clients, app_id) as state_reader:
+        return bounds(state_reader, topic, partition, timeout)[1]
+
+
+def read_to_end(reader: Reader, topic: str, partition: int, start: int, on_records: Callable[[list], None],
                 timeout: float) -> int:
     """Hand every committed record from `start` to the partition's end to `on_records`, a list per
     fetch; returns the end offset (the next offset to read).
@@ -54,9 +77,10 @@ def read_to_end(consumer: Any, topic: str, partition: int, start: int, on_record
     records a committed marker names are all below the high watermark read after the commit."""
     from confluent_kafka import KafkaError, TopicPartition
 
-    _low, end = bounds(consumer, topic, partition, timeout)
+    _low, end = bounds(reader, topic, partition, timeout)
     if start >= end:
         return start
+    consumer = reader.consumer
     consumer.assign([TopicPartition(topic, partition, start)])
     deadline = time.monotonic() + timeout
     reached = start

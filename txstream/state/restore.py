@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from txstream.kafka.config import KafkaClients
 from txstream.state import partition
@@ -64,18 +64,18 @@ def restore(clients: KafkaClients, app_id: str, operator: str, unit: int, store:
     else:
         store.replace(StoreVersion(unit))
         start = 0
-    with partition.reader(clients, app_id) as consumer:
-        end = _read_tail(consumer, topic, operator, unit, store, target, start, report, reread_marker, timeout)
+    with partition.reader(clients, app_id) as reader:
+        end = _read_tail(reader, topic, operator, unit, store, target, start, report, reread_marker, timeout)
     store.load((), StoreVersion(unit, target, end))
     report.changelog_from, report.changelog_to = start, end
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _read_tail(consumer: Any, topic: str, operator: str, unit: int, store: StateStore, target: int, start: int,
+def _read_tail(reader: partition.Reader, topic: str, operator: str, unit: int, store: StateStore, target: int, start: int,
                report: RestoreReport, reread_marker: Callable[[], Marker] | None, timeout: float) -> int:
     """Apply the changelog from `start` to its end; returns the end offset."""
-    low, _high = partition.bounds(consumer, topic, unit, timeout)
+    low, _high = partition.bounds(reader, topic, unit, timeout)
     if start < low:
         raise StateInconsistent(f"{topic}[{unit}] starts at offset {low}, but the state read from {report.source} "
                                 f"needs it from offset {start}: records were deleted from the changelog")
@@ -96,7 +96,7 @@ def _read_tail(consumer: Any, topic: str, operator: str, unit: int, store: State
         store.load(changes)
         report.changelog_records += len(changes)
 
-    return partition.read_to_end(consumer, topic, unit, start, take, timeout)
+    return partition.read_to_end(reader, topic, unit, start, take, timeout)
 
 
 def _ahead(reread_marker: Callable[[], Marker] | None, what: str, batch: int, target: int, operator: str,

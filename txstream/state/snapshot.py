@@ -104,6 +104,7 @@ def write_snapshot(clients: KafkaClients, producer: Any, app_id: str, operator: 
         return manifest
     except BaseException:
         try:
+            producer.flush(timeout)   # an abort right after produce can fail fatally (librdkafka#4849)
             producer.abort_transaction(timeout)
         except KafkaException:
             pass   # the transaction is gone with the producer; the snapshot was not written
@@ -130,9 +131,9 @@ def latest_manifest(clients: KafkaClients, app_id: str, operator: str, unit: int
     """The newest committed snapshot's manifest, read backwards from the partition's end (the
     manifest is the last record of its transaction, so it is near the end)."""
     topic = snapshot_topic(app_id, operator)
-    with partition.reader(clients, app_id) as consumer:
-        low, high = partition.bounds(consumer, topic, unit, timeout)
-    window = 64
+    with partition.reader(clients, app_id) as reader:
+        low, high = partition.bounds(reader, topic, unit, timeout)
+    window = 2        # the newest manifest and its commit marker, unless an aborted snapshot follows
     while True:
         start = max(low, high - window)
         found: list[Manifest] = []
@@ -143,8 +144,8 @@ def latest_manifest(clients: KafkaClients, app_id: str, operator: str, unit: int
                     found.append(Manifest.parse(record.value(), f"{topic}[{unit}]@{record.offset()}"))
 
         if start < high:
-            with partition.reader(clients, app_id) as consumer:   # a fresh one: no end event of the last window
-                partition.read_to_end(consumer, topic, unit, start, take, timeout)
+            with partition.reader(clients, app_id) as reader:   # a fresh one: no end event of the last window
+                partition.read_to_end(reader, topic, unit, start, take, timeout)
         if found:
             manifest = found[-1]
             if manifest.operator != operator or manifest.unit != unit:
@@ -178,8 +179,8 @@ def load_snapshot(clients: KafkaClients, app_id: str, manifest: Manifest, store:
             state["chunks"] += 1
             state["keys"] += len(keys)
 
-    with partition.reader(clients, app_id) as consumer:
-        partition.read_to_end(consumer, topic, manifest.unit, manifest.first_offset, take, timeout)
+    with partition.reader(clients, app_id) as reader:
+        partition.read_to_end(reader, topic, manifest.unit, manifest.first_offset, take, timeout)
     if state["chunks"] != manifest.chunks or state["keys"] != manifest.keys:
         raise RestoreIncomplete(f"{topic}[{manifest.unit}]: the snapshot of batch {manifest.batch} has "
                                 f"{state['chunks']} of its {manifest.chunks} chunks and {state['keys']} of its "

@@ -1,0 +1,161 @@
+"""The interface of a state partition's local store, as Spark's StateStore providers and Kafka
+Streams' KeyValueStore: one store per (operator, unit), bytes to bytes, kept sorted by key.
+
+Writes of the running batch are buffered (`changes`) and read back by `get` and `scan`; they
+reach the committed state only by `commit(batch)`, called after the unit's Kafka transaction has
+committed them to the changelog, and `abort` drops them. The committed state is therefore
+always the state after the batch in `version`, which a worker compares with the unit's marker.
+
+A subclass supplies the committed state (`_get`, `_scan`, `_apply`, ...); the buffering, the
+version rules and the merge of buffered writes into reads live here, once.
+"""
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from txstream.state.errors import StateStoreError
+
+Change = tuple[bytes, "bytes | None"]     # a key and its new value; None deletes it
+
+
+@dataclass(frozen=True)
+class StoreVersion:
+    """What a store holds: the state after `batch` (0: no batch yet) of `unit`. `changelog_offset`
+    is the changelog offset this state covers (the next one to read), when known."""
+
+    unit: int
+    batch: int = 0
+    changelog_offset: int | None = None
+
+
+class StateStore(ABC):
+    """get / put / delete / scan of one state partition; see the module docstring."""
+
+    def __init__(self, unit: int) -> None:
+        self._pending: dict[bytes, bytes | None] = {}
+        self._version = StoreVersion(unit)
+
+    # -- reads: the committed state with this batch's writes over it ----------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._pending:
+            return self._pending[key]
+        return self._get(key)
+
+    def scan(self, prefix: bytes = b"", start: bytes | None = None, end: bytes | None = None) -> Iterator[Change]:
+        """(key, value) in key order: keys starting with `prefix`, from `start` (included) to
+        `end` (excluded) when given."""
+        low = max(prefix, start) if start is not None else prefix
+        pending = sorted((k, v) for k, v in self._pending.items()
+                         if k.startswith(prefix) and k >= low and (end is None or k < end))
+        committed = ((k, v) for k, v in self._scan(low, end) if k not in self._pending)
+        if prefix:
+            committed = _while_prefixed(committed, prefix)
+        for key, value in heapq.merge(committed, pending, key=lambda kv: kv[0]):
+            if value is not None:
+                yield key, value
+
+    def items(self) -> Iterator[Change]:
+        return self.scan()
+
+    # -- writes of the running batch ---------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if value is None:
+            raise StateStoreError("put of None: use delete")
+        self._pending[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self._pending[key] = None
+
+    def changes(self) -> dict[bytes, bytes | None]:
+        """This batch's writes, last one per key: what goes to the changelog."""
+        return self._pending
+
+    def commit(self, batch: int, changelog_offset: int | None = None) -> None:
+        """The unit's transaction for `batch` committed: its writes become the state after it."""
+        if batch <= self._version.batch:
+            raise StateStoreError(f"unit {self._version.unit}: commit of batch {batch} onto the state after "
+                                  f"batch {self._version.batch}; batches commit in increasing order")
+        version = StoreVersion(self._version.unit, batch, changelog_offset)
+        self._apply(self._pending.items(), version)
+        self._pending = {}
+        self._version = version
+
+    def abort(self) -> None:
+        """The unit's transaction aborted (or never began): forget this batch's writes."""
+        self._pending = {}
+
+    # -- restore: straight into the committed state ------------------------------------------
+
+    @property
+    def version(self) -> StoreVersion:
+        return self._version
+
+    def load(self, changes: Iterable[Change], version: StoreVersion | None = None) -> None:
+        """Apply restored records (in changelog order) to the committed state, then take
+        `version` when given. Refused with writes pending: restore happens between batches."""
+        if self._pending:
+            raise StateStoreError(f"unit {self._version.unit}: restore with {len(self._pending)} writes pending")
+        self._apply(changes, version or self._version)
+        if version is not None:
+            self._version = version
+
+    def replace(self, version: StoreVersion) -> None:
+        """Drop the committed state (a stale local copy about to be replaced by a snapshot)."""
+        self._pending = {}
+        self._clear(version)
+        self._version = version
+
+    # -- what a store supplies ----------------------------------------------------------------
+
+    @abstractmethod
+    def _get(self, key: bytes) -> bytes | None: ...
+
+    @abstractmethod
+    def _scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Committed (key, value) in key order, from `start` (included) to `end` (excluded)."""
+
+    @abstractmethod
+    def _apply(self, changes: Iterable[Change], version: StoreVersion) -> None:
+        """Write the changes and the version, all or nothing where the store can."""
+
+    @abstractmethod
+    def _clear(self, version: StoreVersion) -> None: ...
+
+    @abstractmethod
+    def approximate_count(self) -> int:
+        """Committed keys, estimated where counting would read everything."""
+
+    @abstractmethod
+    def approximate_bytes(self) -> int:
+        """Bytes the committed state takes (keys and values; on disk for a disk store)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the store; a disk store keeps its files (a later open resumes from them)."""
+
+
+def _while_prefixed(pairs: Iterator[tuple[bytes, bytes]], prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    for key, value in pairs:
+        if not key.startswith(prefix):
+            return
+        yield key, value
+
+
+def open_store(kind: str, path: str | None, unit: int) -> StateStore:
+    """A store of `kind` ("memory" or "rocksdb") for `unit`; `path` is the disk store's directory."""
+    if kind == "memory":
+        from txstream.state.memory import MemoryStore
+
+        return MemoryStore(unit)
+    if kind == "rocksdb":
+        from txstream.state.rocks import RocksStore
+
+        if not path:
+            raise StateStoreError("the rocksdb store needs a directory")
+        return RocksStore(path, unit)
+    raise StateStoreError(f"unknown state store {kind!r}: memory or rocksdb")

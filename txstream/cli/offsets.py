@@ -9,15 +9,14 @@ from collections.abc import Sequence
 
 import click
 
-from txstream.cli.options import kafka_options
+from txstream.cli.options import kafka_options, timeout_option
 from txstream.errors import TxstreamError
 from txstream.kafka import offsets as kofs
 from txstream.kafka.config import KafkaClients
 from txstream.tools import offsets as ofs
 
 _APP_ID = click.option("--app-id", required=True, help="The app id, which is its consumer group id.")
-_TIMEOUT = click.option("--timeout", default=kofs.DEFAULT_TIMEOUT, show_default=True, type=click.FloatRange(0.5),
-                        help="Seconds to wait for Kafka before giving up.")
+_TIMEOUT = timeout_option()
 _TOPIC_HELP = "TOPIC or TOPIC:P,P,... (repeatable)."
 
 

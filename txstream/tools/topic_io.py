@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections import Counter
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Iterable, Iterator
@@ -61,7 +62,8 @@ def _topic_partitions(clients: KafkaClients, topic: str, timeout: float) -> int:
 def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str], value_schema: dict | None = None,
                   key_field: str | None = None, transactional: bool = False,
                   partition: int | None = None, timeout: float = 60.0) -> int:
-    """Each line is one JSON value. Returns how many records were written (all acknowledged)."""
+    """Each line is one JSON value. Returns how many records were written (all acknowledged); when
+    some were not, a KafkaFailure says how many were and how many not."""
     clients = as_clients(clients)
     _topic_partitions(clients, topic, timeout)  # an unreachable cluster or a missing topic: one line, now
     codec = AvroCodec(value_schema) if value_schema else None
@@ -70,9 +72,17 @@ def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str],
                               "message.timeout.ms": int(min(timeout, 60) * 1000)}
     if transactional:
         config["transactional.id"] = f"txstream-produce-{uuid.uuid4().hex}"
-    errors: list[str] = []
-    producer = Producer(clients.producer(
-        **config, on_delivery=lambda err, _m: errors.append(err.str()) if err else None))
+    delivered: list[int] = [0]
+    errors: Counter[str] = Counter()
+
+    def on_delivery(err, _msg) -> None:
+        if err:
+            errors[err.str()] += 1
+        else:
+            delivered[0] += 1
+
+    producer = Producer(clients.producer(**config, on_delivery=on_delivery))
+    count = 0
     try:
         if transactional:
             producer.init_transactions(timeout)
@@ -84,7 +94,11 @@ def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str],
         raise classify_kafka(exc, f"producing to {topic}") from None
     remaining = producer.flush(timeout)
     if remaining or errors:
-        raise KafkaFailure(f"producing to {topic}: {remaining} records unacknowledged; errors: {errors[:3]}")
+        said = "; ".join(f"{what} ({n})" for what, n in errors.most_common(3))
+        raise KafkaFailure(
+            f"producing to {topic}: {delivered[0]} of {count} records written, {count - delivered[0]} not"
+            + (f" ({remaining} still unacknowledged after {timeout:g}s)" if remaining else "")
+            + (f"; Kafka said: {said}" if said else ""))
     return count
 
 

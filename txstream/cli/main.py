@@ -4,6 +4,7 @@ from __future__ import annotations
 import faulthandler
 import signal
 import sys
+from pathlib import Path
 
 import click
 
@@ -65,6 +66,9 @@ def main() -> None:
 @click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
 @click.option("--log-format", type=click.Choice(["human", "json"]), default="human", show_default=True,
               help="json: one JSON object per batch and per event (assignment, retry, dead letter, ...).")
+@click.option("--spark-logs", is_flag=True,
+              help="Show Spark's own output (its banner, log lines, a failed job's stack traces) on stderr "
+                   "[default: written to spark.log in the run's directory, ~/.cache/txstream/runs/APP-ID/TIME/].")
 @click.option("--wide-mode", type=click.Choice(["units", "single-transaction"]), default=None,
               help="How a wide transform's batch is published: K output units, each its own transaction, or "
                    "all of it in one transaction [default: the processor's, else units].")
@@ -92,7 +96,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
-        metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str,
+        metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str, spark_logs: bool,
         wide_mode: str | None, output_units: int | None, allow_nondeterministic: bool | None,
         task_slots: int | None, producers_per_slot: int | None, first_batch_records: int | None,
         timeout: float) -> None:
@@ -128,6 +132,13 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
         if log_format == "human":
             echo(_first_line(resolved))
+        if not spark_logs:
+            from txstream.spark.session import send_jvm_output_to
+
+            log_file = run_directory(resolved.app_id) / "spark.log"
+            send_jvm_output_to(log_file)
+            if log_format == "human":
+                echo(f"Spark's own log lines: {log_file} (--spark-logs shows them here)")
         _reachable(resolved.clients, timeout)
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:
@@ -152,6 +163,16 @@ def _first_line(s) -> str:
     topics = f"{', '.join(s.input_topics)} -> {output}"
     letters = f", dead letters to {s.dead_letter_topic}" if s.dead_letter_topic else ""
     return f"app id {s.app_id}: {topics}{letters}, {s.guarantee}"
+
+
+def run_directory(app_id: str) -> Path:
+    """This run's directory: ~/.cache/txstream/runs/APP-ID/UTC-TIME-PID/ (TXSTREAM_CACHE_DIR moves it)."""
+    import os
+    import time
+
+    from txstream.local.paths import cache_dir
+
+    return cache_dir() / "runs" / app_id / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
 
 
 def _reachable(clients: KafkaClients, timeout: float) -> None:

@@ -225,9 +225,63 @@ def _submitted_conf() -> dict[str, str] | None:
     return dict(SparkConf().getAll())
 
 
+# Where the driver JVM's own output goes (Spark's banner, log4j lines, stack traces of a failed
+# job, its Python workers' stderr): None, this process's stdout and stderr; else a file path.
+_JVM_OUTPUT: dict[str, str | None] = {"path": None}
+
+
+def send_jvm_output_to(path: str | os.PathLike | None) -> None:
+    """Spark's own output to `path` (appended) from the next JVM this process launches; None: to
+    this process's stdout and stderr. `txstream run` sends it to a file unless --spark-logs."""
+    _JVM_OUTPUT["path"] = None if path is None else str(path)
+
+
+def jvm_output() -> str | None:
+    return _JVM_OUTPUT["path"]
+
+
+def _launch_jvm(app_name: str, master: str | None, settings: dict[str, str]) -> None:
+    """Start the driver JVM as pyspark would (spark-submit with the same settings), but in a
+    process group of its own and with its output where `send_jvm_output_to` says.
+
+    A terminal's Ctrl-C goes to its whole foreground process group: pyspark starts the JVM
+    ignoring SIGINT, but the Python workers it forks reinstate Python's handler, so the tasks
+    died of KeyboardInterrupt before the driver could finish its batch (driver/stopping.py). In
+    a group of its own the JVM, its Python daemon and its workers get no terminal signal; the
+    driver stops them. pyspark launches its JVM in `launch_gateway` with no way to ask for this
+    from the session builder, so the session is handed a JVM launched here. Nothing is launched
+    when a JVM already exists (spark-submit's, or a session's before)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:  # noqa: SLF001
+        return
+    conf = SparkConf(loadDefaults=False)
+    conf.set("spark.app.name", app_name)
+    if master is not None:
+        conf.set("spark.master", master)
+    for key, value in settings.items():
+        conf.set(key, value)
+    popen: dict = {"start_new_session": True}
+    path = jvm_output()
+    output = None
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        output = open(path, "ab")   # noqa: SIM115 - the JVM holds it open for its lifetime
+        popen.update(stdout=output, stderr=subprocess.STDOUT)
+    try:
+        SparkContext._ensure_initialized(gateway=launch_gateway(conf, popen_kwargs=popen))  # noqa: SLF001
+    finally:
+        if output is not None:
+            output.close()   # the JVM has its own descriptor
+
+
 def build_spark(master: str | None = None, app_name: str = "txstream", spark_conf: dict[str, str] | None = None,
                 ui_port: int | None = None, cores_hint: int | None = None, echo=None):
     """The run's Spark session: the user's master and settings first (spark/setup.py)."""
+    import signal
+    import threading
+
     from pyspark.sql import SparkSession
 
     setup = resolve(master, dict(spark_conf or {}), _submitted_conf(), ui_port=ui_port, cores_hint=cores_hint)
@@ -244,7 +298,14 @@ def build_spark(master: str | None = None, app_name: str = "txstream", spark_con
         builder = builder.master(setup.master)
     for key, value in setup.to_set.items():
         builder = builder.config(key, value)
+    _launch_jvm(app_name, setup.master, setup.to_set)
+    main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main_thread else None
     spark = builder.getOrCreate()
+    if main_thread and handler not in (signal.default_int_handler, None):
+        # SparkContext replaces the SIGINT handler with its own (cancel every job, raise
+        # KeyboardInterrupt): a handler the caller installed (the run's stop) is put back.
+        signal.signal(signal.SIGINT, handler)
     spark.sparkContext.setLogLevel(os.environ.get("TXSTREAM_SPARK_LOG_LEVEL", "ERROR"))
     return spark
 

@@ -23,20 +23,26 @@ from txstream.kafka.offsets import admin_client, cluster_topics, watermarks
 from txstream.kafka.scan import scan
 from txstream.serde.avro import AvroCodec
 
+_UNITS_PER_SECOND = {"timestamp-millis": 1000, "timestamp-micros": 1_000_000}
 
-def _from_json(value: Any, schema: dict | None) -> Any:
-    """JSON → what fastavro accepts: timestamps may be given as ISO strings or epoch millis."""
+
+def _from_json(value: Any, schema: dict | None, top: bool = True) -> Any:
+    """JSON → what the encoder accepts: a timestamp may be given as an ISO string or as an epoch
+    integer in the field's unit. The encoder (serde/avro.py) writes top-level timestamps from
+    integers, nested ones from datetimes."""
     if schema is None or not isinstance(value, dict):
         return value
     out = dict(value)
     for field in schema.get("fields", []):
-        typ = field["type"]
+        typ, name = field["type"], field["name"]
         if isinstance(typ, list):
             typ = next((b for b in typ if b != "null"), typ)
-        if isinstance(typ, dict) and typ.get("logicalType", "").startswith("timestamp") and isinstance(out.get(field["name"]), str):
-            out[field["name"]] = datetime.fromisoformat(out[field["name"]].replace("Z", "+00:00"))
-        elif isinstance(typ, dict) and typ.get("type") == "record" and field["name"] in out:
-            out[field["name"]] = _from_json(out[field["name"]], typ)
+        logical = typ.get("logicalType", "") if isinstance(typ, dict) else ""
+        if logical in _UNITS_PER_SECOND and isinstance(out.get(name), str):
+            at = datetime.fromisoformat(out[name].replace("Z", "+00:00"))
+            out[name] = round(at.timestamp() * _UNITS_PER_SECOND[logical]) if top else at
+        elif isinstance(typ, dict) and typ.get("type") == "record" and name in out:
+            out[name] = _from_json(out[name], typ, top=False)
     return out
 
 

@@ -4,8 +4,9 @@ signal aborts that batch.
 The first SIGINT or SIGTERM only sets the loop's stop event: the batch in flight commits (or
 aborts) as one unit either way, so waiting for it loses nothing and the next run starts where the
 group's offsets say. A second signal cancels Spark's jobs (the tasks' open transactions abort) for
-a user who cannot wait. The Spark JVM and its Python workers run in their own process group
-(spark/session.py), so a terminal's Ctrl-C reaches this process only, and the stop is ours.
+a user who cannot wait. A terminal's Ctrl-C reaches the whole foreground process group, but the
+Spark JVM ignores SIGINT and its Python workers run in a group of their own, so the stop is ours
+(SparkContext's own SIGINT handler, which cancels every job, is replaced again: spark/session.py).
 
 Exit codes: 0 after a stop on request, 128 + the signal's number (130 SIGINT, 143 SIGTERM) when a
 second signal aborted the batch, as a shell reports a process a signal ended.

@@ -241,39 +241,32 @@ def jvm_output() -> str | None:
 
 
 def _launch_jvm(app_name: str, master: str | None, settings: dict[str, str]) -> None:
-    """Start the driver JVM as pyspark would (spark-submit with the same settings), but in a
-    process group of its own and with its output where `send_jvm_output_to` says.
+    """Start the driver JVM as pyspark would (spark-submit with the same settings), with its
+    output where `send_jvm_output_to` says: pyspark's session builder has no way to ask for that
+    (`launch_gateway` takes Popen's arguments, the builder does not pass any). Nothing is launched
+    when a JVM already exists (spark-submit's, or a session's before).
 
-    A terminal's Ctrl-C goes to its whole foreground process group: pyspark starts the JVM
-    ignoring SIGINT, but the Python workers it forks reinstate Python's handler, so the tasks
-    died of KeyboardInterrupt before the driver could finish its batch (driver/stopping.py). In
-    a group of its own the JVM, its Python daemon and its workers get no terminal signal; the
-    driver stops them. pyspark launches its JVM in `launch_gateway` with no way to ask for this
-    from the session builder, so the session is handed a JVM launched here. Nothing is launched
-    when a JVM already exists (spark-submit's, or a session's before)."""
+    The JVM stays in the driver's process group, so a kill of the group still ends driver, JVM and
+    workers together; pyspark starts it ignoring SIGINT, and Spark's Python daemon puts itself and
+    its workers in a group of their own, so a terminal's Ctrl-C reaches the driver only."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:  # noqa: SLF001
         return
+    path = jvm_output()
+    if path is None:
+        return   # pyspark's own launch, output inherited
     conf = SparkConf(loadDefaults=False)
     conf.set("spark.app.name", app_name)
     if master is not None:
         conf.set("spark.master", master)
     for key, value in settings.items():
         conf.set(key, value)
-    popen: dict = {"start_new_session": True}
-    path = jvm_output()
-    output = None
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        output = open(path, "ab")   # noqa: SIM115 - the JVM holds it open for its lifetime
-        popen.update(stdout=output, stderr=subprocess.STDOUT)
-    try:
-        SparkContext._ensure_initialized(gateway=launch_gateway(conf, popen_kwargs=popen))  # noqa: SLF001
-    finally:
-        if output is not None:
-            output.close()   # the JVM has its own descriptor
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as output:   # the JVM keeps its own descriptor
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": output, "stderr": subprocess.STDOUT})
+    SparkContext._ensure_initialized(gateway=gateway)  # noqa: SLF001
 
 
 def build_spark(master: str | None = None, app_name: str = "txstream", spark_conf: dict[str, str] | None = None,

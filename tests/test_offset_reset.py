@@ -221,6 +221,13 @@ def test_reset_of_a_wide_app_with_a_pending_batch_is_refused_unless_forced(boots
                              "--master", "local[2]", "--until-caught-up"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    from confluent_kafka.admin import AdminClient
+
+    from txstream.kafka.offsets import describe_group
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    # The killed driver's membership ends with its session timeout.
+    wait_until(lambda: not describe_group(admin, app_id, timeout=10).members, 180, "the killed member to expire")
     before = committed(bootstrap_servers, app_id, source, 2)
     assert before == {0: 0, 1: 0}, before
 

@@ -379,7 +379,7 @@ def warm_python_workers(spark) -> set[int]:
         finally:
             first.unpersist()
     except Exception as exc:   # the first batch meets the same cause and reports it by type
-        log.warning("warming up the Python workers failed: %s", str(exc).strip().splitlines()[0][:300])
+        log.debug("warming up the Python workers failed: %s", str(exc).strip().splitlines()[0][:300])
         return set()
     finally:
         if added:

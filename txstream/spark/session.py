@@ -36,10 +36,10 @@ def spark_home() -> str:
 
     Spark puts `$SPARK_HOME/python/lib/pyspark.zip` (sources, no bytecode) first on every Python
     worker's path. Workers then compile pyspark from source on each start, and every task's
-    `importlib.invalidate_caches()` re-reads the zip's directory: measured, about half of all
-    Python-worker CPU in a 200,000-record batch. This directory links everything of the pyspark
-    package except `python/`, so the zips Spark names do not exist and workers import the
-    installed, byte-compiled pyspark instead (the same files, the same version).
+    `importlib.invalidate_caches()` re-reads the zip's directory, a large share of the workers'
+    CPU. This directory links everything of the pyspark package except `python/`, so the zips
+    Spark names do not exist and workers import the installed, byte-compiled pyspark instead (the
+    same files, the same version).
 
     `jars/` links every jar but the signed ones (`_unsigned_jars`).
     """
@@ -158,24 +158,17 @@ def _java_options(spark_conf: dict[str, str], home: str, task_threads: int | Non
     (`task_threads`, spark/setup.py local_task_threads) unless a GC is named, plus Arrow without
     its per-access checks (spark/setup.py ARROW_JAVA_OPTIONS).
 
-    Loading Spark's classes is most of a session's start-up here (measured: 12 s -> 7 s to a
-    session, 5 s -> 2.5 s for its first job, 2 cores). `python -m txstream.spark.session`
+    Loading Spark's classes is most of a session's start-up. `python -m txstream.spark.session`
     writes the archive (`make install` runs it); without one, Spark starts as usual.
 
     The optimising compiler (C2) spends whole cores for the first tens of seconds of a JVM, which
     a local run's Python workers need: the JVM's part of a local batch is Arrow copies and
-    generated projections, where C1's code does about as well. Measured side by side, 200,000
-    orders, 2 runs each: first output 4.2 / 5.4 s against 6.3 / 6.4 s, records/s 30,576 / 24,833
-    against 21,880 / 20,266, CPU 7.6 / 10.2 s against 13.5 / 14.3 s.
+    generated projections, where C1's code does about as well.
 
     The JVM picks G1 on any machine of 2 cores or more, and G1's concurrent threads and write
-    barriers take CPU from the Python workers too. The local JVM's live heap is small (~60 MB in
-    a 1,000,000-order run: the records are in Arrow's off-heap buffers), so one collector thread
-    keeps up with two task threads: measured side by side, 2 cores, local[2], 1,000,000 orders,
-    3 runs each, twice: JVM CPU 9.2 / 9.4 against 9.4 / 10.3 s per M records, peak RSS 1.80 /
-    1.87 against 2.05 / 1.99 GB, records/s +2.4% / -0.3%; latency at 2,000 records/s p99 240
-    against 311 ms, at 20,000 456 against 485 ms; pauses 6-67 ms either way. More task threads
-    allocate faster and a serial pause stops them all: there G1 (unmeasured) stays."""
+    barriers take CPU from the Python workers too. The local JVM's live heap is small (the records
+    are in Arrow's off-heap buffers), so one collector thread keeps up with two task threads. More task threads allocate faster and a serial pause stops
+    them all: there G1 stays."""
     options = spark_conf.get("spark.driver.extraJavaOptions", "")
     archive = class_archive(home)
     if os.environ.get("TXSTREAM_CLASS_ARCHIVE", "1") != "0" and archive.is_file() and "SharedArchiveFile" not in options \
@@ -308,8 +301,7 @@ def stop_spark(spark, timeout: float = 30.0) -> None:
     end the JVM with it.
 
     PySpark leaves the JVM to notice that its stdin closed when Python exits; it then runs its
-    shutdown for seconds after the driver is gone (measured ~0.7 cores, reparented, counted by
-    nobody: the benchmarks listed it as foreign work beside txstream's next run)."""
+    shutdown for seconds after the driver is gone, reparented, taking CPU from whatever runs next."""
     from pyspark import SparkContext
 
     spark.stop()
@@ -357,8 +349,7 @@ def warm_python_workers(spark) -> set[int]:
     busy machine). Returns the daemons' process ids (tests/test_spark_session.py).
 
     An RDD job, not a DataFrame's: it needs none of Catalyst's planning, which on a cold JVM
-    competes with the driver's own first DataFrame (measured, 200,000 orders, 10 pairs
-    alternating: first output 9.0 against 9.6 s, median). Its workers must come from the daemon
+    competes with the driver's own first DataFrame. Its workers must come from the daemon
     the batches' mapInArrow tasks use: Spark keeps one daemon per Python function environment,
     and its SQL runners add SPARK_SIMPLIFIED_TRACEBACK=1 to theirs when the setting is on, so the
     RDD's functions carry the same. `cache()` keeps pyspark from fusing the two functions into

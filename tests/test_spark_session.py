@@ -299,8 +299,7 @@ def _run_passthrough(bootstrap: str, source: str, sink: str, *extra: str):  # no
 
 
 def test_spark_output_goes_to_the_runs_log_file_unless_asked(bootstrap_servers, make_topic) -> None:
-    """By default Spark's banner and WARN lines are in the run's spark.log, named in the run's
-    second line, and not on the terminal; with --log-format json stderr carries JSON objects only;
+    """By default Spark's banner and WARN lines are in the run's spark.log, named when Spark starts, and not on the terminal; with --log-format json stderr carries JSON objects only;
     --spark-logs shows Spark's lines again."""
     import json
     import re
@@ -323,7 +322,8 @@ def test_spark_output_goes_to_the_runs_log_file_unless_asked(bootstrap_servers, 
     lines = as_json.stderr.splitlines()
     assert all(line.startswith("{") for line in lines), as_json.stderr
     events = [json.loads(line) for line in lines]
-    log_file = next(e["path"] for e in events if e["event"] == "spark_log")
+    log_file = next(re.match(r"Spark's own log lines: (\S+)", e["message"]).group(1) for e in events
+                    if e.get("message", "").startswith("Spark's own log lines"))
     assert "log4j" in Path(log_file).read_text() and as_json.stdout == ""
 
     shown = _run_passthrough(bootstrap_servers, source, make_topic("out"), "--spark-logs")

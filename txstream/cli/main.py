@@ -137,14 +137,6 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
 
             log_file = run_directory(resolved.app_id) / "spark.log"
             send_jvm_output_to(log_file)
-            if log_format == "human":
-                echo(f"Spark's own log lines: {log_file} (--spark-logs shows them here)")
-            else:
-                import json
-                import time
-
-                echo(json.dumps({"time": round(time.time(), 3), "event": "spark_log", "app": resolved.app_id,
-                                 "path": str(log_file)}))
         _reachable(resolved.clients, timeout)
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:

@@ -279,6 +279,8 @@ def build_spark(master: str | None = None, app_name: str = "txstream", spark_con
         _local_environment(setup)
     if echo is not None:
         echo(setup.describe())
+        if jvm_output() is not None and not under_spark_submit():
+            echo(f"Spark's own log lines: {jvm_output()} (--spark-logs shows them here)")
     builder = SparkSession.builder.appName(app_name)
     if setup.master is not None:
         builder = builder.master(setup.master)

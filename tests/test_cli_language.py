@@ -84,6 +84,8 @@ def test_an_unreachable_broker_is_reported_within_the_timeout(command: list[str]
     assert last.startswith("Error: Cannot reach Kafka at") and "within 3s" in last, done.stderr
     assert "Traceback" not in done.stderr
     assert took < 3 + 15, f"{command[0]} took {took:.1f}s to report an unreachable broker"
+    if command[0] == "run":   # the app id comes first, before anything can fail
+        assert done.stderr.startswith("app id txstream-enrich-orders: orders -> orders-enriched"), done.stderr
 
 
 def test_status_of_an_unknown_app_lists_the_known_ones(bootstrap_servers: str, make_topic) -> None:  # noqa: ANN001

@@ -43,6 +43,7 @@ def test_up_down_twice_and_second_up_refused(cli_env: dict[str, str], tmp_path: 
         up = _txstream(cli_env, "kafka", "up", "--port", str(port), "--data-dir", data)
         assert up.returncode == 0, up.stderr
         assert up.stdout.strip() == f"localhost:{port}"
+        assert f"localhost:{port}" not in up.stderr, up.stderr   # the address once, on stdout
         status = _txstream(cli_env, "kafka", "status")
         assert f"localhost:{port}  running" in status.stdout
         again = _txstream(cli_env, "kafka", "up", "--port", str(port), "--data-dir", data)
@@ -93,8 +94,14 @@ def test_up_listens_and_advertises_the_address_asked(cli_env: dict[str, str], tm
     # The metadata names the advertised address: a client that bootstraps there is told to stay there.
     from confluent_kafka.admin import AdminClient
 
-    brokers = AdminClient({"bootstrap.servers": f"127.0.0.2:{port}"}).list_topics(timeout=30).brokers
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.2:{port}"})
+    brokers = admin.list_topics(timeout=30).brokers
     assert {(b.host, b.port) for b in brokers.values()} == {("127.0.0.2", port)}
+    # The check deleted the topic it created (the deletion reaches the metadata soon after).
+    from tests.support.waiting import wait_until
+
+    wait_until(lambda: not [t for t in admin.list_topics(timeout=10).topics if t.startswith("txstream-check-")],
+               30, "the check's topic to be gone")
 
 
 def test_bare_down_stops_the_default_ports_cluster_only(cli_env: dict[str, str], tmp_path: Path) -> None:

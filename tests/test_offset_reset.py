@@ -199,3 +199,50 @@ def test_reset_is_refused_while_an_instance_runs(bootstrap_servers, make_topic, 
     done = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-earliest", "--execute")
     assert done.returncode == 0, done.stderr
     assert committed(bootstrap_servers, app_id, source, 2) == {0: 0, 1: 0}
+
+
+def test_reset_of_a_wide_app_with_a_pending_batch_is_refused_unless_forced(bootstrap_servers, make_topic,
+                                                                           tmp_path) -> None:
+    """A wide run killed after every unit published batch 1 and before the batch was closed: its
+    plan log says batch 1 is pending and the markers say the units published it. A reset would
+    abandon that batch, so it is refused, naming the batch and the units; --force does it and says
+    what it abandoned."""
+    import os
+    import signal
+
+    source, sink = make_topic("in", partitions=2), make_topic("out", partitions=2)
+    produce(bootstrap_servers, source, [(f"k{i}".encode(), b"v") for i in range(400)])
+    app_id = f"test-wide-reset-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TXSTREAM_FAULTS": "driver.before_close=kill@1",
+           "TXSTREAM_FAULTS_DIR": str(tmp_path / "faults")}
+    # A session of its own: the fault SIGKILLs the run's process group.
+    killed = subprocess.run([sys.executable, "-m", "txstream.cli", "run", "tests.support.wide_processors:BucketTotals",
+                             "-b", bootstrap_servers, "--input", source, "--output", sink, "--app-id", app_id,
+                             "--master", "local[2]", "--until-caught-up"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    from confluent_kafka.admin import AdminClient
+
+    from txstream.kafka.offsets import describe_group
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    # The killed driver's membership ends with its session timeout.
+    wait_until(lambda: not describe_group(admin, app_id, timeout=10).members, 180, "the killed member to expire")
+    before = committed(bootstrap_servers, app_id, source, 2)
+    assert before == {0: 0, 1: 0}, before
+
+    dry = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-latest")
+    assert dry.returncode == 0, dry.stderr
+    assert "is a wide app's" in dry.stderr and "batch 1 of group" in dry.stderr, dry.stderr
+
+    refused = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-latest", "--execute")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"batch 1 of group {app_id} is pending" in refused.stderr, refused.stderr
+    assert "unit(s) 0, 1 published it already" in refused.stderr and "--force" in refused.stderr
+    assert committed(bootstrap_servers, app_id, source, 2) == before
+
+    forced = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-latest", "--execute", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "abandoning it: batch 1" in forced.stderr and "its next batch is batch 2" in forced.stderr, forced.stderr
+    ends = end_offsets(bootstrap_servers, source, "read_committed")
+    assert committed(bootstrap_servers, app_id, source, 2) == {p: end for p, (_start, end) in ends.items()}

@@ -278,3 +278,54 @@ def test_txstream_run_serves_the_spark_ui_on_the_port_asked(bootstrap_servers, m
         except subprocess.TimeoutExpired:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait(30)
+
+
+SPARK_NOISE = ("log4j", "WARN ", "incubator", "NativeCodeLoader", "loopback address")
+
+
+def _run_passthrough(bootstrap: str, source: str, sink: str, *extra: str):  # noqa: ANN202
+    import os
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, "-m", "txstream.cli", "run", "processors.passthrough:PassThrough", "-b", bootstrap,
+         "--input", source, "--output", sink, "--app-id", f"logs-{uuid.uuid4().hex[:8]}", "--master", "local[1]",
+         "--until-caught-up", *extra],
+        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=600)
+
+
+def test_spark_output_goes_to_the_runs_log_file_unless_asked(bootstrap_servers, make_topic) -> None:
+    """By default Spark's banner and WARN lines are in the run's spark.log, named when Spark starts, and not on the terminal; with --log-format json stderr carries JSON objects only;
+    --spark-logs shows Spark's lines again."""
+    import json
+    import re
+    from pathlib import Path
+
+    from tests.support.kafka import produce
+
+    source = make_topic("in")
+    produce(bootstrap_servers, source, [(None, b"x")] * 10)
+
+    human = _run_passthrough(bootstrap_servers, source, make_topic("out"))
+    assert human.returncode == 0, human.stderr
+    assert not [line for line in human.stderr.splitlines() if any(n in line for n in SPARK_NOISE)], human.stderr
+    named = re.search(r"^Spark's own log lines: (\S+) \(--spark-logs", human.stderr, re.MULTILINE)
+    assert named, human.stderr
+    assert "Using Spark's default log4j profile" in Path(named.group(1)).read_text()
+
+    as_json = _run_passthrough(bootstrap_servers, source, make_topic("out"), "--log-format", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    lines = as_json.stderr.splitlines()
+    assert all(line.startswith("{") for line in lines), as_json.stderr
+    events = [json.loads(line) for line in lines]
+    log_file = next(re.match(r"Spark's own log lines: (\S+)", e["message"]).group(1) for e in events
+                    if e.get("message", "").startswith("Spark's own log lines"))
+    assert "log4j" in Path(log_file).read_text() and as_json.stdout == ""
+
+    shown = _run_passthrough(bootstrap_servers, source, make_topic("out"), "--spark-logs")
+    assert shown.returncode == 0, shown.stderr
+    assert "Using Spark's default log4j profile" in shown.stderr and "Spark's own log lines" not in shown.stderr

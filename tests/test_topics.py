@@ -31,6 +31,13 @@ def ensure(bootstrap: str, names: dict, *extra: str):  # noqa: ANN201
     return CliRunner().invoke(main, args, catch_exceptions=False)
 
 
+def visible(admin, topic: str) -> None:  # noqa: ANN001
+    """Wait until the brokers' metadata lists a topic just created (the controller answers first)."""
+    from tests.support.waiting import wait_until
+
+    wait_until(lambda: topic in admin.list_topics(timeout=10).topics, 30, f"{topic} in the metadata")
+
+
 def topics_now(admin) -> dict[str, int]:  # noqa: ANN001
     return {n: len(t.partitions) for n, t in admin.list_topics(timeout=30).topics.items()}
 
@@ -44,6 +51,7 @@ def test_dry_run_prints_the_plan_and_creates_nothing(bootstrap_servers, admin, n
     from confluent_kafka.admin import NewTopic
 
     admin.create_topics([NewTopic(names["orders"], 3, 1)])[names["orders"]].result(30)
+    visible(admin, names["orders"])
     result = ensure(bootstrap_servers, names, "--dry-run")
     assert result.exit_code == 0, result.output
     lines = {line.split()[1]: line for line in result.stdout.splitlines()}
@@ -88,6 +96,7 @@ def test_without_partitions_new_topics_follow_the_input(bootstrap_servers, admin
     from confluent_kafka.admin import NewTopic
 
     admin.create_topics([NewTopic(names["orders"], 3, 1)])[names["orders"]].result(30)
+    visible(admin, names["orders"])
     result = ensure(bootstrap_servers, names)
     assert result.exit_code == 0, result.output
     now = topics_now(admin)

@@ -4,114 +4,26 @@ from __future__ import annotations
 import faulthandler
 import signal
 import sys
+from pathlib import Path
 
 import click
 
-from txstream.cli.options import kafka_options
+from txstream.cli.options import DEFAULT_TIMEOUT_S, kafka_options, pairs, timeout_option
 from txstream.kafka.config import KafkaClients
-from txstream.local import cluster as local_broker
 
 
-def _progress(message: str) -> None:
-    click.echo(message, err=True)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=f"Timeouts: every command that talks to Kafka takes --timeout SECONDS (default "
+                    f"{DEFAULT_TIMEOUT_S:g}), how long it waits for each step (first contact, a request, "
+                    "acknowledgements, a stall while reading) before it stops and says which step did not answer.")
+@click.version_option(package_name="txstream", prog_name="txstream", message="%(prog)s %(version)s")
 def main() -> None:
     """Exactly-once Kafka-to-Kafka stream processing with PySpark transforms."""
 
 
 # ---------------------------------------------------------------------------------------------
-# txstream kafka
-# ---------------------------------------------------------------------------------------------
-
-@main.group()
-def kafka() -> None:
-    """A local Apache Kafka cluster (KRaft) from the official jars on Maven Central."""
-
-
-@kafka.command("up")
-@click.option("--port", default=9092, show_default=True, help="Port of the first broker.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Where the nodes keep their logs and data [default: ~/.cache/txstream/data/kafka-PORT].")
-@click.option("--brokers", default=1, show_default=True, type=click.IntRange(1, 5),
-              help="Number of combined broker+controller nodes (3 gives replication 3, min ISR 2).")
-@click.option("--listen", default="localhost", show_default=True,
-              help="Address the brokers listen on for clients: a network address (or 0.0.0.0) serves "
-                   "Spark executors on other hosts.")
-@click.option("--advertise", default=None,
-              help="Address the brokers tell clients to connect to [default: --listen; this host's name "
-                   "when listening on 0.0.0.0].")
-def kafka_up(port: int, data_dir: str | None, brokers: int, listen: str, advertise: str | None) -> None:
-    """Start a local Kafka cluster in the background and print its bootstrap address."""
-    cluster = local_broker.LocalKafkaCluster(port=port, data_dir=data_dir or "", brokers=brokers,
-                                             listen=listen, advertise=advertise or "")
-    try:
-        bootstrap = cluster.start(progress=_progress)
-    except local_broker.BrokerError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(bootstrap)
-
-
-@kafka.command("down")
-@click.option("--port", default=None, type=int, help="Stop only the cluster on this port [default: all].")
-def kafka_down(port: int | None) -> None:
-    """Stop local Kafka clusters started with `kafka up`."""
-    clusters = [c for c in local_broker.registered_clusters() if port is None or c.port == port]
-    if not clusters:
-        click.echo("No local Kafka cluster is running.", err=True)
-        return
-    for cluster in clusters:
-        cluster.stop()
-        click.echo(f"Stopped Kafka at {cluster.bootstrap_servers}", err=True)
-
-
-@kafka.command("status")
-def kafka_status() -> None:
-    """Say which local Kafka clusters run where."""
-    clusters = local_broker.registered_clusters()
-    if not clusters:
-        click.echo("No local Kafka cluster is running.")
-        return
-    for cluster in clusters:
-        alive = cluster.alive_pids()
-        state = "running" if len(alive) == len(cluster.nodes) else ("degraded" if alive else "stopped")
-        click.echo(f"{cluster.bootstrap_servers}  {state}  nodes={len(cluster.nodes)}  "
-                   f"pids={','.join(map(str, alive)) or '-'}  data={cluster.data_dir}")
-        if not alive:
-            cluster.state_file.unlink(missing_ok=True)
-
-
-@kafka.command("check")
-@kafka_options
-@click.option("--timeout", type=click.FloatRange(min=0.5), default=20.0, show_default=True,
-              help="Seconds to wait for Kafka at each step.")
-def kafka_check(clients: KafkaClients, timeout: float) -> None:
-    """Prove the cluster honours transactions: aborted vs committed vs open, read two ways."""
-    from txstream.errors import TxstreamError
-    from txstream.tools.broker_check import transaction_round_trip
-
-    try:
-        result = transaction_round_trip(clients, timeout=timeout)
-    except TxstreamError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(result.report())
-    if not result.ok:
-        sys.exit(1)
-
-
-# ---------------------------------------------------------------------------------------------
 # txstream run / produce / consume
 # ---------------------------------------------------------------------------------------------
-
-def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
-    from txstream.kafka.config import parse_pairs
-
-    try:
-        return parse_pairs(values, option)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=option) from None
-
 
 @main.command("run")
 @click.argument("processor")
@@ -154,6 +66,9 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
 @click.option("--log-format", type=click.Choice(["human", "json"]), default="human", show_default=True,
               help="json: one JSON object per batch and per event (assignment, retry, dead letter, ...).")
+@click.option("--spark-logs", is_flag=True,
+              help="Show Spark's own output (its banner, log lines, a failed job's stack traces) on stderr "
+                   "[default: written to spark.log in the run's directory, ~/.cache/txstream/runs/APP-ID/TIME/].")
 @click.option("--wide-mode", type=click.Choice(["units", "single-transaction"]), default=None,
               help="How a wide transform's batch is published: K output units, each its own transaction, or "
                    "all of it in one transaction [default: the processor's, else units].")
@@ -173,16 +88,24 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--allow-nondeterministic", is_flag=True, default=None,
               help="Run a wide transform that is not deterministic (rand, current_timestamp, first, ...) "
                    "knowingly: a re-run batch may then differ (docs/wide-transforms.md).")
+@timeout_option("Seconds to wait for Kafka's first answer before the run starts: an unreachable cluster is "
+                "reported after this long.")
 def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tuple[str, ...], output: str | None,
         dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str | None,
         max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
-        metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str,
+        metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str, spark_logs: bool,
         wide_mode: str | None, output_units: int | None, allow_nondeterministic: bool | None,
-        task_slots: int | None, producers_per_slot: int | None, first_batch_records: int | None) -> None:
-    """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch."""
+        task_slots: int | None, producers_per_slot: int | None, first_batch_records: int | None,
+        timeout: float) -> None:
+    """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch.
+
+    A stop by SIGINT (Ctrl-C) or SIGTERM finishes the batch in flight, leaves the group, prints
+    `stopped after batch N: SIGNAL; committed up to ...` and exits 0; a second signal aborts the
+    batch (its transactions abort, nothing is half-published) and exits 130 (SIGINT) or 143 (SIGTERM).
+    Exit 1: the run failed (the `Error:` line says why)."""
     import logging
 
     from txstream import settings as run_settings
@@ -198,7 +121,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             dead_letter=dead_letter_topic, guarantee=guarantee, auto_offset_reset=auto_offset_reset,
             max_records_per_partition=max_records_per_partition, trigger_interval=trigger_interval,
             master=master, lineage=lineage, librdkafka=client_properties,
-            spark_conf=_pairs(spark_conf, "--conf"),
+            spark_conf=pairs(spark_conf, "--conf"),
             schemas={"value": value_schema, "key": key_schema, "output_value": output_value_schema,
                      "output_key": output_key_schema},
             until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
@@ -207,6 +130,14 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             wide_mode=wide_mode, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
             task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records)
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
+        if log_format == "human":
+            echo(_first_line(resolved))
+        if not spark_logs:
+            from txstream.spark.session import send_jvm_output_to
+
+            log_file = run_directory(resolved.app_id) / "spark.log"
+            send_jvm_output_to(log_file)
+        _reachable(resolved.clients, timeout)
         code = Driver(resolved, echo=echo).run()
     except click.ClickException:
         raise
@@ -224,6 +155,32 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     sys.exit(code)
 
 
+def _first_line(s) -> str:
+    """The run's first line: the app id first, as `status`, `verify` and `offsets` want it."""
+    output = s.output_topic or "the rows' topic column"
+    topics = f"{', '.join(s.input_topics)} -> {output}"
+    letters = f", dead letters to {s.dead_letter_topic}" if s.dead_letter_topic else ""
+    return f"app id {s.app_id}: {topics}{letters}, {s.guarantee}"
+
+
+def run_directory(app_id: str) -> Path:
+    """This run's directory: ~/.cache/txstream/runs/APP-ID/UTC-TIME-PID/ (TXSTREAM_CACHE_DIR moves it)."""
+    import os
+    import time
+
+    from txstream.local.paths import cache_dir
+
+    return cache_dir() / "runs" / app_id / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+
+
+def _reachable(clients: KafkaClients, timeout: float) -> None:
+    """One metadata request before anything else starts: an unreachable cluster is one line after
+    `timeout` seconds."""
+    from txstream.kafka.offsets import admin_client, cluster_topics
+
+    cluster_topics(admin_client(clients), timeout)
+
+
 @main.command("produce")
 @click.argument("topic")
 @kafka_options
@@ -231,8 +188,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
 @click.option("--key-field", help="Use this field of each JSON value as the record key.")
 @click.option("--file", "path", type=click.File("r"), default="-", help="JSON lines [default: stdin].")
 @click.option("--transactional", is_flag=True, help="Write everything in one transaction.")
-@click.option("--timeout", type=click.FloatRange(min=0.5), default=60.0, show_default=True,
-              help="Seconds to wait for Kafka (first contact, acknowledgements).")
+@timeout_option()
 def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_field: str | None,
             path, transactional: bool, timeout: float) -> None:
     """Write JSON lines to TOPIC (one record per line)."""
@@ -254,7 +210,7 @@ def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_fie
 @click.option("--isolation", type=click.Choice(["read_committed", "read_uncommitted"]), default="read_committed",
               show_default=True)
 @click.option("--max", "limit", type=int, help="Stop after this many records.")
-@click.option("--timeout", type=float, default=60.0, show_default=True)
+@timeout_option()
 def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolation: str,
             limit: int | None, timeout: float) -> None:
     """Print TOPIC from the beginning to its current end as JSON lines."""
@@ -275,11 +231,13 @@ def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolati
 
 
 # Command groups that live in modules of their own.
+from txstream.cli.kafka import kafka  # noqa: E402
 from txstream.cli.offsets import offsets  # noqa: E402
 from txstream.cli.status import status  # noqa: E402
 from txstream.cli.topics import topics  # noqa: E402
 from txstream.cli.verify import verify  # noqa: E402
 
+main.add_command(kafka)
 main.add_command(offsets)
 main.add_command(verify)
 main.add_command(topics)

@@ -9,15 +9,14 @@ from collections.abc import Sequence
 
 import click
 
-from txstream.cli.options import kafka_options
+from txstream.cli.options import kafka_options, timeout_option
 from txstream.errors import TxstreamError
 from txstream.kafka import offsets as kofs
 from txstream.kafka.config import KafkaClients
 from txstream.tools import offsets as ofs
 
 _APP_ID = click.option("--app-id", required=True, help="The app id, which is its consumer group id.")
-_TIMEOUT = click.option("--timeout", default=kofs.DEFAULT_TIMEOUT, show_default=True, type=click.FloatRange(0.5),
-                        help="Seconds to wait for Kafka before giving up.")
+_TIMEOUT = timeout_option()
 _TOPIC_HELP = "TOPIC or TOPIC:P,P,... (repeatable)."
 
 
@@ -135,9 +134,12 @@ def _show(admin: kofs.AdminClient, group_id: str, selection: dict[str, list[int]
               help=f"Reset only these [default: all topics with committed offsets]. {_TOPIC_HELP}")
 @click.option("--dry-run/--execute", "dry_run", default=True, show_default=True,
               help="Only show what would change (default), or change it.")
+@click.option("--force", is_flag=True,
+              help="Reset a wide app with a pending batch (planned, not closed), abandoning that batch "
+                   "(docs/offsets.md).")
 @_TIMEOUT
 def reset(app_id: str, clients: KafkaClients, to_earliest: bool, to_latest: bool, to_offset: int | None,
-          to_datetime: str | None, shift_by: int | None, topics: tuple[str, ...], dry_run: bool,
+          to_datetime: str | None, shift_by: int | None, topics: tuple[str, ...], dry_run: bool, force: bool,
           timeout: float) -> None:
     """Move the app's committed offsets; the app must be stopped (its group Empty).
 
@@ -167,7 +169,7 @@ def reset(app_id: str, clients: KafkaClients, to_earliest: bool, to_latest: bool
     selection = parse_topics(topics)
     admin = kofs.admin_client(clients)
     result = _run(lambda: ofs.reset_offsets(admin, app_id, target, selection or None,
-                                            execute=not dry_run, timeout=timeout))
+                                            execute=not dry_run, timeout=timeout, force=force))
     _print_reset(result)
 
 
@@ -183,6 +185,8 @@ def _print_reset(result: ofs.ResetResult) -> None:
         for r in notes:
             how = f"clamped to {r.new}" if r.new != r.requested else f"new offset {r.new}"
             click.echo(f"{r.partition}: {r.note}; {how}")
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if result.executed:
         click.echo()
         click.echo("Committed now:")

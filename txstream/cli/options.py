@@ -17,6 +17,29 @@ from txstream.kafka.config import KafkaClients, command_properties, show_client_
 
 BOOTSTRAP_ENV = "TXSTREAM_BOOTSTRAP_SERVERS"
 
+# One timeout policy for every command that talks to Kafka: each step (first contact, a request,
+# the acknowledgements, a stall while reading) waits at most this long, then the command says
+# which step did not answer.
+DEFAULT_TIMEOUT_S = 30.0
+TIMEOUT_HELP = ("Seconds to wait for Kafka at each step (first contact, each request, acknowledgements, "
+                "a stall while reading); then the command stops and says which step did not answer.")
+
+
+def timeout_option(help: str = TIMEOUT_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--timeout SECONDS`, the same default and words on every command."""
+    return click.option("--timeout", type=click.FloatRange(min=0.5), default=DEFAULT_TIMEOUT_S, show_default=True,
+                        help=help)
+
+
+def pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    """KEY=VALUE options (`--conf`, `--config`) as a dict; a malformed one is a usage error."""
+    from txstream.kafka.config import parse_pairs
+
+    try:
+        return parse_pairs(values, option)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
 
 def kafka_options(fn: Callable[..., Any] | None = None, *, as_properties: bool = False,
                   x_help: str = "librdkafka client property (repeatable), e.g. -X security.protocol=SASL_SSL; "

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from txstream.cli.options import kafka_options
+from txstream.cli.options import kafka_options, timeout_option
 from txstream.kafka.config import KafkaClients
 
 
@@ -19,8 +19,7 @@ from txstream.kafka.config import KafkaClients
 @click.option("--tail", type=click.IntRange(1), default=1000, show_default=True,
               help="Offsets read at the end of each output partition.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
-@click.option("--timeout", type=click.FloatRange(0.5), default=10.0, show_default=True,
-              help="Seconds to wait for Kafka.")
+@timeout_option()
 def status(app_id: str, clients: KafkaClients, outputs: tuple[str, ...], topics: tuple[str, ...],
            metrics_url: str | None, tail: int, as_json: bool, timeout: float) -> None:
     """The app's group state and members; per input partition the committed offset, last stable

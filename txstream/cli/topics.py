@@ -1,15 +1,45 @@
-"""`txstream topics ensure`: set up the topics a processor declares (logic in tools/topics.py)."""
+"""`txstream topics create|ensure`: set up topics (logic in tools/topics.py)."""
 from __future__ import annotations
 
 import click
 
-from txstream.cli.options import kafka_options
+from txstream.cli.options import kafka_options, pairs, timeout_option
 from txstream.kafka.config import KafkaClients
 
 
 @click.group("topics")
 def topics() -> None:
-    """Create the topics a processor reads and writes (txstream run never creates topics)."""
+    """Create topics: one by name, or those a processor reads and writes (txstream run never creates
+    topics: a typo in a topic name must not quietly start an empty pipeline)."""
+
+
+@topics.command("create")
+@click.argument("name")
+@kafka_options
+@click.option("--partitions", type=click.IntRange(1), default=None,
+              help="Partitions [default: the broker's num.partitions].")
+@click.option("--replication-factor", type=click.IntRange(1), default=None,
+              help="Replicas of each partition [default: the broker's default.replication.factor].")
+@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config (repeatable).")
+@timeout_option()
+def create(name: str, clients: KafkaClients, partitions: int | None, replication_factor: int | None,
+           configs: tuple[str, ...], timeout: float) -> None:
+    """Create topic NAME. A topic that exists as asked is left as it is (exit 0); one that exists
+    with other partitions, replication or configs is an error that says how it differs."""
+    from txstream.errors import one_line
+    from txstream.kafka.offsets import admin_client, cluster_topics
+    from txstream.tools import topics as tt
+
+    config = pairs(configs, "--config")
+    try:
+        admin = admin_client(clients)
+        cluster_topics(admin, timeout)   # an unreachable cluster: one clear line after `timeout`
+        states = tt.plan(admin, [("topic", name)], partitions, replication_factor, config, timeout)
+        created = tt.create(admin, states, timeout)
+    except Exception as exc:  # every failure ends as one clear line
+        raise click.ClickException(one_line(exc)) from None
+    click.echo(f"created topic {name}: {states[0].describe()}" if created
+               else f"topic {name} exists as asked: {states[0].describe()}", err=True)
 
 
 @topics.command("ensure")
@@ -25,8 +55,7 @@ def topics() -> None:
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE",
               help="Topic config for the topics to create (repeatable); existing ones must already have it.")
 @click.option("--dry-run", is_flag=True, help="Print what would be created; create nothing.")
-@click.option("--timeout", type=click.FloatRange(1), default=30.0, show_default=True,
-              help="Seconds to wait for Kafka.")
+@timeout_option()
 def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], output: str | None,
            dead_letter_topic: str | None, partitions: int | None, replication_factor: int | None,
            configs: tuple[str, ...], dry_run: bool, timeout: float) -> None:
@@ -35,7 +64,6 @@ def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], outpu
     Prints the plan first; an existing topic is never changed: if it differs from what is asked
     (partitions, replication, the configs given) the command says how and creates nothing."""
     from txstream import settings as run_settings
-    from txstream.cli.main import _pairs
     from txstream.errors import one_line
     from txstream.kafka.offsets import admin_client
     from txstream.tools import topics as tt
@@ -46,7 +74,7 @@ def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], outpu
                                         output=output, dead_letter=dead_letter_topic)
         admin = admin_client(clients)
         states = tt.plan(admin, tt.declared(resolved.input_topics, resolved.output_topic, resolved.dead_letter_topic),
-                         partitions, replication_factor, _pairs(configs, "--config"), timeout)
+                         partitions, replication_factor, pairs(configs, "--config"), timeout)
         width = max(len(s.name) for s in states)
         for s in states:
             click.echo(f"{s.role:<12} {s.name:<{width}}  {s.action:<7}  {s.describe()}")

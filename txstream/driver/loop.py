@@ -27,6 +27,7 @@ from txstream.driver.planning import Planner
 from txstream.driver.poison import PoisonIsolator
 from txstream.driver.report import BatchReport
 from txstream.driver.specs import TaskSpecs
+from txstream.driver.stopping import StopSignals
 from txstream.errors import (
     DataError,
     Decision,
@@ -172,16 +173,12 @@ class Driver:
         self.telemetry.event(what, f"partitions {what}: {', '.join(names)}", partitions=names)
 
     def _install_signals(self) -> None:
-        def handler(signum, _frame) -> None:
-            if self.stop_requested.is_set() and self.spark is not None:
-                self.echo("second signal: cancelling the in-flight batch (its transactions abort)")
-                self.spark.sparkContext.cancelAllJobs()
-                return
-            self.echo(f"{signal.Signals(signum).name}: finishing the in-flight batch, then stopping")
-            self.stop_requested.set()
+        self.stopping = StopSignals(self.stop_requested, self.echo, self._cancel_jobs)
+        self._previous_handlers = self.stopping.install()
 
-        if threading.current_thread() is threading.main_thread():
-            self._previous_handlers = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def _cancel_jobs(self) -> None:
+        if self.spark is not None:
+            self.spark.sparkContext.cancelAllJobs()
 
     def run(self) -> int:
         s = self.settings
@@ -265,13 +262,25 @@ class Driver:
                 wait = s.trigger_interval - (time.monotonic() - started)
                 if wait > 0:
                     self._idle(wait)
-            self.telemetry.event("stopped", self.summary("stopped"), **self.totals)
-            return 0
+            if self.stopping.signal_name is None:
+                self.telemetry.event("stopped", self.summary("stopped"), **self.totals)
+                return 0
+            self.telemetry.event("stopped", self.stopping.line(self.batch_id, self._committed_now()),
+                                 signal=self.stopping.signal_name, **self.totals)
+            return self.stopping.exit_code
         except Exception as exc:
             self.telemetry.event("fatal", None, error_type=type(understand(exc)).__name__, error=one_line(exc))
             raise
         finally:
             self.close()
+
+    def _committed_now(self) -> dict[tuple[str, int], int | None] | None:
+        """The group's offsets of the owned partitions, for the stop line (None: unreadable)."""
+        try:
+            return self.membership.committed(self.membership.owned(), timeout=10, fresh=True) \
+                if self.membership is not None else {}
+        except Exception:
+            return None
 
     # -- failures: decided by type (txstream.errors.decide), nowhere else ------------------------
 

@@ -32,7 +32,8 @@ SLF4J_VERSION = "2.0.17"
 
 
 def registry_dir() -> Path:
-    """Where `kafka up` records running clusters so `down` and `status` can find them."""
+    """Where `kafka up` records running clusters so `down` and `status` can find them: one per
+    cache directory, so a cluster started under another TXSTREAM_CACHE_DIR is not listed here."""
     path = cache_dir() / "clusters"
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -332,7 +333,6 @@ class LocalKafkaCluster:
         progress(f"Starting Apache Kafka {KAFKA_VERSION} ({len(self.nodes)} node(s)) ...")
         self.save()
         self.wait_ready(timeout)
-        progress(f"Kafka is up at {self.bootstrap_servers}")
         return self.bootstrap_servers
 
     def start_node(self, node_id: int, wait: bool = True, timeout: float = 90.0) -> None:
@@ -573,6 +573,46 @@ def read_registered(port: int) -> LocalKafkaCluster | None:
     data.pop("kafka_version", None)
     data["nodes"] = [Node(**n) for n in data["nodes"]]
     return LocalKafkaCluster(**data)
+
+
+def listener_on(port: int, host: str = "127.0.0.1") -> str | None:
+    """What listens on `port` at `host`, as `pid N (command)` when this user may see it, else
+    `something`; None when nothing does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        if sock.connect_ex((host, port)) != 0:
+            return None
+    return _listening_process(port) or "something"
+
+
+def _listening_process(port: int) -> str | None:
+    """`pid N (main class or script)` of the process listening on TCP `port`, from /proc (Linux):
+    the socket's inode in /proc/net/tcp*, then the process holding it. None elsewhere, or when the
+    process is another user's. Read by hand because psutil is not a runtime dependency."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local address HEX_IP:HEX_PORT, state 0A is LISTEN
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                main = next((w for w in command.split() if w.startswith("kafka.") or w.endswith(".py")), "")
+                return f"pid {proc.name} ({main or command[:80]})"
+        except OSError:
+            continue
+    return None
 
 
 def registered_clusters() -> list[LocalKafkaCluster]:

@@ -36,10 +36,10 @@ def spark_home() -> str:
 
     Spark puts `$SPARK_HOME/python/lib/pyspark.zip` (sources, no bytecode) first on every Python
     worker's path. Workers then compile pyspark from source on each start, and every task's
-    `importlib.invalidate_caches()` re-reads the zip's directory: measured, about half of all
-    Python-worker CPU in a 200,000-record batch. This directory links everything of the pyspark
-    package except `python/`, so the zips Spark names do not exist and workers import the
-    installed, byte-compiled pyspark instead (the same files, the same version).
+    `importlib.invalidate_caches()` re-reads the zip's directory, a large share of the workers'
+    CPU. This directory links everything of the pyspark package except `python/`, so the zips
+    Spark names do not exist and workers import the installed, byte-compiled pyspark instead (the
+    same files, the same version).
 
     `jars/` links every jar but the signed ones (`_unsigned_jars`).
     """
@@ -158,24 +158,17 @@ def _java_options(spark_conf: dict[str, str], home: str, task_threads: int | Non
     (`task_threads`, spark/setup.py local_task_threads) unless a GC is named, plus Arrow without
     its per-access checks (spark/setup.py ARROW_JAVA_OPTIONS).
 
-    Loading Spark's classes is most of a session's start-up here (measured: 12 s -> 7 s to a
-    session, 5 s -> 2.5 s for its first job, 2 cores). `python -m txstream.spark.session`
+    Loading Spark's classes is most of a session's start-up. `python -m txstream.spark.session`
     writes the archive (`make install` runs it); without one, Spark starts as usual.
 
     The optimising compiler (C2) spends whole cores for the first tens of seconds of a JVM, which
     a local run's Python workers need: the JVM's part of a local batch is Arrow copies and
-    generated projections, where C1's code does about as well. Measured side by side, 200,000
-    orders, 2 runs each: first output 4.2 / 5.4 s against 6.3 / 6.4 s, records/s 30,576 / 24,833
-    against 21,880 / 20,266, CPU 7.6 / 10.2 s against 13.5 / 14.3 s.
+    generated projections, where C1's code does about as well.
 
     The JVM picks G1 on any machine of 2 cores or more, and G1's concurrent threads and write
-    barriers take CPU from the Python workers too. The local JVM's live heap is small (~60 MB in
-    a 1,000,000-order run: the records are in Arrow's off-heap buffers), so one collector thread
-    keeps up with two task threads: measured side by side, 2 cores, local[2], 1,000,000 orders,
-    3 runs each, twice: JVM CPU 9.2 / 9.4 against 9.4 / 10.3 s per M records, peak RSS 1.80 /
-    1.87 against 2.05 / 1.99 GB, records/s +2.4% / -0.3%; latency at 2,000 records/s p99 240
-    against 311 ms, at 20,000 456 against 485 ms; pauses 6-67 ms either way. More task threads
-    allocate faster and a serial pause stops them all: there G1 (unmeasured) stays."""
+    barriers take CPU from the Python workers too. The local JVM's live heap is small (the records
+    are in Arrow's off-heap buffers), so one collector thread keeps up with two task threads. More task threads allocate faster and a serial pause stops
+    them all: there G1 stays."""
     options = spark_conf.get("spark.driver.extraJavaOptions", "")
     archive = class_archive(home)
     if os.environ.get("TXSTREAM_CLASS_ARCHIVE", "1") != "0" and archive.is_file() and "SharedArchiveFile" not in options \
@@ -225,9 +218,56 @@ def _submitted_conf() -> dict[str, str] | None:
     return dict(SparkConf().getAll())
 
 
+# Where the driver JVM's own output goes (Spark's banner, log4j lines, stack traces of a failed
+# job, its Python workers' stderr): None, this process's stdout and stderr; else a file path.
+_JVM_OUTPUT: dict[str, str | None] = {"path": None}
+
+
+def send_jvm_output_to(path: str | os.PathLike | None) -> None:
+    """Spark's own output to `path` (appended) from the next JVM this process launches; None: to
+    this process's stdout and stderr. `txstream run` sends it to a file unless --spark-logs."""
+    _JVM_OUTPUT["path"] = None if path is None else str(path)
+
+
+def jvm_output() -> str | None:
+    return _JVM_OUTPUT["path"]
+
+
+def _launch_jvm(app_name: str, master: str | None, settings: dict[str, str]) -> None:
+    """Start the driver JVM as pyspark would (spark-submit with the same settings), with its
+    output where `send_jvm_output_to` says: pyspark's session builder has no way to ask for that
+    (`launch_gateway` takes Popen's arguments, the builder does not pass any). Nothing is launched
+    when a JVM already exists (spark-submit's, or a session's before).
+
+    The JVM stays in the driver's process group, so a kill of the group still ends driver, JVM and
+    workers together; pyspark starts it ignoring SIGINT, and Spark's Python daemon puts itself and
+    its workers in a group of their own, so a terminal's Ctrl-C reaches the driver only."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:  # noqa: SLF001
+        return
+    path = jvm_output()
+    if path is None:
+        return   # pyspark's own launch, output inherited
+    conf = SparkConf(loadDefaults=False)
+    conf.set("spark.app.name", app_name)
+    if master is not None:
+        conf.set("spark.master", master)
+    for key, value in settings.items():
+        conf.set(key, value)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as output:   # the JVM keeps its own descriptor
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": output, "stderr": subprocess.STDOUT})
+    SparkContext._ensure_initialized(gateway=gateway)  # noqa: SLF001
+
+
 def build_spark(master: str | None = None, app_name: str = "txstream", spark_conf: dict[str, str] | None = None,
                 ui_port: int | None = None, cores_hint: int | None = None, echo=None):
     """The run's Spark session: the user's master and settings first (spark/setup.py)."""
+    import signal
+    import threading
+
     from pyspark.sql import SparkSession
 
     setup = resolve(master, dict(spark_conf or {}), _submitted_conf(), ui_port=ui_port, cores_hint=cores_hint)
@@ -239,12 +279,21 @@ def build_spark(master: str | None = None, app_name: str = "txstream", spark_con
         _local_environment(setup)
     if echo is not None:
         echo(setup.describe())
+        if jvm_output() is not None and not under_spark_submit():
+            echo(f"Spark's own log lines: {jvm_output()} (--spark-logs shows them here)")
     builder = SparkSession.builder.appName(app_name)
     if setup.master is not None:
         builder = builder.master(setup.master)
     for key, value in setup.to_set.items():
         builder = builder.config(key, value)
+    _launch_jvm(app_name, setup.master, setup.to_set)
+    main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main_thread else None
     spark = builder.getOrCreate()
+    if main_thread and handler not in (signal.default_int_handler, None):
+        # SparkContext replaces the SIGINT handler with its own (cancel every job, raise
+        # KeyboardInterrupt): a handler the caller installed (the run's stop) is put back.
+        signal.signal(signal.SIGINT, handler)
     spark.sparkContext.setLogLevel(os.environ.get("TXSTREAM_SPARK_LOG_LEVEL", "ERROR"))
     return spark
 
@@ -254,8 +303,7 @@ def stop_spark(spark, timeout: float = 30.0) -> None:
     end the JVM with it.
 
     PySpark leaves the JVM to notice that its stdin closed when Python exits; it then runs its
-    shutdown for seconds after the driver is gone (measured ~0.7 cores, reparented, counted by
-    nobody: the benchmarks listed it as foreign work beside txstream's next run)."""
+    shutdown for seconds after the driver is gone, reparented, taking CPU from whatever runs next."""
     from pyspark import SparkContext
 
     spark.stop()
@@ -303,8 +351,7 @@ def warm_python_workers(spark) -> set[int]:
     busy machine). Returns the daemons' process ids (tests/test_spark_session.py).
 
     An RDD job, not a DataFrame's: it needs none of Catalyst's planning, which on a cold JVM
-    competes with the driver's own first DataFrame (measured, 200,000 orders, 10 pairs
-    alternating: first output 9.0 against 9.6 s, median). Its workers must come from the daemon
+    competes with the driver's own first DataFrame. Its workers must come from the daemon
     the batches' mapInArrow tasks use: Spark keeps one daemon per Python function environment,
     and its SQL runners add SPARK_SIMPLIFIED_TRACEBACK=1 to theirs when the setting is on, so the
     RDD's functions carry the same. `cache()` keeps pyspark from fusing the two functions into
@@ -325,7 +372,7 @@ def warm_python_workers(spark) -> set[int]:
         finally:
             first.unpersist()
     except Exception as exc:   # the first batch meets the same cause and reports it by type
-        log.warning("warming up the Python workers failed: %s", str(exc).strip().splitlines()[0][:300])
+        log.debug("warming up the Python workers failed: %s", str(exc).strip().splitlines()[0][:300])
         return set()
     finally:
         if added:

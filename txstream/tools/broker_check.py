@@ -92,4 +92,16 @@ def transaction_round_trip(clients: KafkaClients | str, timeout: float = 30.0) -
         return result
     finally:
         group_member.close()
-        admin.delete_topics([topic])
+        _delete(admin, topic, group, timeout)
+
+
+def _delete(admin, topic: str, group: str, timeout: float) -> None:
+    """Remove the check's topic and group, waiting for the answers: a request left unsent when the
+    command exits would leave them behind."""
+    for futures in (admin.delete_topics([topic], operation_timeout=timeout),
+                    admin.delete_consumer_groups([group], request_timeout=timeout)):
+        for future in futures.values():
+            try:
+                future.result(timeout)
+            except Exception:   # best effort: the check's result stands either way
+                pass

@@ -68,6 +68,7 @@ class ResetResult:
     rows: list[ResetRow]
     executed: bool = False
     committed_after: dict[Partition, int | None] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)   # what the reset does to a wide app's internal state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,13 +151,58 @@ def alter_offsets(admin: AdminClient, group_id: str, offsets: Mapping[Partition,
     kafka_call(admin, f"changing offsets of group {group_id}", call, timeout)
 
 
+def _plan_log(admin: AdminClient, group_id: str, timeout: float) -> dict:
+    """The group's committed offsets with their metadata, as a wide app's plan log (driver/planlog.py)."""
+    from txstream.driver.planlog import LoggedPartition, PlanShare
+
+    def call():
+        future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
+                                                   request_timeout=timeout)[group_id]
+        return future.result(timeout).topic_partitions
+
+    return {(tp.topic, tp.partition): LoggedPartition(tp.offset if tp.offset >= 0 else None, PlanShare.decode(tp.metadata))
+            for tp in kafka_call(admin, f"reading the plan log of group {group_id}", call, timeout)}
+
+
+def wide_app_state(admin: AdminClient, group_id: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[list[str], str | None]:
+    """What a reset would do to a wide app's internal state: (warnings, the reason to refuse or
+    None). A reset writes offsets without plan shares, so a pending batch (planned, not closed) is
+    abandoned: units that published it keep their output in the output topic, a batch never closed
+    (docs/offsets.md). Markers are not reset: the next batch is numbered after them."""
+    from txstream.driver.planlog import last_batch_id, pending_batch
+    from txstream.task.units import markers_name
+
+    log = _plan_log(admin, group_id, timeout)
+    markers_group = markers_name(group_id)
+    markers = committed_offsets(admin, markers_group, None, stable=True, timeout=timeout)
+    if not markers and not any(entry.share for entry in log.values()):
+        return [], None   # not a wide app (or a wide app that never ran with markers)
+    done = max((offset - 1 for offset in markers.values() if offset), default=0)
+    latest = max(last_batch_id(log), done)
+    warnings = [f"group {group_id} is a wide app's (plan log in its offsets' metadata, markers in group "
+                f"{markers_group}): the reset clears its plan log and leaves the markers; its next batch is "
+                f"batch {latest + 1}, and the records between the old and the new offsets are published again "
+                "(or skipped) as new batches"]
+    pending = pending_batch(log)
+    if pending is None:
+        return warnings, None
+    published = sorted(p.partition for p, offset in markers.items() if offset and offset - 1 >= pending.batch_id)
+    ranges = ", ".join(f"{t}[{p}] {a}..{b}" for (t, p), (a, b) in sorted(pending.ranges.items()) if b > a)
+    who = (f"unit(s) {', '.join(map(str, published))} published it already: their output stays in the output "
+           "topic, in a batch that is never closed" if published else "no unit has published it yet")
+    return warnings, (f"batch {pending.batch_id} of group {group_id} is pending (planned, not closed: {ranges}); "
+                      f"{who}. Let the app close it first (`txstream run ... --max-batches 1`), or pass --force to "
+                      "abandon it")
+
+
 def reset_offsets(admin: AdminClient, group_id: str, target: ResetTarget,
                   selection: Mapping[str, Sequence[int] | None] | None = None, *, execute: bool = False,
-                  timeout: float = DEFAULT_TIMEOUT) -> ResetResult:
+                  timeout: float = DEFAULT_TIMEOUT, force: bool = False) -> ResetResult:
     """`--reset-offsets` end to end: check the group is idle, plan, and with `execute` commit.
 
     `selection` maps topic -> partitions (None = all of the topic); without it the reset covers
     every partition the group has committed offsets for. A dry run (execute=False) changes nothing.
+    A wide app's pending batch refuses an executed reset unless `force` (wide_app_state).
     """
     if selection:
         parts = select_partitions(admin, selection, timeout)
@@ -170,6 +216,12 @@ def reset_offsets(admin: AdminClient, group_id: str, target: ResetTarget,
     current = committed_offsets(admin, group_id, parts, timeout=timeout)
     rows = plan_reset(admin, target, {p: current.get(p) for p in parts}, timeout)
     result = ResetResult(group_id, target, rows)
+    result.warnings, refusal = wide_app_state(admin, group_id, timeout)
+    if refusal is not None:
+        if execute and not force:
+            raise OffsetsError(refusal)
+        result.warnings.append(refusal.replace("or pass --force to abandon it", "or --force abandons it")
+                               if not force else f"abandoning it: {refusal.split(';')[0]}")
     if execute:
         # Re-check just before writing: a member may have joined while we planned.
         ensure_inactive(describe_group(admin, group_id, timeout))

@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from txstream.errors import OffsetsError
 from txstream.kafka import headers as hdr
 from txstream.kafka import offsets as kofs
 from txstream.kafka.config import KafkaClients
@@ -157,6 +158,48 @@ def live_figures(url: str, app_id: str, timeout: float = 5) -> dict[str, Any]:
     }
 
 
+# Groups txstream's own tools use beside the apps' (kafka check, dead-letter isolation).
+_HELPER_GROUP = ("txstream-check-group-",)
+_HELPER_SUFFIX = ("-poison",)
+MAX_GROUPS_EXAMINED = 200
+
+
+def app_ids(admin, timeout: float) -> list[str]:
+    """The consumer groups with committed offsets: the app ids `status`, `verify` and `offsets` can
+    be asked about (txstream's helper groups left out; at most MAX_GROUPS_EXAMINED are read)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    listed = kofs.kafka_call(admin, "listing consumer groups",
+                             lambda: admin.list_consumer_groups(request_timeout=timeout).result(timeout), timeout)
+    names = sorted(g.group_id for g in listed.valid
+                   if not g.group_id.startswith(_HELPER_GROUP) and not g.group_id.endswith(_HELPER_SUFFIX))
+    futures = {name: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(name)],
+                                                       request_timeout=timeout)[name]
+               for name in names[:MAX_GROUPS_EXAMINED]}
+    found = []
+    for name, future in futures.items():
+        try:
+            if any(tp.offset >= 0 for tp in future.result(timeout).topic_partitions):
+                found.append(name)
+        except Exception:   # a group that cannot be read is not offered
+            continue
+    return found
+
+
+def unknown_app(admin, app_id: str, timeout: float) -> str:
+    """The error for an app id with no group members and no committed offsets: the ones that
+    exist, the closest first."""
+    import difflib
+
+    known = app_ids(admin, timeout)
+    if not known:
+        return f"no app {app_id!r}: no consumer group has committed offsets on this cluster yet"
+    close = difflib.get_close_matches(app_id, known, n=3, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return (f"no app {app_id!r}: no consumer group of that id has members or committed offsets{hint}; "
+            f"app ids with committed offsets: {', '.join(known)}")
+
+
 def status(clients: KafkaClients | str, app_id: str, outputs: list[str] | None = None,
            topics: list[str] | None = None, metrics_url: str | None = None, tail: int = DEFAULT_TAIL,
            timeout: float = kofs.DEFAULT_TIMEOUT) -> Status:
@@ -164,6 +207,8 @@ def status(clients: KafkaClients | str, app_id: str, outputs: list[str] | None =
     known = kofs.cluster_topics(admin, timeout)
     group = kofs.describe_group(admin, app_id, timeout)
     committed = kofs.committed_offsets(admin, app_id, None, stable=False, timeout=timeout)
+    if not group.members and not committed:
+        raise OffsetsError(unknown_app(admin, app_id, timeout))
     notes = []
     # The group's committed partitions, those of its members, and of the topics named.
     parts = {p for p in committed if p.topic in known}

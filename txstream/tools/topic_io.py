@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections import Counter
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Iterable, Iterator
@@ -22,20 +23,26 @@ from txstream.kafka.offsets import admin_client, cluster_topics, watermarks
 from txstream.kafka.scan import scan
 from txstream.serde.avro import AvroCodec
 
+_UNITS_PER_SECOND = {"timestamp-millis": 1000, "timestamp-micros": 1_000_000}
 
-def _from_json(value: Any, schema: dict | None) -> Any:
-    """JSON → what fastavro accepts: timestamps may be given as ISO strings or epoch millis."""
+
+def _from_json(value: Any, schema: dict | None, top: bool = True) -> Any:
+    """JSON → what the encoder accepts: a timestamp may be given as an ISO string or as an epoch
+    integer in the field's unit. The encoder (serde/avro.py) writes top-level timestamps from
+    integers, nested ones from datetimes."""
     if schema is None or not isinstance(value, dict):
         return value
     out = dict(value)
     for field in schema.get("fields", []):
-        typ = field["type"]
+        typ, name = field["type"], field["name"]
         if isinstance(typ, list):
             typ = next((b for b in typ if b != "null"), typ)
-        if isinstance(typ, dict) and typ.get("logicalType", "").startswith("timestamp") and isinstance(out.get(field["name"]), str):
-            out[field["name"]] = datetime.fromisoformat(out[field["name"]].replace("Z", "+00:00"))
-        elif isinstance(typ, dict) and typ.get("type") == "record" and field["name"] in out:
-            out[field["name"]] = _from_json(out[field["name"]], typ)
+        logical = typ.get("logicalType", "") if isinstance(typ, dict) else ""
+        if logical in _UNITS_PER_SECOND and isinstance(out.get(name), str):
+            at = datetime.fromisoformat(out[name].replace("Z", "+00:00"))
+            out[name] = round(at.timestamp() * _UNITS_PER_SECOND[logical]) if top else at
+        elif isinstance(typ, dict) and typ.get("type") == "record" and name in out:
+            out[name] = _from_json(out[name], typ, top=False)
     return out
 
 
@@ -61,7 +68,8 @@ def _topic_partitions(clients: KafkaClients, topic: str, timeout: float) -> int:
 def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str], value_schema: dict | None = None,
                   key_field: str | None = None, transactional: bool = False,
                   partition: int | None = None, timeout: float = 60.0) -> int:
-    """Each line is one JSON value. Returns how many records were written (all acknowledged)."""
+    """Each line is one JSON value. Returns how many records were written (all acknowledged); when
+    some were not, a KafkaFailure says how many were and how many not."""
     clients = as_clients(clients)
     _topic_partitions(clients, topic, timeout)  # an unreachable cluster or a missing topic: one line, now
     codec = AvroCodec(value_schema) if value_schema else None
@@ -70,9 +78,17 @@ def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str],
                               "message.timeout.ms": int(min(timeout, 60) * 1000)}
     if transactional:
         config["transactional.id"] = f"txstream-produce-{uuid.uuid4().hex}"
-    errors: list[str] = []
-    producer = Producer(clients.producer(
-        **config, on_delivery=lambda err, _m: errors.append(err.str()) if err else None))
+    delivered: list[int] = [0]
+    errors: Counter[str] = Counter()
+
+    def on_delivery(err, _msg) -> None:
+        if err:
+            errors[err.str()] += 1
+        else:
+            delivered[0] += 1
+
+    producer = Producer(clients.producer(**config, on_delivery=on_delivery))
+    count = 0
     try:
         if transactional:
             producer.init_transactions(timeout)
@@ -84,7 +100,11 @@ def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str],
         raise classify_kafka(exc, f"producing to {topic}") from None
     remaining = producer.flush(timeout)
     if remaining or errors:
-        raise KafkaFailure(f"producing to {topic}: {remaining} records unacknowledged; errors: {errors[:3]}")
+        said = "; ".join(f"{what} ({n})" for what, n in errors.most_common(3))
+        raise KafkaFailure(
+            f"producing to {topic}: {delivered[0]} of {count} records written, {count - delivered[0]} not"
+            + (f" ({remaining} still unacknowledged after {timeout:g}s)" if remaining else "")
+            + (f"; Kafka said: {said}" if said else ""))
     return count
 
 

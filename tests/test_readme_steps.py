@@ -4,10 +4,6 @@ Each line runs through a shell in the repository's root (the block redirects a s
 `produce`), with `txstream` on PATH, a private TXSTREAM_CACHE_DIR (the cluster registry) and
 TXSTREAM_BOOTSTRAP_SERVERS naming a free port: `kafka up` and `kafka down` take their default port
 from it, the other commands their bootstrap servers, so the printed lines need no `--port`.
-
-tests/fixtures/readme_try_a_processor.md holds the block as the README is to print it; it is read
-only while README.md's block predates `txstream topics create` (the README is being rewritten on
-another branch).
 """
 from __future__ import annotations
 
@@ -24,7 +20,6 @@ from txstream.local.cluster import free_port_block, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-FIXTURE = Path(__file__).parent / "fixtures" / "readme_try_a_processor.md"
 
 
 def block_after(text: str, heading: str) -> list[str]:
@@ -37,10 +32,7 @@ def block_after(text: str, heading: str) -> list[str]:
 
 
 def try_a_processor() -> list[str]:
-    commands = block_after(README.read_text(), "Try a processor")
-    if not any("txstream topics create" in c for c in commands):
-        commands = block_after(FIXTURE.read_text(), "Try a processor")
-    return commands
+    return block_after(README.read_text(), "Try a processor")
 
 
 def test_the_block_is_found_and_starts_and_stops_a_broker() -> None:

@@ -36,7 +36,7 @@ def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], outpu
     (partitions, replication, the configs given) the command says how and creates nothing."""
     from txstream import settings as run_settings
     from txstream.cli.main import _pairs
-    from txstream.errors import one_line
+    from txstream.failures import one_line
     from txstream.kafka.offsets import admin_client
     from txstream.tools import topics as tt
 

@@ -28,8 +28,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from txstream.errors import KafkaUnreachable, OffsetsError, TransientKafkaError, classify_kafka, kafka_error_of
+from txstream.errors import KafkaUnreachable, OffsetsError, TransientKafkaError
 from txstream.kafka.config import KafkaClients, as_clients
+from txstream.kafka.errors import classify_kafka, kafka_error_of
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -127,7 +128,7 @@ def kafka_call(admin: AdminClient, what: str, call: Callable[[], T], timeout: fl
                retry_s: float | None = None) -> T:
     """Run one admin request, retrying transient errors (a coordinator moving) for `retry_s`
     (default `timeout`). No connection at all is KafkaUnreachable saying where; any other Kafka
-    error its classified type (errors.classify_kafka), its message naming `what`."""
+    error its classified type (kafka/errors.py classify_kafka), its message naming `what`."""
     deadline = time.monotonic() + (timeout if retry_s is None else retry_s)
     while True:
         try:

@@ -59,7 +59,7 @@ class _Stats:
         raise AssertionError("no statistics report without requests in flight within 5 s")
 
 
-@pytest.mark.parametrize("partitions", [1, 2], ids=["read_range", "read_ranges_together"])
+@pytest.mark.parametrize("partitions", [1, 2], ids=["one-range", "a-slot-of-two"])
 def test_a_small_range_fetches_little_past_its_end(partitions, bootstrap_servers, make_topic) -> None:
     topic = make_topic("fetches", partitions)
     _fill(bootstrap_servers, topic, partitions)
@@ -77,10 +77,7 @@ def test_a_small_range_fetches_little_past_its_end(partitions, bootstrap_servers
             read = spec.with_batch(1, list(plans))
             before = stats.received_bytes(consumer)
             reading._CONSUMERS[key] = consumer   # noqa: SLF001 - the reader's own consumer
-            if partitions == 1:
-                batches = list(reading.read_range(read, plans[0], []))
-            else:
-                batches = list(reading.read_ranges_together(read, [(p, p) for p in range(partitions)]))
+            batches = list(reading.read_ranges(read, [reading.RangeRead(p, p, plan) for p, plan in enumerate(plans)]))
             assert reading._CONSUMERS.get(key) is consumer   # noqa: SLF001 - kept for the next read
             received.append(stats.received_bytes(consumer) - before)
             rows = [row for batch in batches for row in batch.select(["partition", "offset"]).to_pylist()]
@@ -110,7 +107,13 @@ def test_records_larger_than_the_queue_bound_are_read_whole(bootstrap_servers, m
     spec = ReadSpec(clients=KafkaClients(bootstrap_servers), app_id=f"fetches-{uuid.uuid4().hex[:6]}",
                     side_dir=f"txstream-test-{uuid.uuid4().hex[:8]}")
     plan = PartitionPlan(topic, 0, 1, 5, None, "")
-    batches = list(reading.read_range(spec.with_batch(1, [plan]), plan, []))
+    key = repr(sorted(spec.consumer_config().items()))
+    try:
+        batches = list(reading.read_ranges(spec.with_batch(1, [plan]), [reading.RangeRead(0, 0, plan)]))
+    finally:
+        cached = reading._CONSUMERS.pop(key, None)   # noqa: SLF001 - the reader's own consumer, kept
+        if cached is not None:
+            cached.close()
     rows = [row for batch in batches for row in batch.select(["offset", "value"]).to_pylist()]
     assert [r["offset"] for r in rows] == [1, 2, 3, 4]
     assert all(r["value"] == value for r in rows)

@@ -65,7 +65,7 @@ def _committed_in_transactions(bootstrap: str, topic: str, partitions: int, per_
         probe.close()
 
 
-@pytest.mark.parametrize("partitions", [1, 3], ids=["read_range", "read_ranges_together"])
+@pytest.mark.parametrize("partitions", [1, 3], ids=["one-range", "a-slot-of-three"])
 def test_a_range_ending_in_a_commit_marker_is_done_without_waiting_for_another_fetch(
         partitions, bootstrap_servers, make_topic) -> None:
     per_partition = 40
@@ -79,10 +79,7 @@ def test_a_range_ending_in_a_commit_marker_is_done_without_waiting_for_another_f
     recording = _RecordingConsumer(reading.Consumer(config))
     reading._CONSUMERS[repr(sorted(config.items()))] = recording   # noqa: SLF001 - the reader's own consumer
     try:
-        if partitions == 1:
-            batches = list(reading.read_range(spec, plans[0], []))
-        else:
-            batches = list(reading.read_ranges_together(spec, [(p, p) for p in range(partitions)]))
+        batches = list(reading.read_ranges(spec, [reading.RangeRead(p, p, plan) for p, plan in enumerate(plans)]))
     finally:
         reading._CONSUMERS.pop(repr(sorted(config.items())), None)   # noqa: SLF001
         recording.close()

@@ -81,7 +81,7 @@ def test_broker_bounces(cluster):
     checker = h.Checker(bootstrap, sink, PARTITIONS)
     bounces: list[str] = []
     exits: list[str] = []
-    restarts: list[str] = []   # broker restarts that needed a second try (local_broker)
+    restarts: list[str] = []   # broker restarts that needed a second try (_bounce)
     began = time.monotonic()
     try:
         checker.start()

@@ -305,8 +305,8 @@ def watermarks(admin: AdminClient, partitions: Iterable[tuple[str, int]],
                           "reading last stable offsets", timeout, retry_s)
     marks = {p: Watermarks(earliest[p], log_end[p], stable[p]) for p in parts}
     # While a partition's leader moves, a ListOffsets answer can carry no error and no offset
-    # (-1001, librdkafka's "invalid"). Taken as a watermark, that made a committed offset look
-    # out of range, and the planner reset it by auto.offset.reset: ask again instead.
+    # (-1001, librdkafka's "invalid"). Taken as a watermark, it would make a committed offset look
+    # out of range and the planner reset it by auto.offset.reset: ask again instead.
     unknown = [f"{p.topic}[{p.partition}] {m}" for p, m in marks.items() if min(m) < 0]
     if unknown:
         raise TransientKafkaError(f"the broker answered no offsets for {', '.join(unknown[:5])} "

@@ -99,7 +99,7 @@ def free_port_block(count: int, blocks: int = 2) -> int:
 
     Inside it, a stopped node's port is a free source port for any outgoing connection on the
     machine (clients reconnecting to that very node included), and the node then cannot bind it
-    when it restarts: a broker bounce in the chaos suite failed that way twice in a row."""
+    when it restarts."""
     import random
 
     low, high = _ephemeral_ports()
@@ -130,7 +130,7 @@ logger.state.level = WARN
 
 # Every request the broker completes, one line each (its API, client, body and the broker's
 # timings: local, remote, queue), after the epoch milliseconds it was logged at. Kafka's own
-# request logger at DEBUG: heavy, for measuring (benchmarks/broker_requests.py), never a default.
+# request logger at DEBUG: heavy, for studying a run's requests, never a default.
 _REQUEST_LOG4J2 = """appender.requests.type = File
 appender.requests.name = requests
 appender.requests.fileName = {log}

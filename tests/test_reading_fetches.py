@@ -4,11 +4,12 @@ READER_DEFAULTS).
 
 A fetch returns up to `max.partition.fetch.bytes` of each partition from the read's position,
 also past the range's end, and librdkafka fetches on while the records are handed over, until the
-reader unassigns the partition: what lies past the end is fetched, parsed and dropped. With the
-10 MB the reader used before, a range of 100 KB fetched the whole rest of its partition (8.7-10.7
-MB here, where 9-11 MB follow it); a batch over many partitions, or of few records per partition,
-read mostly what it then dropped. librdkafka also fetches ahead into its prefetch queue (64 MB by
-default) while the reader starts; the reader bounds that queue to 1 MB.
+reader unassigns the partition: what lies past the end is fetched, parsed and dropped. With a
+large fetch size a small range would fetch the whole rest of its partition, and a batch over many
+partitions read mostly what it then drops. librdkafka also fetches ahead into its prefetch queue
+(64 MB by default) while the reader starts; the reader bounds that queue to 1 MB. What stays is a
+fetch's granularity: it returns whole producer batches, so a range's last fetch can carry records
+past its end.
 """
 from __future__ import annotations
 
@@ -86,13 +87,10 @@ def test_a_small_range_fetches_little_past_its_end(partitions, bootstrap_servers
     finally:
         reading._CONSUMERS.pop(key, None)   # noqa: SLF001
         consumer.close()
-    # Measured: with 10 MB fetches each read received the whole rest of each partition (10.7, 9.7,
-    # 8.7 MB for one); with 1 MB fetches and librdkafka's 64 MB prefetch queue 2 MB per partition,
-    # but the first read through the fresh consumer fetched on while the reader started (10.8);
-    # with the queue bounded to 1 MB a read of one partition 2.0 MB (two fetches) or, in about
-    # one read of ten, 3.0 (three), of two partitions 2.0-4.0 MB. The bound is three fetches per
-    # partition: (2p + 1) MB failed 3 times in 20 runs at exactly 3.0 MB (3,145,962 bytes). Every
-    # read counts: the bound stops the fetcher however late this busy machine runs the reader again.
+    # With 1 MB fetches and a 1 MB prefetch queue a read receives two fetches per partition, now
+    # and then three (one still in flight when the read unassigns); without the bounds it would
+    # receive the whole rest of each partition. Every read counts: the bound stops the fetcher
+    # however late a busy machine runs the reader again.
     assert max(received) < (3 * partitions + 1) * MB, [round(r / MB, 1) for r in received]
 
 

@@ -5,8 +5,7 @@ transaction with a control record, which has an offset but is never delivered.
 A read that has every record of its range must not wait for the next fetch: nothing may come
 (the upstream is idle), and the position already shows the marker passed. Each call the reader
 makes to its consumer is recorded; no call that waited may come back empty once the range's
-records were all delivered (the reader of 1c05b76 made one per read of such a range, after a
-first call that had waited out its timeout for a record that never came).
+records were all delivered.
 """
 from __future__ import annotations
 

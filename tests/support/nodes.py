@@ -128,6 +128,10 @@ class Bounce:
     def total(self) -> float:
         return self.stop + self.start + self.replicate
 
+    def __str__(self) -> str:
+        return (f"node {self.node} {'killed' if self.hard else 'stopped'} in {self.stop:.1f}s, "
+                f"started in {self.start:.1f}s, fully replicated in {self.replicate:.1f}s")
+
 
 def bounce(cluster: LocalKafkaCluster, node_id: int, hard: bool = False, timeout: float = 120.0) -> Bounce:
     """Stop one node (SIGKILL when hard) and start it again; return once it is back in the

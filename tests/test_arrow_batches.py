@@ -17,7 +17,7 @@ from txstream.spark.arrow_batches import (
     ArrowBatches,
     rows_per_batch,
 )
-from txstream.task.reading import read_range
+from txstream.task.reading import RangeRead, read_ranges
 from txstream.task.spec import PartitionPlan, ReadSpec
 
 
@@ -113,9 +113,9 @@ def test_the_reader_bounds_its_batches_by_bytes_and_reports_the_largest_record(b
     produce(bootstrap_servers, topic, [(b"k%03d" % i, b"v" * (1_000 if i != 7 else 5_000)) for i in range(60)])
     spec = ReadSpec(clients=KafkaClients(bootstrap_servers), app_id=f"sizes-{uuid.uuid4().hex[:6]}",
                     side_dir="unused", chunk_records=12, chunk_bytes=10_000)
-    largest = [0]
-    batches = list(read_range(spec, PartitionPlan(topic, 0, 0, 60, None, ""), [], largest))
-    assert sum(b.num_rows for b in batches) == 60 and largest == [5_004]
+    read = RangeRead(0, 0, PartitionPlan(topic, 0, 0, 60, None, ""))
+    batches = list(read_ranges(spec, [read]))
+    assert sum(b.num_rows for b in batches) == 60 and read.largest == 5_004
     # The first batch closes at 12 records (its first call took them all, 16 KB); from then on
     # no call asks for more than fits in 10,000 bytes at the largest record seen (5,004 B), and a
     # batch closes at its first record past 10,000 bytes.
@@ -129,7 +129,7 @@ def test_the_reader_bounds_its_batches_by_bytes_and_reports_the_largest_record(b
 
 def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offset_order(
         bootstrap_servers, make_topic) -> None:
-    """A slot's ranges read together (task/reading.py read_ranges_together) are decoded and handed
+    """A slot's ranges read together (task/reading.py read_ranges) are decoded and handed
     to Spark together, not one small batch per range; each row keeps its range's tag, each range
     its offset order, and an undecodable record goes to its own range's side file."""
     from pathlib import Path
@@ -138,7 +138,7 @@ def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offse
     from tests.support.kafka import avro_bytes
     from txstream.protocol import RANGE_COLUMN
     from txstream.serde.avro import load_schema
-    from txstream.task.reading import read_ranges_together
+    from txstream.task.reading import read_planned_range
     from txstream.task.sidefile import read_side_files
 
     order = load_schema(str(Path(__file__).resolve().parents[1] / "schemas/order.avsc"))
@@ -152,8 +152,10 @@ def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offse
     spec = ReadSpec(clients=KafkaClients(bootstrap_servers), app_id=f"slot-{uuid.uuid4().hex[:6]}",
                     side_dir=f"txstream-test-{uuid.uuid4().hex[:8]}", value_schema=order,
                     plans=tuple(PartitionPlan(topic, p, 0, per_partition, None, "") for p in range(partitions)))
-    ranges = [(100 + p, p) for p in range(partitions)]   # (reading task, plan index)
-    batches = list(read_ranges_together(spec, ranges, tagged=True))
+    # Reading tasks 100.. read plans 0..: the slot's tasks, padded before it.
+    spec = spec.with_batch(spec.batch_id, list(spec.plans), layout=(-1,) * 100 + tuple(range(partitions)))
+    tasks = pa.record_batch([pa.array(range(100, 100 + partitions), pa.int64())], names=["id"])
+    batches = list(read_planned_range(spec, None, True, iter([tasks])))
 
     assert 1 <= len(batches) < partitions // 2, [b.num_rows for b in batches]   # one per range before
     rows = pa.Table.from_batches(batches).select(["partition", "offset", RANGE_COLUMN]).to_pylist()

@@ -369,7 +369,8 @@ def test_watermarks_without_an_offset_are_asked_again_never_taken(monkeypatch) -
     the broker-bounce chaos test) is transient: taken as a watermark it made the planner reset a
     committed offset by auto.offset.reset. The real answers are exercised against a broker
     everywhere else; this pins the reaction to the one a broker gives only mid-election."""
-    from txstream.errors import TransientKafkaError, is_transient
+    from txstream.errors import TransientKafkaError
+    from txstream.kafka.errors import is_transient
 
     answers = {"reading earliest offsets": 0, "reading log end offsets": 2500, "reading last stable offsets": -1001}
     monkeypatch.setattr(ofs, "list_offsets", lambda _admin, specs, _iso, what, *_a: {p: answers[what] for p in specs})

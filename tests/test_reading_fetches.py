@@ -4,11 +4,12 @@ READER_DEFAULTS).
 
 A fetch returns up to `max.partition.fetch.bytes` of each partition from the read's position,
 also past the range's end, and librdkafka fetches on while the records are handed over, until the
-reader unassigns the partition: what lies past the end is fetched, parsed and dropped. With the
-10 MB the reader used before, a range of 100 KB fetched the whole rest of its partition (8.7-10.7
-MB here, where 9-11 MB follow it); a batch over many partitions, or of few records per partition,
-read mostly what it then dropped. librdkafka also fetches ahead into its prefetch queue (64 MB by
-default) while the reader starts; the reader bounds that queue to 1 MB.
+reader unassigns the partition: what lies past the end is fetched, parsed and dropped. With a
+large fetch size a small range would fetch the whole rest of its partition, and a batch over many
+partitions read mostly what it then drops. librdkafka also fetches ahead into its prefetch queue
+(64 MB by default) while the reader starts; the reader bounds that queue to 1 MB. What stays is a
+fetch's granularity: it returns whole producer batches, so a range's last fetch can carry records
+past its end.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class _Stats:
         raise AssertionError("no statistics report without requests in flight within 5 s")
 
 
-@pytest.mark.parametrize("partitions", [1, 2], ids=["read_range", "read_ranges_together"])
+@pytest.mark.parametrize("partitions", [1, 2], ids=["one-range", "a-slot-of-two"])
 def test_a_small_range_fetches_little_past_its_end(partitions, bootstrap_servers, make_topic) -> None:
     topic = make_topic("fetches", partitions)
     _fill(bootstrap_servers, topic, partitions)
@@ -77,10 +78,7 @@ def test_a_small_range_fetches_little_past_its_end(partitions, bootstrap_servers
             read = spec.with_batch(1, list(plans))
             before = stats.received_bytes(consumer)
             reading._CONSUMERS[key] = consumer   # noqa: SLF001 - the reader's own consumer
-            if partitions == 1:
-                batches = list(reading.read_range(read, plans[0], []))
-            else:
-                batches = list(reading.read_ranges_together(read, [(p, p) for p in range(partitions)]))
+            batches = list(reading.read_ranges(read, [reading.RangeRead(p, p, plan) for p, plan in enumerate(plans)]))
             assert reading._CONSUMERS.get(key) is consumer   # noqa: SLF001 - kept for the next read
             received.append(stats.received_bytes(consumer) - before)
             rows = [row for batch in batches for row in batch.select(["partition", "offset"]).to_pylist()]
@@ -89,13 +87,10 @@ def test_a_small_range_fetches_little_past_its_end(partitions, bootstrap_servers
     finally:
         reading._CONSUMERS.pop(key, None)   # noqa: SLF001
         consumer.close()
-    # Measured: with 10 MB fetches each read received the whole rest of each partition (10.7, 9.7,
-    # 8.7 MB for one); with 1 MB fetches and librdkafka's 64 MB prefetch queue 2 MB per partition,
-    # but the first read through the fresh consumer fetched on while the reader started (10.8);
-    # with the queue bounded to 1 MB a read of one partition 2.0 MB (two fetches) or, in about
-    # one read of ten, 3.0 (three), of two partitions 2.0-4.0 MB. The bound is three fetches per
-    # partition: (2p + 1) MB failed 3 times in 20 runs at exactly 3.0 MB (3,145,962 bytes). Every
-    # read counts: the bound stops the fetcher however late this busy machine runs the reader again.
+    # With 1 MB fetches and a 1 MB prefetch queue a read receives two fetches per partition, now
+    # and then three (one still in flight when the read unassigns); without the bounds it would
+    # receive the whole rest of each partition. Every read counts: the bound stops the fetcher
+    # however late a busy machine runs the reader again.
     assert max(received) < (3 * partitions + 1) * MB, [round(r / MB, 1) for r in received]
 
 
@@ -110,7 +105,13 @@ def test_records_larger_than_the_queue_bound_are_read_whole(bootstrap_servers, m
     spec = ReadSpec(clients=KafkaClients(bootstrap_servers), app_id=f"fetches-{uuid.uuid4().hex[:6]}",
                     side_dir=f"txstream-test-{uuid.uuid4().hex[:8]}")
     plan = PartitionPlan(topic, 0, 1, 5, None, "")
-    batches = list(reading.read_range(spec.with_batch(1, [plan]), plan, []))
+    key = repr(sorted(spec.consumer_config().items()))
+    try:
+        batches = list(reading.read_ranges(spec.with_batch(1, [plan]), [reading.RangeRead(0, 0, plan)]))
+    finally:
+        cached = reading._CONSUMERS.pop(key, None)   # noqa: SLF001 - the reader's own consumer, kept
+        if cached is not None:
+            cached.close()
     rows = [row for batch in batches for row in batch.select(["offset", "value"]).to_pylist()]
     assert [r["offset"] for r in rows] == [1, 2, 3, 4]
     assert all(r["value"] == value for r in rows)

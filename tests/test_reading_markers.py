@@ -5,8 +5,7 @@ transaction with a control record, which has an offset but is never delivered.
 A read that has every record of its range must not wait for the next fetch: nothing may come
 (the upstream is idle), and the position already shows the marker passed. Each call the reader
 makes to its consumer is recorded; no call that waited may come back empty once the range's
-records were all delivered (the reader of 1c05b76 made one per read of such a range, after a
-first call that had waited out its timeout for a record that never came).
+records were all delivered.
 """
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ def _committed_in_transactions(bootstrap: str, topic: str, partitions: int, per_
         probe.close()
 
 
-@pytest.mark.parametrize("partitions", [1, 3], ids=["read_range", "read_ranges_together"])
+@pytest.mark.parametrize("partitions", [1, 3], ids=["one-range", "a-slot-of-three"])
 def test_a_range_ending_in_a_commit_marker_is_done_without_waiting_for_another_fetch(
         partitions, bootstrap_servers, make_topic) -> None:
     per_partition = 40
@@ -79,10 +78,7 @@ def test_a_range_ending_in_a_commit_marker_is_done_without_waiting_for_another_f
     recording = _RecordingConsumer(reading.Consumer(config))
     reading._CONSUMERS[repr(sorted(config.items()))] = recording   # noqa: SLF001 - the reader's own consumer
     try:
-        if partitions == 1:
-            batches = list(reading.read_range(spec, plans[0], []))
-        else:
-            batches = list(reading.read_ranges_together(spec, [(p, p) for p in range(partitions)]))
+        batches = list(reading.read_ranges(spec, [reading.RangeRead(p, p, plan) for p, plan in enumerate(plans)]))
     finally:
         reading._CONSUMERS.pop(repr(sorted(config.items())), None)   # noqa: SLF001
         recording.close()

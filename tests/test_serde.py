@@ -104,7 +104,7 @@ def test_schema_registry_framing_is_checked_and_stripped() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Whole batches at once (avro_columns): the same values and bytes as fastavro, row by row
+# Whole batches at once (serde/columns.py): the same values and bytes as fastavro, row by row
 # ---------------------------------------------------------------------------------------------
 
 FLAT = {"type": "record", "name": "Flat", "fields": [

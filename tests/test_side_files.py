@@ -1,6 +1,7 @@
-"""The reader's side files (task/sidefile.py): a slot's ranges in one file that its publisher
-takes whole, a single range's file as before, one sweep per take. No Spark, no broker: the
-files are plain files in SPARK_LOCAL_DIRS, and the task attempt is set as Spark's would be."""
+"""The reader's side files (task/sidefile.py): one file per reader, named by its first range,
+that its publisher takes whole; several readers of one task each with their own; one sweep per
+take. No Spark, no broker: the files are plain files in SPARK_LOCAL_DIRS, and the task attempt
+is set as Spark's would be."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import uuid
 import pytest
 
 from txstream.task import sidefile
-from txstream.task.sidefile import ReadResult, read_side_file, read_side_files, write_side_file, write_side_files
+from txstream.task.sidefile import ReadResult, read_side_file, read_side_files, write_side_file
 
 
 @pytest.fixture()
@@ -25,31 +26,34 @@ def _listing(side_dir: str) -> list[str]:
 
 def test_a_slots_ranges_are_one_file_taken_whole(side_dir):
     results = {i: ReadResult(records=10 * i, dead_letters=[(b"k", b"v", None, 1, i, "decode", "bad")] if i == 3 else [],
-                             read_seconds=0.1, largest_record=50 + i) for i in range(128)}
-    write_side_files(side_dir, 4, results)
-    assert _listing(side_dir) == ["b4-a42.read"]
+                             read_seconds=0.1, largest_record=50 + i) for i in range(128, 256)}
+    write_side_file(side_dir, 4, results)
+    assert _listing(side_dir) == ["b4-a42-r128.read"]
 
-    found = read_side_files(side_dir, 4, list(range(128)))
-    assert sorted(found) == list(range(128))
-    assert [found[i].records for i in range(128)] == [10 * i for i in range(128)]
-    assert found[3].dead_letters[0][4] == 3 and not found[2].dead_letters
-    assert _listing(side_dir) == []                              # consumed
-    assert read_side_files(side_dir, 4, list(range(128))) == {}  # once
+    found = read_side_files(side_dir, 4, list(reversed(range(128, 256))))
+    assert sorted(found) == list(range(128, 256))
+    assert [found[i].records for i in range(128, 256)] == [10 * i for i in range(128, 256)]
+    assert found[131].dead_letters == [] and found[128].largest_record == 178
+    assert _listing(side_dir) == []                                    # consumed
+    assert read_side_files(side_dir, 4, list(range(128, 256))) == {}   # once
 
 
-def test_single_range_files_and_a_missing_range(side_dir):
-    write_side_file(side_dir, 2, ReadResult(5, [], 0.0), plan_index=7)
+def test_readers_of_one_task_each_leave_a_file_and_a_missing_range_is_none(side_dir):
+    """Reading partitions coalesced into one publishing task: a reader of one range each."""
+    write_side_file(side_dir, 2, {7: ReadResult(5, [], 0.0)})
+    write_side_file(side_dir, 2, {9: ReadResult(6, [(b"k", b"v", None, 1, 3, "decode", "bad")], 0.0)})
     assert read_side_file(side_dir, 2, 8) is None                # another range: nothing, nothing removed
-    assert _listing(side_dir) == ["b2-a42-r7.read"]
-    assert read_side_file(side_dir, 2, 7).records == 5
+    assert _listing(side_dir) == ["b2-a42-r7.read", "b2-a42-r9.read"]
+    found = read_side_files(side_dir, 2, [9, 7])
+    assert found[7].records == 5 and found[9].dead_letters[0][4] == 3
     assert _listing(side_dir) == []
 
 
 def test_a_take_sweeps_what_batches_before_the_last_left(side_dir):
-    write_side_files(side_dir, 1, {0: ReadResult(1, [], 0.0)})   # an attempt that died before publishing
-    write_side_file(side_dir, 5, ReadResult(1, [], 0.0), plan_index=0)
-    write_side_files(side_dir, 6, {0: ReadResult(1, [], 0.0), 1: ReadResult(2, [], 0.0)})
-    write_side_files(side_dir, 7, {0: ReadResult(3, [], 0.0)})
+    write_side_file(side_dir, 1, {0: ReadResult(1, [], 0.0)})   # an attempt that died before publishing
+    write_side_file(side_dir, 5, {0: ReadResult(1, [], 0.0)})
+    write_side_file(side_dir, 6, {0: ReadResult(1, [], 0.0), 1: ReadResult(2, [], 0.0)})
+    write_side_file(side_dir, 7, {0: ReadResult(3, [], 0.0)})
     assert read_side_files(side_dir, 7, [0])[0].records == 3
     # Files of batches before the last are swept (their tasks are over); batch 6's has one batch's grace.
-    assert _listing(side_dir) == ["b6-a42.read"]
+    assert _listing(side_dir) == ["b6-a42-r0.read"]

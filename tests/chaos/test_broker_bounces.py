@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.chaos import harness as h
+from tests.support.nodes import bounce, leader_of, transaction_coordinator, wait_fully_replicated
 
 pytestmark = pytest.mark.chaos
 PARTITIONS = 4
@@ -30,11 +31,11 @@ def _topics(cluster, *names: str) -> None:
     futures = admin.create_topics([NewTopic(n, PARTITIONS, 3, config=TOPIC_CONFIG) for n in names])
     for future in futures.values():
         future.result(60)
-    cluster.wait_fully_replicated(120)
+    wait_fully_replicated(cluster, 120)
 
 
 def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:
-    """cluster.bounce, with one more start if the restarted JVM dies during start-up (noted,
+    """bounce (tests/support/nodes.py), with one more start if the restarted JVM dies during start-up (noted,
     with the node's stdout, which server.log does not have)."""
     from pathlib import Path
 
@@ -42,7 +43,7 @@ def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:
 
     began = time.monotonic()
     try:
-        return cluster.bounce(node_id, hard=hard, timeout=240)
+        return bounce(cluster, node_id, hard=hard, timeout=240).total
     except BrokerError as exc:
         if "exited during start-up" not in str(exc):
             raise
@@ -51,7 +52,7 @@ def _bounce(cluster, node_id: int, hard: bool, restarts: list[str]) -> float:
         restarts.append(f"node {node_id}: {' | '.join(tail)[-1500:]}")
         print(f"node {node_id} died during its restart; stdout tail:\n" + "\n".join(tail), flush=True)
         cluster.start_node(node_id, wait=True, timeout=240)
-        cluster.wait_fully_replicated(240)
+        wait_fully_replicated(cluster, 240)
         return time.monotonic() - began
 
 
@@ -80,7 +81,7 @@ def test_broker_bounces(cluster):
     checker = h.Checker(bootstrap, sink, PARTITIONS)
     bounces: list[str] = []
     exits: list[str] = []
-    restarts: list[str] = []   # broker restarts that needed a second try (local_broker)
+    restarts: list[str] = []   # broker restarts that needed a second try (_bounce)
     began = time.monotonic()
     try:
         checker.start()
@@ -105,9 +106,9 @@ def test_broker_bounces(cluster):
         tid = f"{app.app_id}-{source}-0"
         for round_no in range(rounds):
             order: list[tuple[int, str]] = []
-            leader = cluster.leader_of(source, 0)
+            leader = leader_of(cluster, source, 0)
             order.append((leader, f"leader of {source}[0]"))
-            coordinator = cluster.transaction_coordinator(tid)
+            coordinator = transaction_coordinator(cluster, tid)
             if coordinator == leader:
                 order.append((coordinator, f"txn coordinator of {tid} (also the leader)"))
             else:
@@ -186,8 +187,8 @@ def test_wide_broker_bounces(cluster):
                 run = app.start(until_caught_up=False)
 
         progress("start")
-        leader = cluster.leader_of(source, 0)
-        coordinator = cluster.transaction_coordinator(f"{app.app_id}-unit-0")
+        leader = leader_of(cluster, source, 0)
+        coordinator = transaction_coordinator(cluster, f"{app.app_id}-unit-0")
         order = [(leader, "leader", True), (coordinator, "unit-0 coordinator", False)]
         order += [(n.node_id, "the remaining node", True) for n in cluster.nodes if n.node_id not in (leader, coordinator)]
         for node_id, role, hard in order:

@@ -21,6 +21,13 @@ from itertools import pairwise
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from tests.support.nodes import (
+    bounce,
+    leader_of,
+    transaction_coordinator,
+    transaction_state_partition,
+    wait_fully_replicated,
+)
 from txstream.local.cluster import LocalKafkaCluster
 
 RECORDS_PER_TXN = 5
@@ -207,47 +214,47 @@ def test_hard_kills_of_leader_and_coordinator_keep_exactly_once(cluster: LocalKa
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     topic = f"chaos-{uuid.uuid4().hex[:8]}"
     admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "2"})])[topic].result(60)
-    cluster.wait_fully_replicated(60)
-    leader = cluster.leader_of(topic, 0)
+    wait_fully_replicated(cluster, 60)
+    leader = leader_of(cluster, topic, 0)
 
     # A throwaway transactional producer creates __transaction_state; then pick an id whose
     # coordinator is NOT the topic's leader, so the two kills hit two different roles.
     warmup = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"chaos-warmup-{uuid.uuid4().hex}",
                        "logger": logging.getLogger("chaos.rdkafka")})
     warmup.init_transactions(60)
-    cluster.wait_fully_replicated(60)
+    wait_fully_replicated(cluster, 60)
     txid = next(t for t in (f"chaos-{uuid.uuid4().hex[:8]}" for _ in range(100))
-                if cluster.transaction_coordinator(t) != leader)
+                if transaction_coordinator(cluster, t) != leader)
 
     writer = TxnWriter(bootstrap, topic, txid)
     writer.start()
     try:
         writer.wait_for_commits(20, timeout=60)
-        coordinator = cluster.transaction_coordinator(txid)
+        coordinator = transaction_coordinator(cluster, txid)
         logged = coordinator_partition_from_logs(cluster, txid)
         if logged is not None:   # the broker agrees with our Java hashCode
-            assert logged == LocalKafkaCluster.transaction_state_partition(txid)
+            assert logged == transaction_state_partition(txid)
         print(f"leader of {topic}[0]: node {leader}; coordinator of {txid}: node {coordinator} "
-              f"(__transaction_state-{LocalKafkaCluster.transaction_state_partition(txid)}, "
+              f"(__transaction_state-{transaction_state_partition(txid)}, "
               f"broker log says {logged})")
 
         # 1. SIGKILL the partition leader while transactions are in flight.
         before, since = len(writer.committed), time.monotonic()
-        took = cluster.bounce(leader, hard=True, timeout=120)
-        new_leader = cluster.leader_of(topic, 0)
-        print(f"bounce of leader node {leader}: {took:.1f}s {cluster.last_bounce}, {len(writer.committed) - before} "
+        took = bounce(cluster, leader, hard=True, timeout=120)
+        new_leader = leader_of(cluster, topic, 0)
+        print(f"bounce of leader node {leader}: {took.total:.1f}s {took}, {len(writer.committed) - before} "
               f"transactions committed meanwhile (longest pause {writer.longest_pause(since):.1f}s); "
               f"leader now node {new_leader}")
         writer.wait_for_commits(len(writer.committed) + 20, timeout=60)
 
         # 2. SIGKILL the transaction coordinator.
-        coordinator = cluster.transaction_coordinator(txid)
+        coordinator = transaction_coordinator(cluster, txid)
         before, since = len(writer.committed), time.monotonic()
-        took = cluster.bounce(coordinator, hard=True, timeout=120)
-        print(f"bounce of coordinator node {coordinator}: {took:.1f}s {cluster.last_bounce}, "
+        took = bounce(cluster, coordinator, hard=True, timeout=120)
+        print(f"bounce of coordinator node {coordinator}: {took.total:.1f}s {took}, "
               f"{len(writer.committed) - before} transactions committed meanwhile "
               f"(longest pause {writer.longest_pause(since):.1f}s); "
-              f"coordinator now node {cluster.transaction_coordinator(txid)}")
+              f"coordinator now node {transaction_coordinator(cluster, txid)}")
         writer.wait_for_commits(len(writer.committed) + 20, timeout=60)
     finally:
         writer.finish()

@@ -76,7 +76,7 @@ class DockerFixture(KafkaClusterFixture):
 class LocalFixture(KafkaClusterFixture):
     """Apache Kafka from its Maven jars: `brokers` combined KRaft nodes on localhost, in a
     temporary directory. `.local` is the LocalKafkaCluster, for tests that stop, kill and bounce
-    nodes. The JVMs die with the test process (PR_SET_PDEATHSIG) if teardown never runs."""
+    nodes (tests/support/nodes.py). The JVMs die with the test process (PR_SET_PDEATHSIG) if teardown never runs."""
 
     kind = "Apache Kafka from Maven jars"
 

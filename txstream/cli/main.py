@@ -142,7 +142,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     except click.ClickException:
         raise
     except Exception as exc:  # every failure ends as one clear line, its type decides the words
-        from txstream.errors import one_line, unexpected_cause
+        from txstream.failures import one_line, unexpected_cause
 
         cause = unexpected_cause(exc)
         if cause is not None:

@@ -64,7 +64,7 @@ def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], outpu
     Prints the plan first; an existing topic is never changed: if it differs from what is asked
     (partitions, replication, the configs given) the command says how and creates nothing."""
     from txstream import settings as run_settings
-    from txstream.errors import one_line
+    from txstream.failures import one_line
     from txstream.kafka.offsets import admin_client
     from txstream.tools import topics as tt
 

@@ -36,10 +36,9 @@ from txstream.errors import (
     TransformError,
     TxstreamError,
     decide,
-    one_line,
     topic_missing,
-    understand,
 )
+from txstream.failures import one_line, understand
 from txstream.settings import RunSettings
 from txstream.spark.arrow_batches import ArrowBatches
 from txstream.spark.session import build_spark, stop_spark, warm_python_workers

@@ -14,7 +14,9 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from txstream.errors import ExecutorEnvironmentError, from_spark, one_line
+from txstream.errors import ExecutorEnvironmentError
+from txstream.failures import one_line
+from txstream.spark.remote_errors import from_spark
 from txstream.task import probe as probe_module
 
 PROBE_HOLD_S = 0.5

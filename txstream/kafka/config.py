@@ -30,32 +30,23 @@ def show_client_logs(enabled: bool = True) -> None:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
 
 # A new client's first request goes out on its bootstrap connection, which librdkafka retires as
-# soon as the cluster's metadata names the real brokers; the request dies with it, and the retry
-# waits for the next connection, which librdkafka spaces by reconnect.backoff.ms / 2 (default
-# 100 ms, the Java client's is 50 ms). Measured against a local broker: a new producer's first
-# metadata 55 ms with the default, 15 ms with 20 ms (init_transactions 65 -> 20 ms with it).
-# Every fresh client pays it: the first batch's producers and readers, and a Python worker that
-# takes a slot it held no producer for. Broken connections still back off exponentially
-# (reconnect.backoff.max.ms). The user's own value wins.
+# soon as the metadata names the real brokers; the retry waits for the next connection, spaced by
+# reconnect.backoff.ms / 2 (default 100 ms; the Java client's is 50). Every fresh client (the
+# first batch's producers and readers, a worker taking a new slot) pays it; broken connections
+# still back off exponentially (reconnect.backoff.max.ms). The user's own value wins.
 FAST_FIRST_CONNECT = {"reconnect.backoff.ms": 20}
 
-# Every consumer here reads ranges as fast as it can. Once its queue holds queued.min.messages
-# (counted over the one queue all of its partitions feed), librdkafka postpones each partition's
-# next fetch by fetch.queue.backoff.ms, default 1 s, however soon the queue is drained: a slot
-# reading 295,000 orders sat ~0.4 s in empty consume() calls before its last 23,000 ("Fetch backoff
-# for 1000ms: Local: Queue full"). Measured with 10 ms: that read 1.10 -> 0.45-0.72 s; `verify`'s
-# scan of 590,000 records 1.71 -> 0.75 s. The user's own value wins.
+# Every consumer here reads ranges as fast as it can, yet once its queue holds
+# queued.min.messages librdkafka postpones each partition's next fetch by fetch.queue.backoff.ms
+# (default 1 s) however soon the queue is drained, and a read sits in empty consume() calls.
+# The user's own value wins.
 QUICK_REFETCH = {"fetch.queue.backoff.ms": 10}
 
 # A stable read of committed offsets (read_committed: KIP-447's require_stable) that meets a
-# commit whose transaction markers are not written yet gets UNSTABLE_OFFSET_COMMIT, and librdkafka
-# asks again after retry.backoff.ms, default 100 ms. The markers follow the commit within a few
-# ms, so a read right after a commit waited 100 ms: measured against a local broker
-# (benchmarks/stable_read_cost.py), committed() right after commit_transaction 94 ms median (83
-# of 120 reads over 50 ms) with the default, 13 ms (2 of 120) with 10 ms. It is the re-check after a fencing
-# init_transactions (the first batch, a retry, a restart after a crash) and the driver's read
-# after a batch. Retries still back off exponentially to retry.backoff.max.ms (1 s) when the
-# broker is away. The user's own value wins.
+# commit whose markers are not written yet gets UNSTABLE_OFFSET_COMMIT and is asked again after
+# retry.backoff.ms (default 100 ms), though the markers follow within a few ms. Such reads are the
+# re-check after a fencing init_transactions and the driver's read after a batch. Retries still
+# back off exponentially to retry.backoff.max.ms when the broker is away. The user's own value wins.
 QUICK_STABLE_RETRY = {"retry.backoff.ms": 10}
 
 # Properties that only make sense on the consumer side and that librdkafka refuses (rather than

@@ -28,8 +28,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from txstream.errors import KafkaUnreachable, OffsetsError, TransientKafkaError, classify_kafka, kafka_error_of
+from txstream.errors import KafkaUnreachable, OffsetsError, TransientKafkaError
 from txstream.kafka.config import KafkaClients, as_clients
+from txstream.kafka.errors import classify_kafka, kafka_error_of
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -127,7 +128,7 @@ def kafka_call(admin: AdminClient, what: str, call: Callable[[], T], timeout: fl
                retry_s: float | None = None) -> T:
     """Run one admin request, retrying transient errors (a coordinator moving) for `retry_s`
     (default `timeout`). No connection at all is KafkaUnreachable saying where; any other Kafka
-    error its classified type (errors.classify_kafka), its message naming `what`."""
+    error its classified type (kafka/errors.py classify_kafka), its message naming `what`."""
     deadline = time.monotonic() + (timeout if retry_s is None else retry_s)
     while True:
         try:
@@ -304,8 +305,8 @@ def watermarks(admin: AdminClient, partitions: Iterable[tuple[str, int]],
                           "reading last stable offsets", timeout, retry_s)
     marks = {p: Watermarks(earliest[p], log_end[p], stable[p]) for p in parts}
     # While a partition's leader moves, a ListOffsets answer can carry no error and no offset
-    # (-1001, librdkafka's "invalid"). Taken as a watermark, that made a committed offset look
-    # out of range, and the planner reset it by auto.offset.reset: ask again instead.
+    # (-1001, librdkafka's "invalid"). Taken as a watermark, it would make a committed offset look
+    # out of range and the planner reset it by auto.offset.reset: ask again instead.
     unknown = [f"{p.topic}[{p.partition}] {m}" for p, m in marks.items() if min(m) < 0]
     if unknown:
         raise TransientKafkaError(f"the broker answered no offsets for {', '.join(unknown[:5])} "

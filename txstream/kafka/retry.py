@@ -2,14 +2,14 @@
 
 librdkafka retries most requests itself, but a committed-offsets fetch can still surface
 NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS right after a broker or the offsets topic starts.
-What counts as transient is decided in txstream.errors (`is_transient`), nowhere else.
+What counts as transient is decided in kafka/errors.py (`is_transient`), nowhere else.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable, TypeVar
 
-from txstream.errors import is_transient
+from txstream.kafka.errors import is_transient
 
 T = TypeVar("T")
 

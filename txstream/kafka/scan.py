@@ -14,8 +14,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from txstream.errors import TransientKafkaError, classify_kafka
+from txstream.errors import TransientKafkaError
 from txstream.kafka.config import KafkaClients, as_clients
+from txstream.kafka.errors import classify_kafka
 
 _BATCH = 10_000
 # Errors of one partition that reading it again will not cure.

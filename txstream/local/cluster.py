@@ -100,7 +100,7 @@ def free_port_block(count: int, blocks: int = 2) -> int:
 
     Inside it, a stopped node's port is a free source port for any outgoing connection on the
     machine (clients reconnecting to that very node included), and the node then cannot bind it
-    when it restarts: a broker bounce in the chaos suite failed that way twice in a row."""
+    when it restarts."""
     import random
 
     low, high = _ephemeral_ports()
@@ -131,7 +131,7 @@ logger.state.level = WARN
 
 # Every request the broker completes, one line each (its API, client, body and the broker's
 # timings: local, remote, queue), after the epoch milliseconds it was logged at. Kafka's own
-# request logger at DEBUG: heavy, for measuring (benchmarks/broker_requests.py), never a default.
+# request logger at DEBUG: heavy, for studying a run's requests, never a default.
 _REQUEST_LOG4J2 = """appender.requests.type = File
 appender.requests.name = requests
 appender.requests.fileName = {log}
@@ -452,117 +452,6 @@ class LocalKafkaCluster:
     def _log_offsets(self) -> dict[int, int]:
         # Where each node's log stood when it was (re)started: readiness is read after it.
         return self.__dict__.setdefault("_log_offsets_store", {})
-
-    # -- chaos helpers: who leads what, and a restart that waits for full replication ----------
-
-    def _admin(self):
-        from confluent_kafka.admin import AdminClient
-
-        admin = self.__dict__.get("_admin_client")
-        if admin is None:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
-            self.__dict__["_admin_client"] = admin
-        return admin
-
-    def leader_of(self, topic: str, partition: int, timeout: float = 30.0) -> int:
-        """The node id leading `topic[partition]`, from cluster metadata (waits for a leader)."""
-        deadline = time.monotonic() + timeout
-        last = "no answer"
-        while True:
-            try:
-                meta = self._admin().list_topics(topic=topic, timeout=5)
-                tmeta = meta.topics.get(topic)
-                if tmeta is not None and tmeta.error is None and partition in tmeta.partitions:
-                    leader = tmeta.partitions[partition].leader
-                    if leader >= 0:
-                        return leader
-                    last = "no leader"
-                else:
-                    last = str(tmeta.error if tmeta is not None else "unknown topic")
-            except Exception as exc:  # metadata is retried until the deadline
-                last = str(exc)
-            if time.monotonic() > deadline:
-                raise BrokerError(f"No leader for {topic}[{partition}] within {timeout:.0f}s ({last}).")
-            time.sleep(0.2)
-
-    def transaction_coordinator(self, transactional_id: str, timeout: float = 30.0) -> int:
-        """The node coordinating `transactional_id`: the leader of its __transaction_state partition,
-        `Utils.abs(transactionalId.hashCode()) % partitions` as the broker computes it. The topic is
-        created on the first transactional producer's init, so call this after init_transactions."""
-        deadline = time.monotonic() + timeout
-        while True:
-            meta = self._admin().list_topics(topic="__transaction_state", timeout=10)
-            tmeta = meta.topics.get("__transaction_state")
-            if tmeta is not None and tmeta.error is None and tmeta.partitions:
-                break
-            if time.monotonic() > deadline:
-                raise BrokerError("__transaction_state does not exist yet: no transactional producer "
-                                  "has initialised on this cluster.")
-            time.sleep(0.2)
-        partition = self.transaction_state_partition(transactional_id, len(tmeta.partitions))
-        return self.leader_of("__transaction_state", partition, max(1.0, deadline - time.monotonic()))
-
-    def fully_replicated(self) -> tuple[bool, str]:
-        """(True, "") when every node is in the metadata and every partition, internal topics
-        included, has a leader and all its replicas in sync; else (False, what is missing)."""
-        try:
-            meta = self._admin().list_topics(timeout=5)
-        except Exception as exc:
-            return False, f"metadata: {exc}"
-        missing = {n.node_id for n in self.nodes} - set(meta.brokers)
-        if missing:
-            return False, f"node(s) {sorted(missing)} not in metadata"
-        for name, tmeta in meta.topics.items():
-            if tmeta.error is not None:
-                return False, f"{name}: {tmeta.error}"
-            for pid, pmeta in tmeta.partitions.items():
-                if pmeta.leader < 0 or set(pmeta.isrs) != set(pmeta.replicas):
-                    return False, (f"{name}[{pid}] leader {pmeta.leader} isr {sorted(pmeta.isrs)} "
-                                   f"replicas {sorted(pmeta.replicas)}")
-        return True, ""
-
-    def wait_fully_replicated(self, timeout: float = 120.0) -> float:
-        """Wait until `fully_replicated()`; returns the seconds waited."""
-        began = time.monotonic()
-        while True:
-            ok, why = self.fully_replicated()
-            if ok:
-                return time.monotonic() - began
-            if time.monotonic() - began > timeout:
-                raise BrokerError(f"The cluster at {self.bootstrap_servers} was not fully replicated "
-                                  f"within {timeout:.0f}s: {why}")
-            time.sleep(0.25)
-
-    def bounce(self, node_id: int, hard: bool = False, timeout: float = 120.0) -> float:
-        """Stop one node (SIGKILL when hard) and start it again; return once it is back in the
-        metadata and every partition has its full ISR again. Returns the seconds it took."""
-        began = time.monotonic()
-        self.stop_node(node_id, hard=hard)
-        stopped = time.monotonic()
-        self.start_node(node_id, wait=True, timeout=timeout)
-        started = time.monotonic()
-        self.wait_fully_replicated(max(1.0, timeout - (started - began)))
-        done = time.monotonic()
-        # Where the time went, for reports: stop, start-up, catching up to full ISR.
-        self.__dict__["last_bounce"] = {"node": node_id, "hard": hard, "stop": stopped - began,
-                                        "start": started - stopped, "replicate": done - started}
-        return done - began
-
-    @staticmethod
-    def java_string_hash(text: str) -> int:
-        """Java's String.hashCode(): 31*h + c over UTF-16 code units, 32-bit two's complement."""
-        h = 0
-        data = text.encode("utf-16-be")
-        for i in range(0, len(data), 2):
-            h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-        return h - (1 << 32) if h >= 1 << 31 else h
-
-    @staticmethod
-    def transaction_state_partition(transactional_id: str, partitions: int = 10) -> int:
-        """The __transaction_state partition owning an id: Utils.abs(id.hashCode()) % partitions,
-        where Kafka's Utils.abs maps Integer.MIN_VALUE to 0."""
-        h = LocalKafkaCluster.java_string_hash(transactional_id)
-        return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
 def read_registered(port: int) -> LocalKafkaCluster | None:

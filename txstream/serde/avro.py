@@ -5,7 +5,7 @@ Why one module: a Spark column declared `int` over an Arrow int64 array fails de
 encoder/decoder are all derived from the same parsed Avro schema here.
 
 Wire format is plain Avro binary. Batches cross with `decode_column` / `encode_column`: whole
-columns at once (avro_columns) where the schema allows, fastavro's schemaless reader/writer
+columns at once (serde/columns.py) where the schema allows, fastavro's schemaless reader/writer
 record by record otherwise, and fastavro has the last word on any record refused. With
 `schema_registry_framing=True` values carry Confluent's 5-byte prefix (magic 0 + schema id),
 which is stripped on read and written with the configured id.
@@ -162,7 +162,7 @@ def _without_timestamp_logical_types(schema: dict, names: set[str]) -> dict:
     raw = {k: v for k, v in schema.items() if not k.startswith("__")}
     raw["fields"] = [dict(f, type=plain(f["type"])) if f["name"] in names else f for f in schema["fields"]]
     # Parsed normally, so it carries fastavro's "parsed" mark: without it schemaless_reader and
-    # schemaless_writer parse the schema again on every call (measured: 2-3x the cost of a record).
+    # schemaless_writer parse the schema again on every call, which costs more than the record.
     return fastavro.parse_schema(raw)
 
 
@@ -205,7 +205,7 @@ class AvroCodec:
         self.arrow = arrow_type(self.schema)
         self._decode_logical = self._decoder(self.schema)
         self._decode_wire = self._decoder(self._wire)
-        # Whole batches at once with numpy where the schema allows (avro_columns), else fastavro.
+        # Whole batches at once with numpy where the schema allows (serde/columns.py), else fastavro.
         fields = avro_columns.fields_of(self.schema, self.arrow)
         self._framing = (struct.pack(">bI", _CONFLUENT_MAGIC, self.registry_schema_id)
                          if self.registry_schema_id is not None else b"")
@@ -306,7 +306,7 @@ class AvroCodec:
         """Arrow array of the values `decoder_for_arrow()` returns.
 
         A record is built column by column (one list per field, one `pa.array` each): Arrow's
-        conversion of a list of dicts into a struct array costs ~3x more per record."""
+        conversion of a list of dicts into a struct array costs several times more per record."""
         if not pa.types.is_struct(self.arrow) or not decoded or any(d is None for d in decoded):
             return self._to_arrow_rowwise(decoded)
         fields = list(self.arrow)

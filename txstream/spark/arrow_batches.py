@@ -1,28 +1,21 @@
 """How many rows an Arrow batch from Spark's JVM to a Python worker holds (the publishing hop's input).
 
 Spark 4 bounds such a batch at 64 MB (`spark.sql.execution.arrow.maxBytesPerBatch`) by measuring
-it after every row it adds. For nested columns (Kafka's `headers`, arrays of structs) that
-measurement is the costliest step of the hop: 200,000 records of 100 B through a pass-through
-that keeps `headers`, local[2], one sitting: 13.5 / 9.9 s with the per-row check, 6.5 / 6.2 s
-without it. Rows per batch must stay large, though: at 63 rows per batch (64 MB over Kafka's
-1 MB record limit) the 200k-order table ran at 24,175 records/s against 31,560 with the check,
-because the Avro encoder works a batch at a time.
+it after every row it adds, and for nested columns (Kafka's `headers`) that measurement is the
+costliest step of the hop. Rows per batch must stay large, though: the Avro encoder works a batch
+at a time, and 64 MB over Kafka's 1 MB record limit would be 63 rows.
 
 So, per batch (driver/loop.py): a run's first batch, and the one after any failed batch, keep
 Spark's per-row check; after a clean batch the check is off and a batch holds 64 MB over 16 times
-the largest record that batch read, at most 10,000 rows (Spark's default; 100 B records get
-10,000, 10 KB records 409). Both are session settings that Spark reads each time a job runs (the
-mapInArrow operator's runner is made per execution, and the tasks get the session's SQL settings
-with the job), so the batch's job, built once and run again (driver/loop.py), follows them without
-being built again: measured, one DataFrame collected under other settings hands its Python
-worker other batch sizes (tests/test_arrow_batches.py). Until txstream relied on that, the settings
-were part of the job's key, and the second batch of every run built its job again (0.2-0.4 s of
-driver time). A record up to 16 times larger than any of the batch before still fits Spark's
-bound; a larger jump makes one larger batch (the reader's own batches stay within 64 MB,
-task/reading.py), and should that batch fail, its retry measures every row again. A transform
-whose rows are much larger than its input records, or a user who wants Spark's behaviour, sets
-either setting (`--conf`): txstream then leaves both alone. Wide batches keep Spark's check
-(their results do not report record sizes).
+the largest record that batch read, at most 10,000 rows (Spark's default). Both are session
+settings that Spark reads each time a job runs (the mapInArrow operator's runner is made per
+execution, and the tasks get the session's SQL settings with the job), so the batch's job, built
+once and run again, follows them without being built again (tests/test_arrow_batches.py). A
+record up to 16 times larger than any of the batch before still fits Spark's bound; a larger jump
+makes one larger batch (the reader's own batches stay within 64 MB, task/reading.py), and should
+that batch fail, its retry measures every row again. A user's own setting of either key is left
+alone (docs/tuning.md, "Spark and JVM"). Wide batches keep Spark's check (their results do not
+report record sizes).
 """
 from __future__ import annotations
 

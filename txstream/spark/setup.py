@@ -29,19 +29,16 @@ COMMON_DEFAULTS = {
     # (The Arrow batch size is chosen per batch: spark/arrow_batches.py.)
     "spark.sql.shuffle.partitions": "8",
     "spark.driver.memory": "2g",
-    # The executor talks to its Python workers over Unix domain sockets instead of loopback TCP:
-    # every Python hand-off (a reading range, a publishing slot) also waited tens of ms on TCP's
-    # small-write delays. Measured, 256 no-op hand-offs in 2 tasks: ~6 s with either this or the
-    # frozen worker heap (txstream/task/worker_heap.py) alone, 0.5 s with both. Spark >= 4.1.
+    # The executor talks to its Python workers over Unix domain sockets instead of loopback TCP,
+    # whose small-write delays every Python hand-off (a reading range, a publishing slot) would
+    # otherwise wait on. Spark >= 4.1.
     "spark.python.unix.domain.socket.enabled": "true",
 }
-# Arrow's Java library checks every buffer access against the buffer's bounds and every get()
-# against the null bitmap unless told not to: in a 1M-order run, ArrowBuf's checks were the two
-# hottest frames of the executor's task threads (JFR, ~18% of their samples). Every Arrow batch
-# the executor reads or writes is one Spark or txstream's own Python workers (pyarrow) built, and
-# Spark asks isNullAt before every get, so the checks never fire. Measured, 1M orders, 3 runs side
-# by side: JVM CPU 20.8 -> 18.7 s per M records, records/s +7%. Added to the executors' JVM
-# options (the driver's on a local master, which is the executor) unless the user's name them.
+# Arrow's Java library checks every buffer access against its bounds and every get() against the
+# null bitmap unless told not to, the hottest frames of the executor's task threads. Every Arrow
+# batch the executor reads or writes is one Spark or pyarrow built, and Spark asks isNullAt before
+# every get, so the checks never fire. Added to the executors' JVM options (the driver's on a
+# local master, which is the executor) unless the user's name them (docs/tuning.md).
 ARROW_JAVA_OPTIONS = "-Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
 
 

@@ -1,14 +1,15 @@
 """Spark's Python worker daemon, with the engine's imports done once before it forks workers.
 
 Spark forks every Python worker from one daemon process and each worker then imports pyspark's
-worker, pandas, pyarrow, confluent_kafka, fastavro and txstream on its own: ~1.4 s of CPU per
-worker on this 2-core machine (pandas alone ~0.4 s), and a run starts a reader and a publisher worker per task slot
-plus Spark's planning workers. Imported here, the forked workers inherit the loaded modules.
+worker, pandas, pyarrow, confluent_kafka, fastavro and txstream on its own, over a second of CPU
+per worker, and a run starts a reader and a publisher worker per task slot plus Spark's planning
+workers. Imported here, the forked workers inherit the loaded modules.
 
 Spark's own daemon imports nothing before forking because a library may start threads at import;
 the only threads these imports start are pyarrow's allocator threads, and its allocators and
 thread pools reinitialise themselves in a forked child (they register at-fork handlers).
-Set with `spark.python.daemon.module=txstream.spark.worker_daemon` (spark_session.py does).
+Set with `spark.python.daemon.module=txstream.spark.worker_daemon` (spark/session.py does, for
+local masters).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 
 # Spark puts its spark-core jar (a zip of thousands of classes) on the workers' PYTHONPATH, and
 # pyspark calls importlib.invalidate_caches() at the start of every task, which makes zipimport
-# re-read that jar's directory each time (measured: ~10% of worker CPU). Nothing Python is in it.
+# re-read that jar's whole directory each time. Nothing Python is in it.
 sys.path[:] = [entry for entry in sys.path if not entry.endswith(".jar")]
 for _entry in [e for e in sys.path_importer_cache if e.endswith(".jar")]:
     del sys.path_importer_cache[_entry]

@@ -12,8 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txstream.errors import OutputError, kafka_error_of, topic_missing
+from txstream.errors import OutputError, topic_missing
 from txstream.kafka import headers
+from txstream.kafka.errors import kafka_error_of
 from txstream.serde.avro import AvroCodec
 
 # The source offset the driver carries through the transform's plan (driver/range_tag.py), which

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from txstream.errors import AbortableError, FatalKafkaError, FencedError, classify_kafka, kafka_error_of
+from txstream.errors import AbortableError, FatalKafkaError, FencedError
+from txstream.kafka.errors import classify_kafka, kafka_error_of
 
 LOCAL_FATAL = -150   # librdkafka's RD_KAFKA_RESP_ERR__FATAL (KafkaError._FATAL)
 SEND_OFFSETS_GRACE_S = 10.0   # beyond its own timeout, before a send_offsets call counts as hung

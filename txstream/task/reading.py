@@ -1,7 +1,8 @@
-"""Reading: one Spark partition per planned Kafka range, read in the task into Arrow.
+"""Reading: the planned Kafka ranges, read in the Spark tasks into Arrow.
 
-Task i reads exactly `[start, end)` of its Kafka partition with `read_committed` and yields
-Arrow record batches in the columns of Spark's own Kafka source. Offsets may jump (control
+Task i reads exactly `[start, end)` of its Kafka partition with `read_committed` (a slot read in
+one task reads its ranges together, in one fetch loop) and yields Arrow record batches in the
+columns of Spark's own Kafka source. Offsets may jump (control
 records, aborted transactions), so the reader stops on the consumer's position, never on a count.
 
 Records that cannot be decoded never enter the DataFrame: they are written to a small side file
@@ -21,15 +22,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from txstream import faults
 from txstream.protocol import RANGE_COLUMN
 from txstream.serde.avro import AvroCodec, arrow_type
 from txstream.task import worker_heap
-from txstream.task.sidefile import ReadResult, write_side_file, write_side_files
+from txstream.task.sidefile import ReadResult, write_side_file
 from txstream.task.spec import FromJob, PartitionPlan, ReadSpec
 from txstream.task.spec import resolve as resolve_job_spec
 
-# confluent_kafka.Message's accessors, mapped over a fetch's messages (`_Columns.add_all`):
-# the unbound C methods, ~25 ns a call (operator.methodcaller: ~85).
+# confluent_kafka.Message's accessors, mapped over a fetch's messages (`_Columns.add_all`): the
+# unbound C methods, which map() calls without a Python frame (operator.methodcaller adds one).
 _ERROR, _KEY, _VALUE, _OFFSET = Message.error, Message.key, Message.value, Message.offset
 _HEADERS, _PARTITION, _TOPIC, _TIMESTAMP = Message.headers, Message.partition, Message.topic, Message.timestamp
 _SECOND = operator.itemgetter(1)
@@ -49,8 +51,8 @@ def input_struct(key_schema: dict | None, value_schema: dict | None, tagged: boo
     """The input DataFrame's schema: Spark's Kafka source columns, Avro-decoded where declared
     (`tagged`: and RANGE_COLUMN).
 
-    A StructType, not DDL text: Spark parses DDL with its SQL parser, whose cold start (and the
-    JIT compiling it) cost seconds of driver CPU per run; a StructType crosses as JSON."""
+    A StructType, not DDL text: Spark would parse DDL with its SQL parser, whose cold start is
+    slow on the driver; a StructType crosses as JSON."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema = input_arrow_schema(key_schema, value_schema)
@@ -68,47 +70,32 @@ def input_arrow_schema(key_schema: dict | None, value_schema: dict | None) -> pa
 
 def read_planned_range(spec: ReadSpec | FromJob, accounts: Any, tagged: bool,
                        ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Task i's reader: the records of plan i as Arrow batches, then the side file. A task of
-    several ranges (a slot read in one partition, driver/jobs.py range_frame `per_slot`) reads them together.
-    `tagged`: each batch ends with RANGE_COLUMN, the reading task of its rows."""
+    """A reading task: the records of its plans as Arrow batches (`read_ranges`), then their
+    accounts. Task i reads plan i; a slot read in one partition (driver/jobs.py range_frame `per_slot`) reads
+    its ranges together. `tagged`: each batch ends with RANGE_COLUMN, the reading task of its rows.
+
+    `accounts` None: the accounts go to the side file, for the publisher downstream in the same
+    task; otherwise to the wide batch's accumulator (`ReadAccounts`)."""
     worker_heap.settle()
     spec = resolve_job_spec(spec)
     tasks = [task for id_batch in ids for task in id_batch.column(0).to_pylist()]
-    ranges = [(task, index) for task, index in zip(tasks, map(spec.plan_at, tasks), strict=True)
-              if index >= 0]   # -1: padding, a dry plan
-    if len(ranges) > 1 and accounts is None:
-        yield from read_ranges_together(spec, ranges, tagged)
+    reads = [RangeRead(task, index, spec.plans[index])
+             for task, index in zip(tasks, map(spec.plan_at, tasks), strict=True)
+             if index >= 0]   # -1: padding, a dry plan
+    if not reads:
         return
-    for task, index in ranges:
-        plan = spec.plans[index]
-        started = time.perf_counter()
-        dead: list[tuple[Any, ...]] = []
-        count = 0
-        sizes = [0]
-        for batch in read_range(spec, plan, dead, sizes):
-            count += batch.num_rows
-            yield _with_tag(batch, task) if tagged else batch
-        # The side file is complete before the JVM sees this iterator end, so the publisher
-        # (downstream in the same task) finds it whole once its own input is exhausted.
-        _range_read(spec, accounts, index, ReadResult(count, dead, time.perf_counter() - started, sizes[0]))
-
-
-def _range_read(spec: ReadSpec, accounts: Any, index: int, result: ReadResult) -> None:
-    """A range is read: its count and undecodable records to the publisher (side file) or to
-    the wide batch's accumulator."""
-    from txstream import faults
-
-    plan = spec.plans[index]
-    faults.maybe_fail("read.end", plan)
+    yield from read_ranges(spec, reads, tagged)
+    # Written before the JVM sees this iterator end, so the publisher finds the side file whole
+    # once its own input is exhausted.
     if accounts is not None:
-        accounts.add({(plan.topic, plan.partition, plan.start, plan.end): result})
+        accounts.add({(r.plan.topic, r.plan.partition, r.plan.start, r.plan.end): r.result() for r in reads})
     else:
-        write_side_file(spec.side_dir, spec.batch_id, result, index)
+        write_side_file(spec.side_dir, spec.batch_id, {r.index: r.result() for r in reads})
 
 
-def _with_tag(batch: pa.RecordBatch, task: int) -> pa.RecordBatch:
-    """`batch` with RANGE_COLUMN: its rows' reading task."""
-    return batch.append_column(RANGE_COLUMN, pa.repeat(pa.scalar(task, pa.int32()), batch.num_rows))
+def _with_tag(batch: pa.RecordBatch, tasks: np.ndarray) -> pa.RecordBatch:
+    """`batch` with RANGE_COLUMN: its rows' reading tasks."""
+    return batch.append_column(RANGE_COLUMN, pa.array(tasks, pa.int32()))
 
 
 def _decoding(spec: ReadSpec) -> tuple[AvroCodec | None, AvroCodec | None, pa.Schema]:
@@ -119,16 +106,17 @@ def _decoding(spec: ReadSpec) -> tuple[AvroCodec | None, AvroCodec | None, pa.Sc
     return key_codec, value_codec, input_arrow_schema(spec.key_schema, spec.value_schema)
 
 
-class _RangeRead:
-    """One range of a slot read together with the others: where it is, what it holds."""
+class RangeRead:
+    """One planned range being read: where it is, the rows not yet handed over, and its account
+    (what `result()` gives the publisher or the wide batch's accumulator)."""
 
     def __init__(self, task: int, index: int, plan: PartitionPlan) -> None:
-        self.task, self.index, self.plan = task, index, plan
+        self.task, self.index, self.plan = task, index, plan   # reading task, plan index, the range
         self.position = plan.start
         self.rows = _Columns(plan.topic, plan.partition)
-        self.count = 0
-        self.largest = 0
-        self.dead: list[tuple[Any, ...]] = []
+        self.count = 0                                 # rows handed over (decoded)
+        self.largest = 0                               # bytes of its largest record
+        self.dead: list[tuple[Any, ...]] = []          # undecodable records
         self.seconds = 0.0
 
     def take_rows(self) -> _Columns:
@@ -137,52 +125,51 @@ class _RangeRead:
         self.largest = max(self.largest, rows.largest)
         return rows
 
+    def result(self) -> ReadResult:
+        return ReadResult(self.count, self.dead, self.seconds, self.largest)
 
-def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: bool = False) -> Iterator[pa.RecordBatch]:
-    """The ranges of one slot, read at once: one assignment of all their partitions, so that
-    librdkafka fetches them in the same requests. Read one after another, each range paid its own
-    assignment and first fetch: ~12 ms per range of 350 records here (a slot of 128 ranges,
-    1.5 s), about what reading them in one Spark partition each costs (driver/jobs.py range_frame). Each range
-    still ends exactly at its planned end (`_Columns.add_all`) and has its own account (count,
-    dead letters) in the slot's one side file, written once every range is read (sidefile.py);
-    batches of different ranges may interleave, which a slot read this
-    way allows (`tagged`: each batch's rows name their reading task; otherwise none, and the
-    slot's output is one publication: publish._pieces_by_range). `ranges`: (reading task, plan
-    index) pairs."""
-    key_codec, value_codec, schema = _decoding(spec)
-    last_done = time.perf_counter()
-    reading: dict[tuple[str, int], _RangeRead] = {}
-    accounts: dict[int, ReadResult] = {}   # every range's, one side file once all are read
-    for task, index in ranges:
-        plan = spec.plans[index]
-        if plan.end <= plan.start:
-            _range_done(plan, accounts, index, ReadResult(0, [], 0.0, 0))
-        else:
-            reading[(plan.topic, plan.partition)] = _RangeRead(task, index, plan)
+
+def read_ranges(spec: ReadSpec, reads: list[RangeRead], tagged: bool = False) -> Iterator[pa.RecordBatch]:
+    """The records of `reads`' ranges as decoded Arrow batches; each RangeRead ends with its
+    account. The one fetch loop: a task of one range is a slot of one.
+
+    All the ranges' partitions are assigned at once, so librdkafka fetches them in the same
+    requests (read one after another, each range would pay its own assignment and first fetch).
+    Each range ends exactly at its planned end (`_Columns.add_all`), its partition unassigned
+    there. A batch closes at `chunk_records` records or `chunk_bytes` of keys and values, or when
+    nothing more arrived; it may hold rows of several ranges, each range's in offset order
+    (`tagged`: each row names its reading task in RANGE_COLUMN; otherwise the slot's output is
+    one publication, publish._pieces_by_range)."""
+    for r in reads:
+        if r.plan.end <= r.plan.start:
+            _range_done(r)
+    reading = {(r.plan.topic, r.plan.partition): r for r in reads if r.plan.end > r.plan.start}
     if not reading:
-        write_side_files(spec.side_dir, spec.batch_id, accounts)
         return
+    key_codec, value_codec, schema = _decoding(spec)
     one_topic = len({t for t, _ in reading}) == 1
     config = spec.consumer_config()  # never subscribes or commits: assign only
     consumer = _consumer(config)
-    done = False
-    pending: list[tuple[_RangeRead, _Columns]] = []   # rows to hand over, in each range's offset order
-    finished: list[_RangeRead] = []                   # complete ranges whose side files wait for them
+    healthy = False
+    taken: list[tuple[RangeRead, _Columns]] = []   # rows to hand over, in each range's offset order
+    finished: list[RangeRead] = []                 # complete ranges, their last rows not yet handed over
+    held_rows = held_bytes = 0                     # rows collected and not yet handed over
+    last_done = time.perf_counter()
     try:
         consumer.assign([TopicPartition(t, p, r.position) for (t, p), r in reading.items()])
         last_progress = time.monotonic()
         while reading:
             # No more than the ranges can still hold (what follows a range's end is not this
-            # read's), at most a chunk, and no more than fits in a chunk's bytes at the largest
-            # record so far.
-            biggest = max(max(r.largest, r.rows.largest) for r in reading.values())
-            wanted = min(spec.chunk_records, sum(r.plan.end - r.position for r in reading.values()))
+            # read's), than the batch has room for, and than fits in its bytes at the largest
+            # record so far (a range's first call is bounded by librdkafka's queue,
+            # queued.max.messages.kbytes).
+            wanted = min(spec.chunk_records - held_rows, sum(r.plan.end - r.position for r in reading.values()))
+            biggest = max(max(r.largest, r.rows.largest) for r in reads)
             if biggest:
-                wanted = max(1, min(wanted, spec.chunk_bytes // biggest))
-            messages, passed = _next_messages(consumer, wanted, {key: r.position for key, r in reading.items()})
-            by_range = _by_range(messages, reading, one_topic)
+                wanted = min(wanted, (spec.chunk_bytes - held_bytes) // biggest)
+            messages, passed = _next_messages(consumer, max(1, wanted), reading)
             moved = False
-            for key, msgs in by_range.items():
+            for key, msgs in _by_range(messages, reading, one_topic).items():
                 r = reading[key]
                 position = r.rows.add_all(msgs, r.plan.end, r.position)
                 moved, r.position = moved or position != r.position, position
@@ -194,41 +181,36 @@ def read_ranges_together(spec: ReadSpec, ranges: list[tuple[int, int]], tagged: 
             elif time.monotonic() - last_progress > spec.idle_timeout_s:
                 stuck = ", ".join(f"{t}[{p}] at {r.position} (planned end {r.plan.end})" for (t, p), r in reading.items())
                 raise TimeoutError(f"No progress reading {stuck} for {spec.idle_timeout_s:.0f}s")
-            for key in list(reading):
-                r = reading[key]
-                complete = r.position >= r.plan.end
-                if r.rows.count and (complete or not messages or r.rows.count >= spec.chunk_records
-                                     or r.rows.bytes >= spec.chunk_bytes):
-                    pending.append((r, r.take_rows()))
-                if complete:
-                    del reading[key]
-                    consumer.incremental_unassign([TopicPartition(*key)])   # no fetching past its end
-                    now = time.perf_counter()
-                    r.seconds, last_done = now - last_done, now
-                    finished.append(r)
-            if pending and (not reading or not messages or sum(rows.count for _, rows in pending) >= spec.chunk_records
-                            or sum(rows.bytes for _, rows in pending) >= spec.chunk_bytes):
-                batch = _hand_over(pending, schema, key_codec, value_codec, tagged)
-                pending = []
-                if batch is not None:
-                    yield batch
-            if not pending:
+            for key in [key for key, r in reading.items() if r.position >= r.plan.end]:
+                r = reading.pop(key)
+                consumer.incremental_unassign([TopicPartition(*key)])   # no fetching past its end
+                if r.rows.count:
+                    taken.append((r, r.take_rows()))
+                now = time.perf_counter()
+                r.seconds, last_done = now - last_done, now
+                finished.append(r)
+            held_rows = sum(rows.count for _, rows in taken) + sum(r.rows.count for r in reading.values())
+            held_bytes = sum(rows.bytes for _, rows in taken) + sum(r.rows.bytes for r in reading.values())
+            if not reading or not messages or held_rows >= spec.chunk_records or held_bytes >= spec.chunk_bytes:
+                # Hand over what is collected: the batch is full, the read is over, or the broker
+                # is slow (nothing arrived).
+                taken.extend((r, r.take_rows()) for r in reading.values() if r.rows.count)
+                if taken:
+                    batch = _hand_over(taken, schema, key_codec, value_codec, tagged)
+                    if batch is not None:
+                        yield batch
+                taken, held_rows, held_bytes = [], 0, 0
                 for r in finished:   # all their rows handed over: their accounts are final
-                    _range_done(r.plan, accounts, r.index, ReadResult(r.count, r.dead, r.seconds, r.largest))
+                    _range_done(r)
                 finished = []
-        done = True
+        healthy = True
     finally:
-        _release(consumer, config, healthy=done)
-    # Complete before the JVM sees this iterator end (read_planned_range).
-    write_side_files(spec.side_dir, spec.batch_id, accounts)
+        _release(consumer, config, healthy)
 
 
-def _range_done(plan: PartitionPlan, accounts: dict[int, ReadResult], index: int, result: ReadResult) -> None:
-    """A range of a slot is read: its account joins the slot's side file."""
-    from txstream import faults
-
-    faults.maybe_fail("read.end", plan)
-    accounts[index] = result
+def _range_done(r: RangeRead) -> None:
+    """A range is read and its rows handed over: its account is final."""
+    faults.maybe_fail("read.end", r.plan)
 
 
 def _by_range(messages: list, reading: dict[tuple[str, int], Any], one_topic: bool) -> dict[tuple[str, int], list]:
@@ -260,90 +242,33 @@ def _by_range(messages: list, reading: dict[tuple[str, int], Any], one_topic: bo
     return by_range
 
 
-def _hand_over(pending: list[tuple[_RangeRead, _Columns]], schema: pa.Schema, key_codec: AvroCodec | None,
+def _hand_over(taken: list[tuple[RangeRead, _Columns]], schema: pa.Schema, key_codec: AvroCodec | None,
                value_codec: AvroCodec | None, tagged: bool) -> pa.RecordBatch | None:
-    """The rows of several ranges as one decoded Arrow batch. Decoded and handed over range by
-    range, a slot of 128 ranges of ~100 records paid the decoder's and Arrow's fixed costs 128
-    times (38 ms against 10-16 ms for the same 12,800 records at once, measured) and Spark one
-    Arrow message and conversion per range."""
-    parts = [rows for _, rows in pending]
-    batch, kept = _decoded(parts, schema, key_codec, value_codec, [r.dead for r, _ in pending])
-    for (r, _), count in zip(pending, kept, strict=True):
+    """The rows of several ranges as one decoded Arrow batch: the decoder's and Arrow's fixed
+    costs, and Spark's per Arrow message, paid once per batch rather than once per range."""
+    batch, kept = _decoded([rows for _, rows in taken], schema, key_codec, value_codec, [r.dead for r, _ in taken])
+    for (r, _), count in zip(taken, kept, strict=True):
         r.count += count
     if batch is None or not tagged:
         return batch
-    tasks = np.repeat(np.array([r.task for r, _ in pending], np.int32), kept)
-    return batch.append_column(RANGE_COLUMN, pa.array(tasks, pa.int32()))
-
-
-def read_range(spec: ReadSpec, plan: PartitionPlan, dead: list[tuple[Any, ...]],
-               largest: list[int] | None = None) -> Iterator[pa.RecordBatch]:
-    """Yield Arrow batches of `[plan.start, plan.end)`; append undecodable records to `dead`.
-    A batch ends at `chunk_records` records or `chunk_bytes` of keys and values, whichever comes
-    first; `largest[0]` becomes the largest record's bytes (spark/arrow_batches.py)."""
-    topic, partition, start, end = plan.topic, plan.partition, plan.start, plan.end
-    if end <= start:
-        return
-    key_codec, value_codec, schema = _decoding(spec)
-    chunk = spec.chunk_records
-    config = spec.consumer_config()  # never subscribes or commits: assign() only
-    consumer = _consumer(config)
-    deadline_idle = spec.idle_timeout_s
-    last_progress = time.monotonic()
-    position = start
-    seen = largest if largest is not None else [0]
-    done = False
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        while position < end:
-            rows = _Columns(topic, partition)
-            while position < end and rows.count < chunk and rows.bytes < spec.chunk_bytes:
-                # No more than the range can still hold (what follows its end is not this read's).
-                wanted = min(chunk - rows.count, end - position)
-                # No more than fits in the batch's bytes at the range's largest record so far (the
-                # range's first call is bounded by librdkafka's queue, queued.max.messages.kbytes).
-                biggest = max(rows.largest, seen[0])
-                if biggest:
-                    wanted = min(wanted, max(1, (spec.chunk_bytes - rows.bytes) // biggest))
-                messages, passed = _next_messages(consumer, wanted, {(topic, partition): position})
-                if messages:
-                    position = rows.add_all(messages, end, position)
-                    last_progress = time.monotonic()
-                    continue
-                if passed:
-                    position = min(passed[(topic, partition)], end)
-                    last_progress = time.monotonic()
-                elif rows.count:
-                    break  # hand over what is decoded while the broker is slow
-                elif time.monotonic() - last_progress > deadline_idle:
-                    raise TimeoutError(f"No progress reading {topic}[{partition}] at offset {position} "
-                                       f"(planned end {end}) for {deadline_idle:.0f}s")
-            if rows.count:
-                seen[0] = max(seen[0], rows.largest)
-                batch = rows.to_batch(schema, key_codec, value_codec, dead)
-                if batch is not None:
-                    yield batch
-        done = True
-    finally:
-        _release(consumer, config, healthy=done)
+    return _with_tag(batch, np.repeat(np.array([r.task for r, _ in taken], np.int32), kept))
 
 
 def _next_messages(consumer: Any, wanted: int,
-                   positions: dict[tuple[str, int], int]) -> tuple[list, dict[tuple[str, int], int]]:
+                   reading: dict[tuple[str, int], RangeRead]) -> tuple[list, dict[tuple[str, int], int]]:
     """Up to `wanted` messages: those queued, else those of the next fetch to land (waiting up
-    to FETCH_WAIT_S), else none. With none, also the partitions whose consumer position passed
-    the read's `positions` ((topic, partition) -> next offset) without delivering anything, and
-    where it stands now: control records (an upstream transaction's commit marker) and aborted
-    data have offsets but are never delivered, so the caller moves its read to that position.
+    to FETCH_WAIT_S), else none. With none, also the ranges whose partition's consumer position
+    passed the range's own without delivering anything, and where it stands now: control records
+    (an upstream transaction's commit marker) and aborted data have offsets but are never
+    delivered, so the caller moves its read to that position.
 
-    Not consume(wanted, timeout) alone: it waits for the full count or the timeout. A range ending
-    in a commit marker, with nothing written after it yet, waited the whole timeout for a record
-    that never came, then once more before the position showed the marker passed (measured: 101 ms
-    per such read, input written in transactions at 50 records/s)."""
+    Not consume(wanted, timeout) alone: it waits for the full count or the timeout, so a range
+    ending in a commit marker with nothing written after it would wait out the timeout for a
+    record that never comes."""
     messages = consumer.consume(num_messages=wanted, timeout=0)
     if messages:
         return messages, {}
-    passed = _passed_undelivered(consumer, positions)
+    passed = _passed_undelivered(consumer, reading)
     if passed:
         return [], passed
     messages = consumer.consume(num_messages=1, timeout=FETCH_WAIT_S)
@@ -351,15 +276,15 @@ def _next_messages(consumer: Any, wanted: int,
         if wanted > 1:
             messages += consumer.consume(num_messages=wanted - 1, timeout=0)   # the rest of its fetch
         return messages, {}
-    return [], _passed_undelivered(consumer, positions)
+    return [], _passed_undelivered(consumer, reading)
 
 
-def _passed_undelivered(consumer: Any, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-    """The partitions whose consumer position is past `positions` (nothing was delivered: it
-    passed records never delivered), with that position. position() asks librdkafka, not the broker."""
+def _passed_undelivered(consumer: Any, reading: dict[tuple[str, int], RangeRead]) -> dict[tuple[str, int], int]:
+    """The partitions whose consumer position is past their range's position (it passed records
+    never delivered), with that position. position() asks librdkafka, not the broker."""
     return {(tp.topic, tp.partition): tp.offset
-            for tp in consumer.position([TopicPartition(t, p) for t, p in positions])
-            if tp.offset > positions[(tp.topic, tp.partition)]}
+            for tp in consumer.position([TopicPartition(t, p) for t, p in reading])
+            if tp.offset > reading[(tp.topic, tp.partition)].position}
 
 
 _CONSUMERS: dict[str, Any] = {}  # per Python worker: one idle consumer per configuration
@@ -369,8 +294,8 @@ def _consumer(config: dict[str, Any]) -> Any:
     """An idle consumer of this configuration left by an earlier task of this worker, or a new one.
 
     Reading never subscribes or commits (assign only), so any partition can be read by any
-    consumer; reusing one saves its connections and metadata (~50 ms per task, which is much
-    of a small batch's read)."""
+    consumer; reusing one saves a new client's connections and metadata, much of a small
+    batch's read. Kept unassigned between tasks, it fetches nothing and holds no records."""
     cached = _CONSUMERS.pop(repr(sorted(config.items())), None)
     return cached if cached is not None else Consumer(config)
 
@@ -416,9 +341,8 @@ class _Columns:
 
         Column by column, with the messages' own C methods mapped over them, when the messages
         are what a healthy read hands over: no error, all of this range's partition, offsets
-        rising from `position`; anything else takes `add_each`. With the dispatch by runs
-        (`_by_range`), a slot's reading thread spends 0.45 instead of 0.50 CPU s on 295,000
-        orders (measured; the rest is librdkafka's consume and the columnar decode)."""
+        rising from `position` (no Python code runs per message); anything else takes
+        `add_each`."""
         if not messages:
             return position
         offsets = list(map(_OFFSET, messages))

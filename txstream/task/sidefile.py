@@ -11,10 +11,10 @@ exist on the executors' hosts. `side_dir` is only a run's directory *name* under
 attempt left behind (it died between reading and publishing) is swept by a later task of the
 same run on that executor once its batch is over.
 
-A slot's reader (several ranges in one task) leaves one file for all of its ranges, which its
-publisher takes whole: one file per range cost, at 256 partitions on 2 slots, half the reading
-worker's samples (creating 128 files a batch) and a fifth of the publishing worker's (reading
-them, each read followed by a sweep of the run's directory, by then hundreds of files).
+A reader leaves one file for all of its ranges (a slot's reader, many), named by its first plan
+index, which its publisher takes whole: a file per range would cost a slot's reader and its
+publisher a file created, read and removed per range and batch. Several readers in one task (reading
+partitions coalesced into one publishing task) each leave their own.
 """
 from __future__ import annotations
 
@@ -35,11 +35,10 @@ def run_directory(side_dir: str) -> Path:
     return Path(local_dirs()[0]) / side_dir
 
 
-def side_file(side_dir: str, batch_id: int, task_attempt: int, kind: str, plan_index: int | None = 0) -> Path:
-    """Where a task attempt's reader leaves one range's dead letters and counts for its
-    publisher; `plan_index` None: the file of all the ranges a slot's reader read."""
-    suffix = "" if plan_index is None else f"-r{plan_index}"
-    return run_directory(side_dir) / f"b{batch_id}-a{task_attempt}{suffix}.{kind}"
+def side_file(side_dir: str, batch_id: int, task_attempt: int, first_index: int) -> Path:
+    """Where a task attempt's reader whose first range is plan `first_index` leaves its ranges'
+    dead letters and counts for its publisher."""
+    return run_directory(side_dir) / f"b{batch_id}-a{task_attempt}-r{first_index}.read"
 
 
 def sweep(side_dir: str, batch_id: int) -> int:
@@ -79,14 +78,9 @@ class ReadResult:
     largest_record: int = 0   # bytes of key + value of the range's largest record
 
 
-def write_side_file(side_dir: str, batch_id: int, result: ReadResult, plan_index: int = 0) -> None:
-    """One range's result (a task that reads one range)."""
-    _write(side_file(side_dir, batch_id, current_task_attempt(), "read", plan_index), result)
-
-
-def write_side_files(side_dir: str, batch_id: int, results: dict[int, ReadResult]) -> None:
-    """Every range's result of a slot's reader, {plan index: result}, in one file."""
-    _write(side_file(side_dir, batch_id, current_task_attempt(), "read", None), results)
+def write_side_file(side_dir: str, batch_id: int, results: dict[int, ReadResult]) -> None:
+    """Every range's result of a reader, {plan index: result}, in one file."""
+    _write(side_file(side_dir, batch_id, current_task_attempt(), min(results)), results)
 
 
 def _write(path: Path, content: Any) -> None:
@@ -103,19 +97,17 @@ def read_side_file(side_dir: str, batch_id: int, plan_index: int = 0) -> ReadRes
 
 
 def read_side_files(side_dir: str, batch_id: int, plan_indexes: list[int]) -> dict[int, ReadResult]:
-    """The reader's results for these ranges of this task attempt, {plan index: result},
-    consumed: the files are removed, the slot's file whole (its publisher takes all its ranges
-    at once). Then one sweep of the run's directory."""
+    """The readers' results for these ranges of this task attempt, {plan index: result},
+    consumed: each file is removed whole (a slot's reader left all its ranges in one). Then one
+    sweep of the run's directory."""
     attempt = current_task_attempt()
+    wanted = set(plan_indexes)
     found: dict[int, ReadResult] = {}
-    slot = _take(side_file(side_dir, batch_id, attempt, "read", None))
-    if slot is not None:
-        found.update((i, slot[i]) for i in plan_indexes if i in slot)
-    for index in plan_indexes:
+    for index in sorted(wanted):   # a reader's file is named by its first range
         if index not in found:
-            single = _take(side_file(side_dir, batch_id, attempt, "read", index))
-            if single is not None:
-                found[index] = single
+            results = _take(side_file(side_dir, batch_id, attempt, index))
+            if results is not None:
+                found.update((i, result) for i, result in results.items() if i in wanted)
     sweep(side_dir, batch_id)
     return found
 

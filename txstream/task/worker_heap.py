@@ -2,8 +2,8 @@
 
 Spark's worker daemon runs a full `gc.collect()` in a reused worker after every task. With pandas,
 pyarrow, confluent_kafka, fastavro and txstream loaded, that pass walks every object those
-imports created (~45 ms of CPU per task here), and a narrow batch runs one reading hand-off per
-input partition: at 256 partitions the collections alone took seconds per batch. `gc.freeze()`
+imports created, tens of milliseconds of CPU, after every one of a batch's many short tasks.
+`gc.freeze()`
 moves what exists now into the permanent generation, which collections skip; what later tasks
 allocate is collected as usual. txstream's local worker daemon freezes before it forks
 (spark/worker_daemon.py); `settle()` does the same once in a worker started by Spark's own daemon

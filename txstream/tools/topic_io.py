@@ -17,8 +17,9 @@ from typing import Any, Iterable, Iterator
 
 from confluent_kafka import KafkaException, Producer
 
-from txstream.errors import KafkaFailure, OffsetsError, classify_kafka
+from txstream.errors import KafkaFailure, OffsetsError
 from txstream.kafka.config import KafkaClients, as_clients
+from txstream.kafka.errors import classify_kafka
 from txstream.kafka.offsets import admin_client, cluster_topics, watermarks
 from txstream.kafka.scan import scan
 from txstream.serde.avro import AvroCodec

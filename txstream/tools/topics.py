@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from txstream.errors import TopicSetupError, kafka_error_of
+from txstream.errors import TopicSetupError
+from txstream.kafka.errors import kafka_error_of
 
 BROKER_DEFAULT = -1   # NewTopic: the broker's num.partitions / default.replication.factor
 

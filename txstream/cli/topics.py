@@ -26,7 +26,7 @@ def create(name: str, clients: KafkaClients, partitions: int | None, replication
            configs: tuple[str, ...], timeout: float) -> None:
     """Create topic NAME. A topic that exists as asked is left as it is (exit 0); one that exists
     with other partitions, replication or configs is an error that says how it differs."""
-    from txstream.errors import one_line
+    from txstream.failures import one_line
     from txstream.kafka.offsets import admin_client, cluster_topics
     from txstream.tools import topics as tt
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from txstream.errors import classify_kafka
 from txstream.kafka.config import KafkaClients
+from txstream.kafka.errors import classify_kafka
 from txstream.state.errors import RestoreIncomplete
 
 _FETCH = {"isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True,

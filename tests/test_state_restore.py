@@ -24,7 +24,8 @@ from txstream.state.changelog import (
 from txstream.state.errors import ForeignStateRecord, MarkerMovedDuringRestore, StateAheadOfMarker
 from txstream.state.restore import restore
 from txstream.state.snapshot import latest_manifest, write_snapshot
-from txstream.state.store import StoreVersion, open_store
+from txstream.state.store import StoreVersion
+from txstream.state.stores import open_store
 from txstream.task.units import Marker, markers_name, read_markers
 
 OPERATOR = "agg"

@@ -17,7 +17,8 @@ from txstream.state.errors import (
     StateDecodeError,
     StateStoreError,
 )
-from txstream.state.store import StoreVersion, open_store
+from txstream.state.store import StoreVersion
+from txstream.state.stores import open_store
 
 SCHEMA = {"type": "record", "name": "state", "fields": [{"name": "count", "type": "long"},
                                                         {"name": "sum", "type": "double"}]}

@@ -348,7 +348,7 @@ def measure_restore(keys: int, store_kind: str) -> dict:
     from txstream.state.codec import StateCodec
     from txstream.state.restore import restore
     from txstream.state.snapshot import write_snapshot
-    from txstream.state.store import open_store
+    from txstream.state.stores import open_store
     from txstream.task.units import Marker
 
     work = tempfile.mkdtemp(prefix="state-restore-")

@@ -2,7 +2,7 @@
 where the output unit that owns a state partition runs.
 
 - `store`: the interface every local store implements (reads, writes buffered until the unit's
-  transaction commits, the version it holds), and `open_store`.
+  transaction commits, the version it holds), and `stores.open_store`.
 - `memory`, `rocks`: the in-memory store and the one that spills to disk (RocksDB).
 - `codec`: how a state row and a snapshot chunk are encoded.
 - `changelog`: the changelog record (key, new value or tombstone, the batch and unit that wrote

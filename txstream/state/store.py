@@ -144,18 +144,3 @@ def _while_prefixed(pairs: Iterator[tuple[bytes, bytes]], prefix: bytes) -> Iter
         if not key.startswith(prefix):
             return
         yield key, value
-
-
-def open_store(kind: str, path: str | None, unit: int) -> StateStore:
-    """A store of `kind` ("memory" or "rocksdb") for `unit`; `path` is the disk store's directory."""
-    if kind == "memory":
-        from txstream.state.memory import MemoryStore
-
-        return MemoryStore(unit)
-    if kind == "rocksdb":
-        from txstream.state.rocks import RocksStore
-
-        if not path:
-            raise StateStoreError("the rocksdb store needs a directory")
-        return RocksStore(path, unit)
-    raise StateStoreError(f"unknown state store {kind!r}: memory or rocksdb")

@@ -16,8 +16,8 @@ from confluent_kafka import Consumer
 
 from tests.support.kafka import drop_cached_publishers, read_all
 from txstream.kafka.config import KafkaClients
+from txstream.kafka.transactions import TransactionalPublisher
 from txstream.task import publish
-from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ALREADY_DONE, COMMITTED, TaskResult
 from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec, ReadSpec
 

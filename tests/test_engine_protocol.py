@@ -14,8 +14,8 @@ from txstream.driver.loop import Driver
 from txstream.driver.membership import GroupMembership
 from txstream.driver.planning import transactional_id
 from txstream.errors import FencedError
+from txstream.kafka.transactions import TransactionalPublisher
 from txstream.settings import resolve
-from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import ALREADY_DONE, COMMITTED, STALE_PLAN
 from txstream.task.spec import PartitionPlan
 

@@ -20,8 +20,8 @@ import pytest
 from tests.support.kafka import committed, drop_cached_publishers, live_member, produce, read_all
 from txstream.errors import AbortableError
 from txstream.kafka.config import KafkaClients
+from txstream.kafka.transactions import TransactionalPublisher
 from txstream.task import publish
-from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import COMMITTED, STALE_PLAN, TaskResult
 from txstream.task.spec import EXACTLY_ONCE, PRODUCER_DEFAULTS, PartitionPlan, PublishSpec, ReadSpec
 

@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from txstream import faults
 from txstream.driver.checks import check_narrow, check_output, single_chain, wide_parts
 from txstream.driver.commits import DriverCommits
+from txstream.driver.dead_letters import publish_dead_letter
 from txstream.driver.membership import GroupMembership
 from txstream.driver.metrics import Telemetry
 from txstream.driver.planning import Planner, transactional_id
@@ -49,7 +50,7 @@ from txstream.spark.session import build_spark, stop_spark, warm_python_workers
 from txstream.spark.setup import is_local
 from txstream.task.job_spec import JOB_SPEC_PROPERTY, FromJob
 from txstream.task.job_spec import encode as encode_job_spec
-from txstream.task.publish import publish_dead_letter, publish_slot
+from txstream.task.publish import publish_slot
 from txstream.task.reading import range_frame
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, result_schema
 from txstream.task.spec import RANGE_COLUMN, PartitionPlan, PublishSpec

@@ -14,7 +14,7 @@ from confluent_kafka import TopicPartition
 
 from txstream.kafka import transactions
 from txstream.kafka.transactions import Publication, publish_plain
-from txstream.task.publish import committed_offsets, fence_pool, range_collector
+from txstream.task.publish import current_offsets, fence_pool, range_collector
 from txstream.task.result import COMMITTED, STALE_PLAN
 from txstream.task.spec import EXACTLY_ONCE, PartitionPlan, PublishSpec
 
@@ -36,7 +36,7 @@ def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: tuple, m
         return COMMITTED
     publisher = fence_pool(spec, plan.transactional_ids, plan.transactional_id)
     try:
-        if committed_offsets(spec, [plan])[0] != offset:
+        if current_offsets(spec, [plan])[0] != offset:
             return STALE_PLAN
         transactions.run(Publication(produce, lambda: (next_offset, spec.group_metadata)), publisher,
                          fresh=True, renew=None)

@@ -348,6 +348,12 @@ def drop_publisher(tid: str) -> None:
         publisher.close()
 
 
+def _drop_if_pooled(publisher: TransactionalPublisher) -> None:
+    """Close `publisher` if it is this process's pooled one (else its owner closes it)."""
+    if _PUBLISHERS.get(publisher.transactional_id) is publisher:
+        drop_publisher(publisher.transactional_id)
+
+
 def cached_publishers() -> list[str]:
     """The transactional.ids this process keeps a producer for (tests, diagnostics)."""
     return sorted(_PUBLISHERS)
@@ -425,11 +431,13 @@ def run(transaction: Transaction, publisher: TransactionalPublisher, *, fresh: b
     """Publish `transaction` through `publisher` (`fresh`: initialised for this call).
 
     `again`: the errors after which the transaction is aborted and published again, up to
-    `attempts` times, `pause_s` apart. A fence, with `renew`: this process's producer is dropped;
-    if it was fresh, the attempt that fenced it owns the work, and the outcome is what
-    `transaction.other_attempt` says within `other_attempt_s` (else `status` None, `fence` set);
-    if not, `renew()` gives the next producer. Without `renew` the FencedError is the caller's. `fault_detail`: the test-only fault points
-    (txstream.faults) fire with it; None, not at all."""
+    `attempts` times, `pause_s` apart; then AbortableError. A fence, with `renew`: the producer
+    is dropped from this process's pool; if it was fresh, the attempt that fenced it owns the
+    work, and the outcome is what `transaction.other_attempt` says within `other_attempt_s`
+    (`status` None if nothing, `fence` set); if not, `renew()` gives the next producer. Without
+    `renew` the FencedError is the caller's. `fault_detail`: the test-only fault points
+    (txstream.faults) fire with it; None, not at all. The commit flushes what is in flight
+    (commit_transaction does), so the offsets' requests need not wait for the output's acks."""
     outcome = Outcome(False, init_s=publisher.init_seconds if fresh else 0.0,
                       transactional_id=publisher.transactional_id)
 
@@ -478,12 +486,12 @@ def run(transaction: Transaction, publisher: TransactionalPublisher, *, fresh: b
                 try:
                     publisher.abort()
                 except Exception:   # the original error is the one to report
-                    drop_publisher(publisher.transactional_id)
+                    _drop_if_pooled(publisher)
                 raise
         except FencedError as fence:
             if renew is None:
                 raise
-            drop_publisher(publisher.transactional_id)
+            _drop_if_pooled(publisher)
             if fresh:
                 # Fenced during this call: another attempt of the same work (a speculative copy,
                 # a retry elsewhere) initialised the id after us, and owns the work now.
@@ -519,6 +527,28 @@ def group_moved(error: AbortableError) -> bool:
 
     return error.code in (KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
                           KafkaError.FENCED_INSTANCE_ID, KafkaError.REBALANCE_IN_PROGRESS)
+
+
+# -- stable reads of a group's committed offsets ----------------------------------------------------
+
+_READERS: dict[str, Any] = {}   # per process, by configuration
+
+
+def stable_offsets(config: dict[str, Any], partitions: list, timeout_s: float) -> list:
+    """The committed offsets (TopicPartitions, with their metadata) of `partitions` in the group
+    of `config` (KafkaClients.stable_reader), read stably: a commit still pending in an open
+    transaction is resolved first, as read_committed makes librdkafka ask for stable offsets
+    (KIP-447). The re-checks before a commit read here, through a consumer that never joins.
+    (kafka/offsets.py `committed_offsets` answers the commands, with the AdminClient.)"""
+    from confluent_kafka import Consumer
+
+    from txstream.kafka.retry import retriable
+
+    key = repr(sorted((k, str(v)) for k, v in config.items()))
+    if key not in _READERS:
+        _READERS[key] = Consumer(config)
+    reader = _READERS[key]
+    return retriable(lambda: reader.committed(partitions, timeout=timeout_s), timeout_s)
 
 
 # -- the weaker guarantees: one idempotent producer per configuration -------------------------------

@@ -28,6 +28,7 @@ from txstream.kafka.transactions import (
     held_publisher,
     pooled_publisher,
     publish_plain,
+    stable_offsets,
 )
 from txstream.kafka.transactions import (
     cached_publishers as cached_publishers,  # this worker's pool, as the tests see it
@@ -38,21 +39,6 @@ from txstream.task.collector import RecordCollector, add_runs, encoded_batch
 from txstream.task.result import ACKED, ALREADY_DONE, COMMITTED, FENCED, STALE_PLAN, TaskResult, results_batch
 from txstream.task.sidefile import read_side_files
 from txstream.task.spec import EXACTLY_ONCE, RANGE_COLUMN, PartitionPlan, PublishSpec
-
-_GROUP_READERS: dict[str, Any] = {}
-
-
-def _group_reader(spec: PublishSpec) -> Any:
-    """A non-member consumer of the app's group, for stable reads of committed offsets."""
-    from confluent_kafka import Consumer
-
-    # read_committed makes librdkafka ask for stable offsets (KIP-447): a commit still pending
-    # in an open transaction is resolved before the answer.
-    config = spec.clients.stable_reader(spec.app_id)
-    key = repr(sorted((k, str(v)) for k, v in config.items()))
-    if key not in _GROUP_READERS:
-        _GROUP_READERS[key] = Consumer(config)
-    return _GROUP_READERS[key]
 
 
 def producers(spec: PublishSpec) -> Producers:
@@ -313,7 +299,7 @@ class _Recheck:
 
     def _run(self) -> None:
         try:
-            self.current = committed_offsets(self.spec, self.plans)
+            self.current = current_offsets(self.spec, self.plans)
             self.status, self.message = _verdict(self.plans, self.current)
         except BaseException as exc:   # handed to the task's thread
             self._error = exc
@@ -407,7 +393,7 @@ class _SlotTransaction(Transaction):
         return STALE_PLAN if group_moved(error) else None
 
     def other_attempt(self) -> str | None:
-        self.current = committed_offsets(self.spec, self.plans)
+        self.current = current_offsets(self.spec, self.plans)
         return _verdict(self.plans, self.current)[0]
 
 
@@ -453,15 +439,12 @@ def _is_retry() -> bool:
     return context is not None and context.attemptNumber() > 0
 
 
-def committed_offsets(spec: PublishSpec, plans: list[PartitionPlan]) -> list[int | None]:
+def current_offsets(spec: PublishSpec, plans: list[PartitionPlan]) -> list[int | None]:
     """The group's committed offsets of the plans' partitions, read stably."""
     from confluent_kafka import TopicPartition
 
-    from txstream.kafka.retry import retriable
-
-    timeout = spec.timeout_s
-    wanted = [TopicPartition(p.topic, p.partition) for p in plans]
-    found = retriable(lambda: _group_reader(spec).committed(wanted, timeout=timeout), timeout)
+    found = stable_offsets(spec.clients.stable_reader(spec.app_id),
+                           [TopicPartition(p.topic, p.partition) for p in plans], spec.timeout_s)
     by_key = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
     return [by_key.get((p.topic, p.partition)) for p in plans]
 

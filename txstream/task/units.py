@@ -24,7 +24,7 @@ import pyarrow as pa
 from txstream import faults
 from txstream.errors import AbortableError, TaskError
 from txstream.kafka import headers, transactions
-from txstream.kafka.transactions import Transaction, group_moved, pooled_publisher, publish_plain
+from txstream.kafka.transactions import Transaction, group_moved, pooled_publisher, publish_plain, stable_offsets
 from txstream.serde.avro import AvroCodec
 from txstream.task import publish, worker_heap
 from txstream.task.collector import RecordCollector
@@ -33,9 +33,6 @@ from txstream.task.spec import EXACTLY_ONCE, PublishSpec
 
 NONDETERMINISTIC = "nondeterministic"   # a replay's rows differ from the committed attempt's
 VALUES_DIFFER = "values-differ"         # same rows and routing, other values (skipped all the same)
-
-_MARKER_READERS: dict[str, Any] = {}
-
 
 def unit_transactional_id(app_id: str, unit: int) -> str:
     return f"{app_id}-unit-{unit}"
@@ -93,21 +90,12 @@ class UnitSpec:
 
 def read_markers(clients: Any, app_id: str, units: int, timeout: float = 30.0) -> dict[int, Marker]:
     """Every unit's marker, read stably (a marker pending in an open transaction is resolved
-    first, as read_committed asks the broker for stable offsets)."""
+    first)."""
     from confluent_kafka import TopicPartition
-
-    from txstream.kafka.retry import retriable
 
     name = markers_name(app_id)
     config = clients.consumer(name, **{"isolation.level": "read_committed", "enable.auto.commit": False})
-    key = repr(sorted((k, str(v)) for k, v in config.items()))
-    if key not in _MARKER_READERS:
-        from confluent_kafka import Consumer
-
-        _MARKER_READERS[key] = Consumer(config)
-    reader = _MARKER_READERS[key]
-    wanted = [TopicPartition(name, i) for i in range(units)]
-    answer = retriable(lambda: reader.committed(wanted, timeout=timeout), timeout)
+    answer = stable_offsets(config, [TopicPartition(name, i) for i in range(units)], timeout)
     return {tp.partition: Marker.parse(tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in answer}
 
 

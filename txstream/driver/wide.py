@@ -381,14 +381,15 @@ class WideBatches:
         the dead letters, the batch's record in the markers topic, `offsets` under the member's
         group metadata. Returns the output records produced."""
         spec = self.driver.specs.publish
-        produced = [0]
+        produced = 0
 
         def produce(producer: Any) -> None:
+            nonlocal produced
             if records is not None or dead:
                 collector = wide_collector(spec, producer, batch.batch_id if batch else 0, 0)
-                produced[0] = _produce(collector, spec, records, dead)
+                produced = _produce(collector, spec, records, dead)
             if batch is not None and (unit_records is not None or records is not None):
-                counts = unit_records if unit_records is not None else {0: produced[0]}
+                counts = unit_records if unit_records is not None else {0: produced}
                 producer.produce(markers_name(self.settings.app_id), self._batch_record(batch, counts, len(dead)),
                                  str(batch.batch_id).encode(), partition=0)
 
@@ -405,7 +406,7 @@ class WideBatches:
                 f"driver ({exc}); this instance stops (a wide app runs as one instance)") from exc
         except AbortableError as exc:   # every attempt aborted
             raise InfrastructureError(f"{what}: {exc}") from exc
-        return produced[0]
+        return produced
 
     def _commit_plain(self, batch: WideBatch) -> None:
         self.driver.membership.commit([TopicPartition(p.topic, p.partition, p.end) for p in batch.plans])

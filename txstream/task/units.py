@@ -6,7 +6,8 @@ Unit i is published by a producer with the stable transactional.id `<app>-unit-i
 *marker*: the committed offset of partition i of the internal topic `<app>.units` in the group
 `<app>.units`. Offset m means "batch m-1 of this unit is published". A unit whose marker already
 says batch b skips (and compares its own rows with the marker's: determinism is checked on every
-replay); otherwise it produces its rows and moves the marker to b+1, in one transaction.
+replay); otherwise it produces its rows and moves the marker to b+1, in one transaction (the
+transaction engine's attempt loop, kafka/transactions.py).
 
 Nobody ever joins the markers group: the marker is sent with the memberless group metadata of
 a consumer that never subscribes (generation -1), which the broker accepts for a classic group.

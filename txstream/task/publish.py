@@ -333,7 +333,6 @@ def _verdict(plans: list[PartitionPlan], current: list[int | None]) -> tuple[str
     return (STALE_PLAN, f"committed offsets moved: {', '.join(moved)}") if moved else (None, "")
 
 
-
 def publish_transactional(spec: PublishSpec, plan: PartitionPlan, batches: Iterator[pa.RecordBatch],
                           result: TaskResult) -> None:
     """One range alone (a slot of one): publish_ranges."""

@@ -16,9 +16,9 @@ from confluent_kafka import Consumer
 
 from tests.support.kafka import drop_cached_publishers, read_all
 from txstream.kafka.config import KafkaClients
+from txstream.kafka.transactions import TransactionalPublisher
 from txstream.protocol import ALREADY_DONE, COMMITTED, EXACTLY_ONCE
 from txstream.task import publish
-from txstream.task.publisher import TransactionalPublisher
 from txstream.task.result import TaskResult
 from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec
 

@@ -103,7 +103,7 @@ def _check_outputs(bootstrap: str, output: str, good: dict[str, dict]) -> None:
 @pytest.mark.parametrize("lineage", [True, False], ids=["lineage", "no-lineage"])
 def test_poison_records_go_to_the_dead_letter_topic(lineage, bootstrap_servers, make_topic, run_processor):
     """Without lineage the 3 partitions share one slot whose ranges are read together
-    (task/reading.py read_ranges_together): each dead letter still names its own partition."""
+    (task/reading.py read_ranges): each dead letter still names its own partition."""
     partitions = 3
     source = make_topic("orders", partitions)
     output = make_topic("orders-enriched", partitions)

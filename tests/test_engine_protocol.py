@@ -16,9 +16,9 @@ from txstream.driver.pacing import Pacing
 from txstream.driver.planning import transactional_id
 from txstream.driver.specs import TaskSpecs
 from txstream.errors import FencedError
+from txstream.kafka.transactions import TransactionalPublisher
 from txstream.protocol import ALREADY_DONE, COMMITTED, STALE_PLAN, batch_job_group
 from txstream.settings import resolve
-from txstream.task.publisher import TransactionalPublisher
 from txstream.task.spec import PartitionPlan
 
 
@@ -99,7 +99,7 @@ def test_a_stale_plan_publishes_nothing_and_a_done_range_is_skipped(narrow_with_
 def test_aborted_transactions_and_control_records_in_the_input(partitions, bootstrap_servers, make_topic,
                                                                run_processor) -> None:
     """Also with the ranges of one slot read together (no lineage, task/reading.py
-    read_ranges_together): every range ends at its planned end, over control records and
+    read_ranges): every range ends at its planned end, over control records and
     aborted data alike."""
     source, sink = make_topic("in", partitions), make_topic("out")
     producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": f"mixed-{uuid.uuid4().hex}"})

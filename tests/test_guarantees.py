@@ -239,7 +239,7 @@ def test_guarantee_matrix_under_kill_minus_nine(bootstrap_servers, make_topic, t
 
 def test_exactly_once_without_lineage_under_kill_minus_nine(bootstrap_servers, make_topic, tmp_path) -> None:
     """The exactly-once schedule with a slot's 4 ranges read together in one Spark partition
-    (`--no-lineage --task-slots 1`, task/reading.py read_ranges_together): killed mid-produce,
+    (`--no-lineage --task-slots 1`, task/reading.py read_ranges): killed mid-produce,
     before a commit and at random, the output is still the input exactly once."""
     rng_seed = int(os.environ.get("TXSTREAM_TEST_SEED", random.randrange(1 << 30)))
     source, sink = make_topic("in", partitions=PARTITIONS), make_topic("out", partitions=PARTITIONS)

@@ -31,13 +31,13 @@ def _spec(bootstrap_servers: str, app_id: str, sink: str, owner_dir: str) -> Pub
 
 
 def _recheck_spy() -> tuple[threading.Event, Callable]:
-    """A stand-in for publish.committed_offsets, the re-check's read: the event is set once a
+    """A stand-in for publish.current_offsets, the re-check's read: the event is set once a
     re-check has read the offsets (so a test waits on that, not on time)."""
     checked = threading.Event()
-    committed_offsets = publish.committed_offsets
+    current_offsets = publish.current_offsets
 
     def spy(spec, plans):
-        found = committed_offsets(spec, plans)
+        found = current_offsets(spec, plans)
         checked.set()
         return found
 
@@ -58,7 +58,7 @@ def test_the_recheck_runs_beside_the_produce_and_the_offsets_wait_for_the_output
     produce(bootstrap_servers, source, [(b"k", b"v")] * 10)
     app_id = f"prelude-{uuid.uuid4().hex[:8]}"
     checked, spy = _recheck_spy()
-    monkeypatch.setattr(publish, "committed_offsets", spy)
+    monkeypatch.setattr(publish, "current_offsets", spy)
     seen_mid_produce: list[tuple[bool, float]] = []
     reader = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": app_id,
                        "isolation.level": "read_committed", "enable.auto.commit": False})
@@ -107,7 +107,7 @@ def test_a_refused_recheck_stops_the_produce_and_commits_nothing(bootstrap_serve
             first = TaskResult(0)
             publish.publish_transactional(spec.with_batch(1, [done], metadata), done, iter([_rows(0, 10)]), first)
             assert first.status == COMMITTED, first
-            monkeypatch.setattr(publish, "committed_offsets", spy)
+            monkeypatch.setattr(publish, "current_offsets", spy)
             for batch, (end, expected) in enumerate([(6, STALE_PLAN), (10, ALREADY_DONE)], start=2):
                 plan = PartitionPlan(source, 0, 0, end, None, f"{app_id}-{source}-0")
                 checked.clear()

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from confluent_kafka import TopicPartition
 
 from txstream.driver.commits import DriverCommits
+from txstream.driver.dead_letters import publish_dead_letter
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.membership import GroupMembership
 from txstream.driver.pacing import Pacing
@@ -24,7 +25,6 @@ from txstream.driver.specs import TaskSpecs
 from txstream.errors import InfrastructureError
 from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, STALE_PLAN
 from txstream.settings import RunSettings
-from txstream.task.publish import publish_dead_letter
 from txstream.task.spec import PartitionPlan
 
 
@@ -177,7 +177,7 @@ class NarrowBatches:
 
     def dead_letter(self, plan: PartitionPlan, record: tuple) -> None:
         """One transaction of the partition's own transactional.id under exactly-once
-        (task/publish.py publish_dead_letter)."""
+        (driver/dead_letters.py)."""
         membership = self.membership
         assert membership is not None
         offset = record[4]

@@ -16,7 +16,7 @@ class TaskSpecs:
         # The readers' side files (task/sidefile.py): a directory of this name in each executor's
         # own local directory, one per run.
         self.side_dir = f"txstream-{s.app_id}-{uuid.uuid4().hex[:12]}"
-        # Owner markers of cached producers (task/publisher.py), shared by the run's workers.
+        # Owner markers of cached producers (kafka/transactions.py), shared by the run's workers.
         # (relative: each host's own temporary directory).
         self.owner_dir = os.path.join("txstream-owners", s.app_id)
         self.read = ReadSpec(clients=s.clients, app_id=s.app_id, side_dir=self.side_dir,

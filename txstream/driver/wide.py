@@ -37,11 +37,15 @@ from txstream.driver.planning import Planner
 from txstream.driver.report import BatchReport
 from txstream.driver.specs import TaskSpecs
 from txstream.errors import (
+    AbortableError,
     FencedError,
     InfrastructureError,
+    KafkaFailure,
     PoisonRecordError,
     UserError,
 )
+from txstream.kafka import transactions
+from txstream.kafka.transactions import Publication, TransactionalPublisher, publish_plain
 from txstream.protocol import (
     ACKED,
     ALREADY_DONE,
@@ -53,7 +57,6 @@ from txstream.protocol import (
     UNITS,
 )
 from txstream.settings import RunSettings
-from txstream.task.publisher import TransactionalPublisher
 from txstream.task.reading import ReadAccounts
 from txstream.task.result import TaskResult, result_schema
 from txstream.task.spec import PartitionPlan
@@ -397,52 +400,46 @@ class WideBatches:
 
     def _commit(self, offsets: list[TopicPartition], what: str, dead: list[tuple] = (),
                 records: Any = None, batch: WideBatch | None = None, unit_records: dict[int, int] | None = None) -> int:
-
-        publisher = self._publisher
-        assert publisher is not None
-        membership = self.membership
+        """One transaction of the driver's producer (the transaction engine's loop): `records`,
+        the dead letters, the batch's record in the markers topic, `offsets` under the member's
+        group metadata. Returns the output records produced."""
         spec = self.specs.publish
-        for attempt in range(3):
-            produced = 0
-            try:
-                publisher.begin()
-                with publisher.producing():
-                    if records is not None or dead:
-                        collector = wide_collector(spec, publisher.producer, batch.batch_id if batch else 0, 0)
-                        produced = _produce(collector, spec, records, dead)
-                    if batch is not None and (unit_records is not None or records is not None):
-                        counts = unit_records if unit_records is not None else {0: produced}
-                        publisher.producer.produce(markers_name(self.settings.app_id),
-                                                   self._batch_record(batch, counts, len(dead)),
-                                                   str(batch.batch_id).encode(), partition=0)
-                publisher.send_offsets(offsets, membership.group_metadata())
-                publisher.commit()
-                return produced
-            except FencedError as exc:
-                raise InstanceReplacedError(
-                    f"{self.settings.app_id}: another instance of this wide app started and fenced this one's "
-                    f"driver ({exc}); this instance stops (a wide app runs as one instance)") from exc
-            except Exception as exc:
-                try:
-                    publisher.abort()
-                except FencedError:
-                    raise InstanceReplacedError(f"{self.settings.app_id}: fenced by a newer instance") from exc
-                if attempt == 2:
-                    raise InfrastructureError(f"{what}: {exc}") from exc
-                time.sleep(0.5)
-        raise AssertionError("unreachable")
+        produced = 0
+
+        def produce(producer: Any) -> None:
+            nonlocal produced
+            if records is not None or dead:
+                collector = wide_collector(spec, producer, batch.batch_id if batch else 0, 0)
+                produced = _produce(collector, spec, records, dead)
+            if batch is not None and (unit_records is not None or records is not None):
+                counts = unit_records if unit_records is not None else {0: produced}
+                producer.produce(markers_name(self.settings.app_id), self._batch_record(batch, counts, len(dead)),
+                                 str(batch.batch_id).encode(), partition=0)
+
+        assert self._publisher is not None
+        transaction = Publication(produce, lambda: (offsets, self.membership.group_metadata()))
+        try:
+            # Any Kafka failure but a fence aborts and publishes again: the driver's producer is
+            # the only one of its id, so nothing else can take the transaction over.
+            transactions.run(transaction, self._publisher, fresh=False, renew=None, again=(KafkaFailure,),
+                             pause_s=0.5)
+        except FencedError as exc:
+            raise InstanceReplacedError(
+                f"{self.settings.app_id}: another instance of this wide app started and fenced this one's "
+                f"driver ({exc}); this instance stops (a wide app runs as one instance)") from exc
+        except AbortableError as exc:   # every attempt aborted
+            raise InfrastructureError(f"{what}: {exc}") from exc
+        return produced
 
     def _commit_plain(self, batch: WideBatch) -> None:
         self.membership.commit([TopicPartition(p.topic, p.partition, p.end) for p in batch.plans])
 
     def _publish_dead_plain(self, batch: WideBatch, dead: list[tuple], records: Any = None) -> int:
-        from confluent_kafka import Producer
-
         spec = self.specs.publish
-        producer = Producer(spec.producer_config(transactional=False))
-        produced = _produce(wide_collector(spec, producer, batch.batch_id, 0), spec, records, dead)
-        if producer.flush(spec.timeout_s):
-            raise InfrastructureError(f"batch {batch.batch_id}: output not acknowledged; its offsets are not committed")
+        produced, _waited = publish_plain(
+            spec.producer_config(transactional=False),
+            lambda producer: _produce(wide_collector(spec, producer, batch.batch_id, 0), spec, records, dead),
+            spec.timeout_s, f"the output of batch {batch.batch_id}")
         return produced
 
     # -- poison isolation ---------------------------------------------------------------------------

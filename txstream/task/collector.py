@@ -163,9 +163,9 @@ def add_runs(collectors: Mapping[int, RecordCollector], batch: pa.RecordBatch, r
              produced: Callable[[int], None] = lambda _pos: None) -> list[int] | None:
     """A slot's batch of several ranges' runs, `(collector position, first row, end row)` covering
     the batch in order, built at once and produced run by run: the records each run's
-    `add_batch` would produce, header for header: each `add_batch` call has a fixed cost before its
-    first record (its Arrow compute calls and list building), which a slot of many small ranges
-    would pay once per run. Returns each run's record count, or None when the batch is not of the
+    `add_batch` would produce, header for header: each `add_batch` call has a fixed cost before
+    its first record (its Arrow compute calls and list building), which many short runs would
+    pay again and again. Returns each run's record count, or None when the batch is not of the
     one-pass shape (the caller then takes `add_batch` per run). `produced(pos)`: after each run."""
     names = batch.schema.names
     if not runs or not all(collectors[pos].one_pass(names) for pos, _, _ in runs):
@@ -244,9 +244,9 @@ def _collections_paused() -> Iterator[None]:
     Each record is a tuple (and its headers) that the collector keeps until the commit: a batch
     allocates hundreds of thousands of objects without freeing any, which is what triggers
     CPython's collections, and each collection walks what the batch built so far. None of them is
-    garbage (the records hold no cycles), so the collections are pure cost. Process-wide, restored after;
-    a thread that found collections on turns them back on, so overlapping callers cannot leave
-    them off."""
+    garbage (the records hold no cycles), so the collections are pure cost. Process-wide,
+    restored after; a thread that found collections on turns them back on, so overlapping callers
+    cannot leave them off."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -6,7 +6,8 @@ Unit i is published by a producer with the stable transactional.id `<app>-unit-i
 *marker*: the committed offset of partition i of the internal topic `<app>.units` in the group
 `<app>.units`. Offset m means "batch m-1 of this unit is published". A unit whose marker already
 says batch b skips (and compares its own rows with the marker's: determinism is checked on every
-replay); otherwise it produces its rows and moves the marker to b+1, in one transaction.
+replay); otherwise it produces its rows and moves the marker to b+1, in one transaction (the
+transaction engine's attempt loop, kafka/transactions.py).
 
 Nobody ever joins the markers group: the marker is sent with the memberless group metadata of
 a consumer that never subscribes (generation -1), which the broker accepts for a classic group.
@@ -22,28 +23,18 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from txstream import faults
-from txstream.errors import AbortableError, FencedError, TaskError
-from txstream.kafka import headers
+from txstream.errors import AbortableError, TaskError
+from txstream.kafka import headers, transactions
+from txstream.kafka.transactions import Transaction, group_moved, pooled_publisher, publish_plain, stable_offsets
 from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, EMPTY, EXACTLY_ONCE, FENCED
 from txstream.serde.avro import AvroCodec
-from txstream.task import worker_heap
+from txstream.task import publish, worker_heap
 from txstream.task.collector import RecordCollector
-from txstream.task.publish import _group_moved_codes, cached_publisher, drop_publisher
 from txstream.task.result import TaskResult
 from txstream.task.spec import PublishSpec
 
 NONDETERMINISTIC = "nondeterministic"   # a replay's rows differ from the committed attempt's
 VALUES_DIFFER = "values-differ"         # same rows and routing, other values (skipped all the same)
-
-_MARKER_READERS: dict[str, Any] = {}
-_PLAIN: dict[str, Any] = {}
-_PLAIN_ERRORS: list[str] = []
-
-
-def _plain_delivery(err: Any, _msg: Any) -> None:
-    if err is not None:
-        _PLAIN_ERRORS.append(str(err))
-
 
 def unit_transactional_id(app_id: str, unit: int) -> str:
     return f"{app_id}-unit-{unit}"
@@ -101,21 +92,12 @@ class UnitSpec:
 
 def read_markers(clients: Any, app_id: str, units: int, timeout: float = 30.0) -> dict[int, Marker]:
     """Every unit's marker, read stably (a marker pending in an open transaction is resolved
-    first, as read_committed asks the broker for stable offsets)."""
+    first)."""
     from confluent_kafka import TopicPartition
-
-    from txstream.kafka.retry import retriable
 
     name = markers_name(app_id)
     config = clients.consumer(name, **{"isolation.level": "read_committed", "enable.auto.commit": False})
-    key = repr(sorted((k, str(v)) for k, v in config.items()))
-    if key not in _MARKER_READERS:
-        from confluent_kafka import Consumer
-
-        _MARKER_READERS[key] = Consumer(config)
-    reader = _MARKER_READERS[key]
-    wanted = [TopicPartition(name, i) for i in range(units)]
-    answer = retriable(lambda: reader.committed(wanted, timeout=timeout), timeout)
+    answer = stable_offsets(config, [TopicPartition(name, i) for i in range(units)], timeout)
     return {tp.partition: Marker.parse(tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in answer}
 
 
@@ -184,71 +166,81 @@ def _check_replay(spec: UnitSpec, marker: Marker, collector: RecordCollector, re
                           "floating-point sums can differ in their last bit between attempts)")
 
 
-def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult) -> None:
-    from confluent_kafka import TopicPartition
+class _UnitTransaction(Transaction):
+    """A unit's records (kept, replayed after an abort) and its marker moved to the next batch,
+    sent with the memberless metadata of the markers group."""
 
-    tid = unit_transactional_id(spec.app_id, unit)
-    publisher, fresh = cached_publisher(spec.publish, tid)
-    result.init_s = publisher.init_seconds if fresh else 0.0
-    collector: RecordCollector | None = None
-    for attempt in range(1, 4):
-        result.attempts = attempt
+    def __init__(self, spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult) -> None:
+        self.spec, self.unit, self.batches, self.result = spec, unit, batches, result
+        self.collector: RecordCollector | None = None
+
+    def _marker(self) -> Marker:
+        spec = self.spec
+        return read_markers(spec.publish.clients, spec.app_id, spec.units, spec.publish.timeout_s)[self.unit]
+
+    def settled(self) -> str | None:
         # After init_transactions no older attempt of this unit can commit: the marker is final.
-        marker = read_markers(spec.publish.clients, spec.app_id, spec.units, spec.publish.timeout_s)[unit]
-        if marker.done_through >= spec.batch_id:
-            result.status, result.committed = ALREADY_DONE, marker.offset or -1
-            if marker.done_through == spec.batch_id:
-                check = _collector(spec, unit, None)
-                check.sent = _encode_only(check, batches)
-                _check_replay(spec, marker, check, result)
-            return
-        try:
-            publisher.begin()
-            faults.maybe_fail("publish.before_produce", unit)
-            started = time.perf_counter()
-            with publisher.producing():
-                if collector is None:
-                    collector = _collector(spec, unit, publisher.producer)
-                    for batch in batches:
-                        result.records_out += collector.add_batch(batch)
-                        faults.maybe_fail("publish.mid_produce", unit)
-                else:
-                    collector.producer = publisher.producer
-                    collector.replay()
-            result.produce_s += time.perf_counter() - started
-            started = time.perf_counter()
-            marker = Marker(spec.batch_id + 1, spec.plan_id, len(collector.sent), *content_hash(collector.sent))
-            publisher.send_offsets([TopicPartition(markers_name(spec.app_id), unit, marker.offset,
-                                                   metadata=marker.metadata())], spec.markers_metadata)
-            faults.maybe_fail("publish.before_commit", unit)
-            publisher.commit()
-            result.commit_s += time.perf_counter() - started
-            faults.maybe_fail("publish.after_commit", unit)
-            result.status, result.committed = COMMITTED, marker.offset
-            return
-        except AbortableError as exc:
-            publisher.abort()
-            result.message = str(exc)
-            if exc.code in _group_moved_codes():
-                raise TaskError(f"{tid}: the markers group {markers_name(spec.app_id)!r} refused a memberless "
-                                f"commit ({exc}); something joined it") from exc
-            continue
-        except FencedError as exc:
-            drop_publisher(tid)
-            if fresh:
-                # Another attempt of this unit initialised the id after us: it owns the unit.
-                result.status, result.message = _outcome_of_other_attempt(spec, unit, exc)
-                return
-            publisher, fresh = cached_publisher(spec.publish, tid)
-            result.init_s += publisher.init_seconds
-            continue
-        except BaseException:
-            try:
-                publisher.abort()
-            except Exception:
-                drop_publisher(tid)
-            raise
-    raise AbortableError(f"{tid}: gave up after {result.attempts} aborted attempts: {result.message}")
+        spec, result = self.spec, self.result
+        marker = self._marker()
+        if marker.done_through < spec.batch_id:
+            return None
+        result.status, result.committed = ALREADY_DONE, marker.offset or -1
+        if marker.done_through == spec.batch_id:
+            check = _collector(spec, self.unit, None)
+            check.sent = _encode_only(check, self.batches)
+            _check_replay(spec, marker, check, result)   # may say the replay differs
+        return result.status
+
+    def produce(self, producer: Any) -> None:
+        started = time.perf_counter()
+        if self.collector is None:
+            self.collector = _collector(self.spec, self.unit, producer)
+            for batch in self.batches:
+                self.result.records_out += self.collector.add_batch(batch)
+                faults.maybe_fail("publish.mid_produce", self.unit)
+        else:
+            self.collector.producer = producer
+            self.collector.replay()
+        self.result.produce_s += time.perf_counter() - started
+
+    def offsets(self) -> tuple[list, Any]:
+        from confluent_kafka import TopicPartition
+
+        spec, sent = self.spec, self.collector.sent
+        marker = Marker(spec.batch_id + 1, spec.plan_id, len(sent), *content_hash(sent))
+        return ([TopicPartition(markers_name(spec.app_id), self.unit, marker.offset, metadata=marker.metadata())],
+                spec.markers_metadata)
+
+    def abortable(self, error: AbortableError) -> str | None:
+        if group_moved(error):
+            raise TaskError(f"{unit_transactional_id(self.spec.app_id, self.unit)}: the markers group "
+                            f"{markers_name(self.spec.app_id)!r} refused a memberless commit ({error}); "
+                            "something joined it") from error
+        return None
+
+    def other_attempt(self) -> str | None:
+        return ALREADY_DONE if self._marker().done_through >= self.spec.batch_id else None
+
+
+def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult) -> None:
+    tid = unit_transactional_id(spec.app_id, unit)
+    producers = publish.producers(spec.publish)
+    publisher, fresh = pooled_publisher(producers, tid)
+    outcome = transactions.run(_UnitTransaction(spec, unit, batches, result), publisher, fresh=fresh,
+                               renew=lambda: pooled_publisher(producers, tid)[0],
+                               other_attempt_s=spec.publish.transaction_timeout_s, fault_detail=unit)
+    result.init_s, result.attempts = outcome.init_s, outcome.attempts
+    result.commit_s += outcome.commit_s
+    if outcome.message:
+        result.message = outcome.message
+    if outcome.committed:
+        result.status, result.committed = COMMITTED, spec.batch_id + 1
+    elif outcome.fence is not None:
+        result.status = outcome.status or FENCED
+        result.message = (f"fenced by another attempt, which published the unit: {outcome.fence}"
+                          if outcome.status == ALREADY_DONE else str(outcome.fence))
+    else:
+        result.status = outcome.status
 
 
 def _encode_only(collector: RecordCollector, batches: list[pa.RecordBatch]) -> list[tuple]:
@@ -266,36 +258,13 @@ def _encode_only(collector: RecordCollector, batches: list[pa.RecordBatch]) -> l
     return collector.sent
 
 
-def _outcome_of_other_attempt(spec: UnitSpec, unit: int, fence: FencedError) -> tuple[str, str]:
-    """Wait (up to the transaction timeout) for the attempt that fenced this one to publish the
-    unit, so Spark does not take this attempt's result and kill the one that owns it."""
-    deadline = time.monotonic() + spec.publish.transaction_timeout_s
-    while time.monotonic() < deadline:
-        marker = read_markers(spec.publish.clients, spec.app_id, spec.units, spec.publish.timeout_s)[unit]
-        if marker.done_through >= spec.batch_id:
-            return ALREADY_DONE, f"fenced by another attempt, which published the unit: {fence}"
-        time.sleep(0.2)
-    return FENCED, str(fence)
-
-
 def _publish_plain(spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult) -> None:
-    """at-least-once / at-most-once: an idempotent producer; the driver commits the input."""
-    from confluent_kafka import Producer
+    """at-least-once / at-most-once: the engine's idempotent producer; the driver commits the input."""
+    def produce(producer: Any) -> None:
+        collector = _collector(spec, unit, producer)
+        for batch in batches:
+            result.records_out += collector.add_batch(batch)
 
-    errors = _PLAIN_ERRORS
-    errors.clear()
-    config = spec.publish.producer_config(transactional=False)
-    key = repr(sorted((k, str(v)) for k, v in config.items()))
-    if key not in _PLAIN:
-        _PLAIN[key] = Producer({**config, "on_delivery": _plain_delivery})
-    producer = _PLAIN[key]
-    collector = _collector(spec, unit, producer)
-    for batch in batches:
-        result.records_out += collector.add_batch(batch)
-    started = time.perf_counter()
-    remaining = producer.flush(spec.publish.timeout_s)
-    result.commit_s = time.perf_counter() - started
-    if remaining or errors:
-        raise TaskError(f"unit {unit} of batch {spec.batch_id} was not acknowledged ({remaining} queued, "
-                        f"errors {errors[:3]}); the input offsets are not committed")
+    _, result.commit_s = publish_plain(spec.publish.producer_config(transactional=False), produce,
+                                       spec.publish.timeout_s, f"unit {unit} of batch {spec.batch_id}")
     result.status, result.attempts = ACKED, 1

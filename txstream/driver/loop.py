@@ -62,6 +62,7 @@ class Driver:
         self.echo = self.telemetry.echo
         self.admin = self._admin_client()
         self.stop_requested = threading.Event()
+        self.stopping: StopSignals | None = None   # installed by run()
         self.specs = TaskSpecs(settings)
         self.pacing = Pacing(settings.max_records_per_partition, settings.transaction_timeout_s,
                              settings.first_batch_records, self.echo)
@@ -289,6 +290,8 @@ class Driver:
             self.jobs.forget()   # the next batch builds its job afresh
         if self.membership is not None:
             self.membership.forget()   # what the batch committed is unknown: read it
+        if self.stopping is not None and self.stopping.aborted_by is not None:
+            return   # the user's second signal cancelled the batch: a stop, not a failure to retry
         error = understand(exc)
         if decide(error) is Decision.ISOLATE:
             try:

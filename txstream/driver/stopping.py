@@ -60,7 +60,10 @@ class StopSignals:
         """`stopped after batch N: SIGINT; committed up to orders[0]@120, ...`"""
         how = f"{self.signal_name}, then {signal.Signals(self.aborted_by).name} aborted the last batch" \
             if self.aborted_by is not None else self.signal_name
-        if committed is None:
+        if committed is None and self.aborted_by is not None:
+            where = ("the committed offsets could not be read: the aborted batch's transactions may "
+                     "still be open until the next run fences them or they time out")
+        elif committed is None:
             where = "the committed offsets could not be read"
         elif not committed:
             where = "no partition was assigned"

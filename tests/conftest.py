@@ -28,14 +28,17 @@ MULTI_HOST = {"state": ""}
 INTEGRATION_FIXTURES = {"kafka_cluster_factory", "bootstrap_servers", "admin", "make_topic", "spark",
                         "run_processor", "cluster"}
 _CHAOS_DIR = Path(__file__).parent / "chaos"
+_PROCESS_MODULES = {"tests.chaos.harness", "tests.support.running"}
 
 
 def _starts_processes(item: pytest.Item) -> bool:
-    """Test modules that start processes import subprocess (or the chaos harness, which does)."""
+    """Test modules that start processes import subprocess, or the helpers that do (the chaos
+    harness, tests/support/running.py)."""
     module = getattr(item, "module", None)
     imported = vars(module).values() if module is not None else ()
     return any(value is subprocess or value is subprocess.Popen
-               or getattr(value, "__name__", "") == "tests.chaos.harness" for value in imported)
+               or getattr(value, "__name__", "") in _PROCESS_MODULES
+               or getattr(value, "__module__", "") in _PROCESS_MODULES for value in imported)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -184,18 +187,8 @@ def spark():
 
 @pytest.fixture
 def run_processor(bootstrap_servers: str, spark):
-    """Run a processor class in-process until caught up; returns the Driver (totals, reports)."""
-    from txstream.driver.loop import Driver
-    from txstream.settings import resolve
+    """Run a processor class in-process until caught up; returns the Driver (totals, reports,
+    `events`: its JSON log parsed; tests/support/running.py)."""
+    from tests.support.running import run_in_process
 
-    def run(cls, **overrides):
-        overrides.setdefault("until_caught_up", True)
-        overrides.setdefault("app_id", f"test-{cls.__name__.lower()}-{uuid.uuid4().hex[:8]}")
-        settings = resolve(cls, bootstrap_servers=bootstrap_servers, master="local[2]", **overrides)
-        lines: list[str] = []
-        driver = Driver(settings, echo=lines.append, spark=spark)
-        driver.exit_code = driver.run()
-        driver.lines = lines
-        return driver
-
-    return run
+    return lambda cls, **overrides: run_in_process(cls, bootstrap_servers, spark, **overrides)

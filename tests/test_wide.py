@@ -15,8 +15,10 @@ from processors.customer_totals import CustomerTotals
 from processors.dedupe_orders import DedupeOrders
 from processors.orders_with_customers import OrdersWithCustomers
 from processors.sample_orders import orders
-from tests.chaos import harness as h
 from tests.support.kafka import avro_bytes, committed, produce, read_all
+from tests.support.running import App
+from tests.support.seeding import seed_numbered
+from tests.support.waiting import wait_until
 from tests.support.wide_processors import BucketTotals, RandomBuckets, expected_totals, output_totals
 from txstream.driver.planlog import LoggedPartition, PlanShare, pending_batch
 from txstream.errors import TransformError
@@ -88,7 +90,7 @@ def test_deterministic_wide_transforms_pass(spark) -> None:
 
 def _bucket_run(bootstrap, make_topic, run_processor, count: int, **overrides):
     source, sink = make_topic("w-in", partitions=4), make_topic("w-out", partitions=3)
-    h.seed(bootstrap, source, 4, count)
+    seed_numbered(bootstrap, source, 4, count)
     driver = run_processor(BucketTotals, inputs=[source], output=sink, max_records_per_partition=700, **overrides)
     return driver, source, sink
 
@@ -217,20 +219,20 @@ def test_shuffled_join_and_dedupe_examples(bootstrap_servers, make_topic, run_pr
 
 def test_a_second_instance_of_a_wide_app_is_refused(bootstrap_servers, make_topic) -> None:
     source, sink = make_topic("s-in", partitions=2), make_topic("s-out", partitions=2)
-    h.seed(bootstrap_servers, source, 2, 1000)
-    app = h.App(bootstrap_servers, source, sink, 2, processor=f"{WIDE}:BucketTotals",
+    seed_numbered(bootstrap_servers, source, 2, 1000)
+    app = App(bootstrap_servers, source, sink, 2, processor=f"{WIDE}:BucketTotals",
                 extra=["-X", "consumer.session.timeout.ms=6000"])
     try:
         first = app.start(until_caught_up=False)
-        h.wait_for(lambda: (app.committed_total() or 0) >= 1000, 180, "the first instance to catch up", run=first)
+        wait_until(lambda: (app.committed_total() or 0) >= 1000, 180, "the first instance to catch up", run=first)
         second = app.start(until_caught_up=False)
         code = second.wait(120)
         assert code != 0
         assert re.search(r"is a wide app and already runs .*one instance", second.tail(20).replace("\n", " ")), \
             second.tail(20)
         assert first.poll() is None, "the first instance must keep running"
-        h.seed(bootstrap_servers, source, 2, 500, first=1000)
-        h.wait_for(lambda: (app.committed_total() or 0) >= 1500, 120, "the first instance to go on", run=first)
+        seed_numbered(bootstrap_servers, source, 2, 500, first=1000)
+        wait_until(lambda: (app.committed_total() or 0) >= 1500, 120, "the first instance to go on", run=first)
         assert first.terminate() == 0
         # A clean stop leaves the group: the next start is not refused.
         assert app.start(until_caught_up=True).wait(180) == 0
@@ -243,16 +245,17 @@ def test_a_replay_that_differs_is_caught_by_the_markers(bootstrap_servers, make_
     """Allowed knowingly, a random transform is re-run after a kill between the units and the
     close: the replayed units see the markers and say that their rows differ."""
     source, sink = make_topic("x-in", partitions=2), make_topic("x-out", partitions=2)
-    h.seed(bootstrap_servers, source, 2, 3000)
-    app = h.App(bootstrap_servers, source, sink, 2, processor=f"{WIDE}:SlyRandomBuckets",
+    seed_numbered(bootstrap_servers, source, 2, 3000)
+    app = App(bootstrap_servers, source, sink, 2, processor=f"{WIDE}:SlyRandomBuckets",
                 extra=["--output-units", "2", "-X", "consumer.session.timeout.ms=6000"],
                 faults="driver.before_close=kill@1")
     try:
         assert app.start().wait(300) != 0
         assert app.start().wait(300) == 0, app.log_text()[-3000:]
-        log = app.log_text()
-        assert "re-running its logged plan" in log
-        assert re.search(r"warning: batch 1: unit \d of batch 1 replayed with", log) or \
-            re.search(r"note: batch 1: unit \d of batch 1 replayed with different values", log), log[-3000:]
+        messages = app.events().messages()
+        assert any("re-running its logged plan" in m for m in messages), app.log_text()[-3000:]
+        assert any(re.search(r"warning: batch 1: unit \d of batch 1 replayed with", m)
+                   or re.search(r"note: batch 1: unit \d of batch 1 replayed with different values", m)
+                   for m in messages), app.log_text()[-3000:]
     finally:
         app.destroy_all()

@@ -19,6 +19,9 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.chaos import harness as h
+from tests.support.running import App
+from tests.support.seeding import numbered, seed_numbered
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.chaos
 PARTITIONS = 4
@@ -64,10 +67,10 @@ def test_broker_bounces(cluster):
     suffix = f"{int(time.time())}"
     source, sink = f"bb-in-{suffix}", f"bb-out-{suffix}"
     _topics(cluster, source, sink)
-    expected = h.seed(bootstrap, source, PARTITIONS, seeded)
+    expected = seed_numbered(bootstrap, source, PARTITIONS, seeded)
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+    app = App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
                 # Sensible timeouts while a broker is down: librdkafka retries for a while
                 # instead of failing the task at once.
                 # A batch stuck behind a broker that went away is cancelled after 120 s and
@@ -97,8 +100,8 @@ def test_broker_bounces(cluster):
         def progress(after: str) -> None:
             baseline = app.baseline()
             deadline = time.monotonic() + 300
-            while not h.wait_for(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
-                                 f"progress after {after}", interval=0.2, run=run):
+            while not wait_until(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
+                                 f"progress after {after}", every=0.2, run=run):
                 ensure_running(after)  # the run ended: note it, restart, keep waiting
 
         progress("start")
@@ -127,11 +130,11 @@ def test_broker_bounces(cluster):
                 time.sleep(rng.uniform(0, 2))
         feeder.finish()
         assert not feeder.errors, feeder.errors
-        expected += Counter(h.record(n) for n in range(seeded, feeder.next))
+        expected += Counter(numbered(n) for n in range(seeded, feeder.next))
         ends = h.end_offsets(bootstrap, source, PARTITIONS)
         target = sum(ends.values())
-        while not h.wait_for(lambda: (app.committed_total() or 0) >= target, 300,
-                             f"the run to catch up to {target}", interval=0.5, run=run):
+        while not wait_until(lambda: (app.committed_total() or 0) >= target, 300,
+                             f"the run to catch up to {target}", every=0.5, run=run):
             ensure_running("the bounces")
         code = run.terminate()
         assert code == 0, f"SIGTERM: exit {code}\n{run.tail()}"
@@ -163,8 +166,8 @@ def test_wide_broker_bounces(cluster):
     suffix = f"{int(time.time())}"
     source, sink = f"wb-in-{suffix}", f"wb-out-{suffix}"
     _topics(cluster, source, sink)
-    h.seed(bootstrap, source, PARTITIONS, seeded)
-    app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+    seed_numbered(bootstrap, source, PARTITIONS, seeded)
+    app = App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
                 processor="tests/support/wide_processors.py:BucketTotals",
                 extra=["--output-units", "3", "-X", "producer.message.timeout.ms=55000",
                        "-X", "consumer.session.timeout.ms=30000", "--batch-timeout", "120"])
@@ -179,8 +182,8 @@ def test_wide_broker_bounces(cluster):
             nonlocal run
             baseline = app.baseline()
             deadline = time.monotonic() + 300
-            while not h.wait_for(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
-                                 f"progress after {after}", interval=0.2, run=run):
+            while not wait_until(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
+                                 f"progress after {after}", every=0.2, run=run):
                 exits.append(f"exit {run.poll()} after {after}")
                 run.destroy()
                 run = app.start(until_caught_up=False)
@@ -199,8 +202,8 @@ def test_wide_broker_bounces(cluster):
         assert not feeder.errors, feeder.errors
         total = feeder.next
         target = sum(h.end_offsets(bootstrap, source, PARTITIONS).values())
-        while not h.wait_for(lambda: (app.committed_total() or 0) >= target, 300,
-                             f"the run to catch up to {target}", interval=0.5, run=run):
+        while not wait_until(lambda: (app.committed_total() or 0) >= target, 300,
+                             f"the run to catch up to {target}", every=0.5, run=run):
             exits.append(f"exit {run.poll()} while catching up")
             run.destroy()
             run = app.start(until_caught_up=False)

@@ -14,10 +14,9 @@ import pytest
 from processors.customer_totals import CustomerTotals
 from processors.dedupe_orders import DedupeOrders
 from processors.orders_with_customers import OrdersWithCustomers
-from processors.sample_orders import orders
 from tests.support.kafka import avro_bytes, committed, produce, read_all
 from tests.support.running import App
-from tests.support.seeding import seed_numbered
+from tests.support.seeding import ORDER, seed_numbered, seed_orders
 from tests.support.waiting import wait_until
 from tests.support.wide_processors import BucketTotals, RandomBuckets, expected_totals, output_totals
 from txstream.driver.planlog import LoggedPartition, PlanShare, pending_batch
@@ -25,7 +24,6 @@ from txstream.errors import TransformError
 from txstream.serde.avro import AvroCodec, load_schema
 from txstream.tools.verify import audit
 
-ORDER = load_schema("schemas/order.avsc")
 TOTALS = load_schema("schemas/customer_totals.avsc")
 WIDE = "tests/support/wide_processors.py"
 
@@ -100,7 +98,7 @@ def test_group_by_reconciles_exactly_and_verify_is_clean(bootstrap_servers, make
     driver, source, sink = _bucket_run(bootstrap_servers, make_topic, run_processor, 8000, wide_mode=mode,
                                        output_units=3)
     assert driver.exit_code == 0
-    assert any(line.startswith("protocol: wide") and (mode.split("-")[0] in line) for line in driver.lines), driver.lines
+    assert any(m.startswith("protocol: wide") and (mode.split("-")[0] in m) for m in driver.events.messages()), driver.lines
     assert driver.totals["batches"] >= 3 and driver.totals["records_in"] == 8000
     out = read_all(bootstrap_servers, sink)
     assert output_totals(out) == expected_totals(range(8000))
@@ -135,7 +133,7 @@ def test_a_narrow_transform_keeps_the_narrow_protocol(bootstrap_servers, make_to
     source, sink = make_topic("n-in", partitions=2), make_topic("n-out", partitions=2)
     produce(bootstrap_servers, source, [(b"k", b"v")] * 10)
     driver = run_processor(PassThrough, inputs=[source], output=sink)
-    assert any(line.startswith("protocol: narrow") for line in driver.lines)
+    assert any(m.startswith("protocol: narrow") for m in driver.events.messages()), driver.lines
 
 
 def test_verify_catches_a_unit_published_twice(bootstrap_servers, make_topic, run_processor) -> None:
@@ -166,18 +164,9 @@ def test_a_nondeterministic_transform_is_refused_before_anything_is_read(bootstr
     assert read_all(bootstrap_servers, sink, timeout=5) == []
 
 
-def _seed_orders(bootstrap: str, topic: str, count: int, garbage_at: tuple[int, ...] = ()) -> list[dict]:
-    data = list(orders(count))
-    records = [(o["customer_id"].encode(), avro_bytes(ORDER, o)) for o in data]
-    for i in garbage_at:
-        records.insert(i, (b"bad", b"\xff\xff not avro"))
-    produce(bootstrap, topic, records)
-    return data
-
-
 def test_customer_totals_example_with_a_dead_letter(bootstrap_servers, make_topic, run_processor) -> None:
     source, sink, dlq = make_topic("o-in", partitions=2), make_topic("ct-out", partitions=2), make_topic("ct-dlq")
-    data = _seed_orders(bootstrap_servers, source, 1500, garbage_at=(700,))
+    data = seed_orders(bootstrap_servers, source, 1500, garbage_at=(700,))
     driver = run_processor(CustomerTotals, inputs=[source], output=sink, dead_letter=dlq,
                            max_records_per_partition=300)
     assert driver.exit_code == 0
@@ -202,11 +191,11 @@ def test_customer_totals_example_with_a_dead_letter(bootstrap_servers, make_topi
 
 def test_shuffled_join_and_dedupe_examples(bootstrap_servers, make_topic, run_processor) -> None:
     source = make_topic("o-in", partitions=2)
-    data = _seed_orders(bootstrap_servers, source, 600)
+    data = seed_orders(bootstrap_servers, source, 600)
     produce(bootstrap_servers, source, [(o["customer_id"].encode(), avro_bytes(ORDER, o)) for o in data[:50]])
     joined = make_topic("j-out", partitions=2)
     driver = run_processor(OrdersWithCustomers, inputs=[source], output=joined, dead_letter=make_topic("dlq"))
-    assert any("Exchange" in line for line in driver.lines if line.startswith("the transform is wide"))
+    assert any("Exchange" in m for m in driver.events.messages() if m.startswith("the transform is wide")), driver.lines
     values = [json.loads(r.value) for r in read_all(bootstrap_servers, joined)]
     assert Counter(v["id"] for v in values) == Counter([o["id"] for o in data] + [o["id"] for o in data[:50]])
     assert all(v["segment"] in ("retail", "business", "staff", "partner") for v in values)

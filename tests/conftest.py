@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.cluster import KafkaClusterFixture, create_cluster
-from tests.support.kafka import close_clients_left_open
+from tests.support.kafka import close_clients_left_open, close_probes
 
 _BROKER_KIND = {"kind": "no broker (none of the selected tests needed one)"}
 _CLOSED_AT_END: list[str] = []   # clients the tests left open, closed before exit (summary line)
@@ -75,6 +75,13 @@ def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: py
                              "(or use an integration fixture)")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _close_offset_probes() -> Iterator[None]:
+    """The consumers `committed_or_none` keeps for polling live as long as the test."""
+    yield
+    close_probes()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@
    and task failures that Spark retries. Each restarts until done and checks the exact output.
 
 `kill` faults fire in a Spark Python worker, which lives in the process group of Spark's Python
-daemon (pyspark/daemon.py calls setpgid), not the driver's. The harness therefore exports
+daemon (pyspark/daemon.py calls setpgid), not the driver's. tests/support/running.py therefore exports
 TXSTREAM_DRIVER_PGID (the session's group) so faults.py SIGKILLs the driver and its JVM; the
 worker that fired it survives a moment longer, and the rest of the session is then swept.
 """
@@ -22,30 +22,11 @@ import time
 import pytest
 
 from tests.chaos import harness as h
-from tests.support.kafka import close_probes
 from tests.support.running import App
 from tests.support.seeding import seed_numbered
 from tests.support.waiting import wait_until
 
 PARTITIONS = 4
-
-
-@pytest.fixture(autouse=True)
-def _no_leftovers():
-    yield
-    close_probes()
-
-
-def _restart_until_done(app: App, max_runs: int, timeout: float = 420) -> list[int]:
-    """Start the app with --until-caught-up until a run exits 0; returns every run's exit code."""
-    codes: list[int] = []
-    for _ in range(max_runs):
-        run = app.start()
-        code = run.wait(timeout)
-        codes.append(code)
-        if code == 0:
-            return codes
-    raise AssertionError(f"no run exited 0 in {max_runs} attempts (exit codes {codes})\n{app.log_text()[-4000:]}")
 
 
 @pytest.mark.timeout(2400)  # 5+ Spark start-ups: ~5 min on an idle 2-core machine, far more when shared
@@ -120,7 +101,7 @@ def test_fault_at_dangerous_point(bootstrap_servers, make_topic, faults, deaths)
     app = App(bootstrap_servers, source, sink, PARTITIONS, cap=1_250, faults=faults)  # 2 batches
     began = time.monotonic()
     try:
-        codes = _restart_until_done(app, max_runs=deaths + 2)
+        codes = app.until_done(max_runs=deaths + 2)
         fired = sorted(p.name for p in __import__("pathlib").Path(app.faults_dir).iterdir())
         wanted = {item.split("=")[0] + "." + item.split("@")[1] for item in faults.split(",")}
         assert wanted <= set(fired), f"faults did not fire: wanted {sorted(wanted)}, occurrences {fired}"

@@ -21,7 +21,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tests.chaos import harness as h
 from tests.support.running import App
 from tests.support.seeding import numbered, seed_numbered
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.chaos
 PARTITIONS = 4
@@ -90,19 +89,11 @@ def test_broker_bounces(cluster):
         feeder.start()
         run = app.start(until_caught_up=False)
 
-        def ensure_running(after: str) -> None:
-            nonlocal run
-            if run.poll() is not None:
-                exits.append(f"exit {run.poll()} after {after}")
-                run.destroy()
-                run = app.start(until_caught_up=False)
-
         def progress(after: str) -> None:
-            baseline = app.baseline()
-            deadline = time.monotonic() + 300
-            while not wait_until(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
-                                 f"progress after {after}", every=0.2, run=run):
-                ensure_running(after)  # the run ended: note it, restart, keep waiting
+            # A run that ends is noted and started again.
+            nonlocal run
+            run = app.wait_restarting(run, app.progressed_since(app.baseline()), 300, f"progress after {after}",
+                                      exits=exits)
 
         progress("start")
         tid = f"{app.app_id}-{source}-0"
@@ -133,9 +124,8 @@ def test_broker_bounces(cluster):
         expected += Counter(numbered(n) for n in range(seeded, feeder.next))
         ends = h.end_offsets(bootstrap, source, PARTITIONS)
         target = sum(ends.values())
-        while not wait_until(lambda: (app.committed_total() or 0) >= target, 300,
-                             f"the run to catch up to {target}", every=0.5, run=run):
-            ensure_running("the bounces")
+        run = app.wait_restarting(run, lambda: (app.committed_total() or 0) >= target, 600,
+                                  f"the run to catch up to {target}", every=0.5, exits=exits)
         code = run.terminate()
         assert code == 0, f"SIGTERM: exit {code}\n{run.tail()}"
         checker.drain()
@@ -180,13 +170,8 @@ def test_wide_broker_bounces(cluster):
 
         def progress(after: str) -> None:
             nonlocal run
-            baseline = app.baseline()
-            deadline = time.monotonic() + 300
-            while not wait_until(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
-                                 f"progress after {after}", every=0.2, run=run):
-                exits.append(f"exit {run.poll()} after {after}")
-                run.destroy()
-                run = app.start(until_caught_up=False)
+            run = app.wait_restarting(run, app.progressed_since(app.baseline()), 300, f"progress after {after}",
+                                      exits=exits)
 
         progress("start")
         leader = cluster.leader_of(source, 0)
@@ -202,11 +187,8 @@ def test_wide_broker_bounces(cluster):
         assert not feeder.errors, feeder.errors
         total = feeder.next
         target = sum(h.end_offsets(bootstrap, source, PARTITIONS).values())
-        while not wait_until(lambda: (app.committed_total() or 0) >= target, 300,
-                             f"the run to catch up to {target}", every=0.5, run=run):
-            exits.append(f"exit {run.poll()} while catching up")
-            run.destroy()
-            run = app.start(until_caught_up=False)
+        run = app.wait_restarting(run, lambda: (app.committed_total() or 0) >= target, 600,
+                                  f"the run to catch up to {target}", every=0.5, exits=exits)
         assert run.terminate() == 0, run.tail(120)
         got, want = output_totals(read_all(bootstrap, sink, timeout=300)), expected_totals(range(total))
         wrong = {b: (got.get(b), want[b]) for b in want if got.get(b) != want[b]}

@@ -43,16 +43,6 @@ def _check(bootstrap: str, app: App, records: int, what: str, began: float) -> N
     assert report.clean and report.wide is not None and report.wide.reconciled_batches > 0, report.table()
 
 
-def _restart_until_done(app: App, max_runs: int, timeout: float = 420) -> list[int]:
-    codes: list[int] = []
-    for _ in range(max_runs):
-        code = app.start().wait(timeout)
-        codes.append(code)
-        if code == 0:
-            return codes
-    raise AssertionError(f"no run exited 0 in {max_runs} attempts ({codes})\n{app.log_text()[-4000:]}")
-
-
 @pytest.mark.timeout(1800)
 def test_wide_kills_at_each_dangerous_point(bootstrap_servers, make_topic) -> None:
     records = h.scale(24_000, 200_000)
@@ -66,7 +56,7 @@ def test_wide_kills_at_each_dangerous_point(bootstrap_servers, make_topic) -> No
                 extra=EXTRA, faults=faults)
     began = time.monotonic()
     try:
-        codes = _restart_until_done(app, 8)
+        codes = app.until_done(8)
         log = app.log_text()
         assert codes.count(0) == 1 and len(codes) >= 5, f"exit codes {codes}: not every kill fired\n{log[-3000:]}"
         replays = [m for m in app.events().messages() if "re-running its logged plan" in m]
@@ -106,7 +96,7 @@ def test_wide_kill_9_at_random_moments(bootstrap_servers, make_topic) -> None:
             run.kill9()
             kills += 1
             codes.append(-9)
-        codes += _restart_until_done(app, 4)
+        codes += app.until_done(4)
         assert kills >= min(2, kills_wanted), f"only {kills} kills landed (seed {seed}, {records} records)"
         _check(bootstrap_servers, app, records, f"wide kill -9 x{kills} (seed {seed}, exits {codes})", began)
         app.passed()

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from tests.support.kafka import committed_or_none
 from tests.support.waiting import wait_until
@@ -350,6 +350,30 @@ class App:
         run = Run(self.command(until_caught_up), self.environment(),
                   Path(self.log_dir) / f"{self.app_id}.log", cwd=self.cwd).start()
         self.runs.append(run)
+        return run
+
+    def until_done(self, max_runs: int, timeout: float = 420) -> list[int]:
+        """Start with --until-caught-up until a run exits 0 (faults kill the ones before);
+        returns every run's exit code."""
+        codes: list[int] = []
+        for _ in range(max_runs):
+            codes.append(self.start().wait(timeout))
+            if codes[-1] == 0:
+                return codes
+        raise AssertionError(f"no run exited 0 in {max_runs} attempts (exit codes {codes})\n{self.log_text()[-4000:]}")
+
+    def wait_restarting(self, run: Run, condition: Callable[[], object], timeout: float, what: str,
+                        every: float = 0.2, exits: list[str] | None = None) -> Run:
+        """Wait until `condition()`, starting the app again (without --until-caught-up) each time
+        its run ends, the exit noted in `exits`; returns the run live at the end."""
+        deadline = time.monotonic() + timeout
+        while not wait_until(condition, max(1.0, deadline - time.monotonic()), what, every=every, run=run):
+            code = run.poll()
+            run.destroy()
+            if exits is not None:
+                exits.append(f"exit {code} waiting for {what}")
+            assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what} (exit {code})"
+            run = self.start(until_caught_up=False)
         return run
 
     def destroy_all(self) -> None:

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.cluster import KafkaClusterFixture, create_cluster
-from tests.support.kafka import close_clients_left_open
+from tests.support.kafka import close_clients_left_open, close_probes
 
 _BROKER_KIND = {"kind": "no broker (none of the selected tests needed one)"}
 _CLOSED_AT_END: list[str] = []   # clients the tests left open, closed before exit (summary line)
@@ -28,14 +28,17 @@ MULTI_HOST = {"state": ""}
 INTEGRATION_FIXTURES = {"kafka_cluster_factory", "bootstrap_servers", "admin", "make_topic", "spark",
                         "run_processor", "cluster"}
 _CHAOS_DIR = Path(__file__).parent / "chaos"
+_PROCESS_MODULES = {"tests.chaos.harness", "tests.support.running"}
 
 
 def _starts_processes(item: pytest.Item) -> bool:
-    """Test modules that start processes import subprocess (or the chaos harness, which does)."""
+    """Test modules that start processes import subprocess, or the helpers that do (the chaos
+    harness, tests/support/running.py)."""
     module = getattr(item, "module", None)
     imported = vars(module).values() if module is not None else ()
     return any(value is subprocess or value is subprocess.Popen
-               or getattr(value, "__name__", "") == "tests.chaos.harness" for value in imported)
+               or getattr(value, "__name__", "") in _PROCESS_MODULES
+               or getattr(value, "__module__", "") in _PROCESS_MODULES for value in imported)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -72,6 +75,13 @@ def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: py
                              "(or use an integration fixture)")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _close_offset_probes() -> Iterator[None]:
+    """The consumers `committed_or_none` keeps for polling live as long as the test."""
+    yield
+    close_probes()
 
 
 @pytest.fixture(scope="session")
@@ -184,18 +194,8 @@ def spark():
 
 @pytest.fixture
 def run_processor(bootstrap_servers: str, spark):
-    """Run a processor class in-process until caught up; returns the Driver (totals, reports)."""
-    from txstream.driver.loop import Driver
-    from txstream.settings import resolve
+    """Run a processor class in-process until caught up; returns the Driver (totals, reports,
+    `events`: its JSON log parsed; tests/support/running.py)."""
+    from tests.support.running import run_in_process
 
-    def run(cls, **overrides):
-        overrides.setdefault("until_caught_up", True)
-        overrides.setdefault("app_id", f"test-{cls.__name__.lower()}-{uuid.uuid4().hex[:8]}")
-        settings = resolve(cls, bootstrap_servers=bootstrap_servers, master="local[2]", **overrides)
-        lines: list[str] = []
-        driver = Driver(settings, echo=lines.append, spark=spark)
-        driver.exit_code = driver.run()
-        driver.lines = lines
-        return driver
-
-    return run
+    return lambda cls, **overrides: run_in_process(cls, bootstrap_servers, spark, **overrides)

@@ -9,7 +9,7 @@
    and task failures that Spark retries. Each restarts until done and checks the exact output.
 
 `kill` faults fire in a Spark Python worker, which lives in the process group of Spark's Python
-daemon (pyspark/daemon.py calls setpgid), not the driver's. The harness therefore exports
+daemon (pyspark/daemon.py calls setpgid), not the driver's. tests/support/running.py therefore exports
 TXSTREAM_DRIVER_PGID (the session's group) so faults.py SIGKILLs the driver and its JVM; the
 worker that fired it survives a moment longer, and the rest of the session is then swept.
 """
@@ -22,26 +22,11 @@ import time
 import pytest
 
 from tests.chaos import harness as h
+from tests.support.running import App
+from tests.support.seeding import seed_numbered
+from tests.support.waiting import wait_until
 
 PARTITIONS = 4
-
-
-@pytest.fixture(autouse=True)
-def _no_leftovers():
-    yield
-    h.close_probes()
-
-
-def _restart_until_done(app: h.App, max_runs: int, timeout: float = 420) -> list[int]:
-    """Start the app with --until-caught-up until a run exits 0; returns every run's exit code."""
-    codes: list[int] = []
-    for _ in range(max_runs):
-        run = app.start()
-        code = run.wait(timeout)
-        codes.append(code)
-        if code == 0:
-            return codes
-    raise AssertionError(f"no run exited 0 in {max_runs} attempts (exit codes {codes})\n{app.log_text()[-4000:]}")
 
 
 @pytest.mark.timeout(2400)  # 5+ Spark start-ups: ~5 min on an idle 2-core machine, far more when shared
@@ -51,8 +36,8 @@ def test_kill_9_at_random_moments(bootstrap_servers, make_topic):
     ahead = records = 240_000
     wanted_kills = 4
     source, sink = make_topic("crash-in", PARTITIONS), make_topic("crash-out", PARTITIONS)
-    expected = h.seed(bootstrap_servers, source, PARTITIONS, records)
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=10_000)
+    expected = seed_numbered(bootstrap_servers, source, PARTITIONS, records)
+    app = App(bootstrap_servers, source, sink, PARTITIONS, cap=10_000)
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     kills, kill_points, codes = 0, [], []
@@ -67,8 +52,8 @@ def test_kill_9_at_random_moments(bootstrap_servers, make_topic):
                 baseline = app.baseline()
                 # Kill while a batch is in flight: right after this run's first partition
                 # commits (the rest of its batch still publishing), or a little later.
-                progressed = h.wait_for(app.progressed_since(baseline), 420,
-                                        "this run to commit a range", interval=0.05, run=run)
+                progressed = wait_until(app.progressed_since(baseline), 420,
+                                        "this run to commit a range", every=0.05, run=run)
                 if progressed and run.poll() is None:
                     # (Up to 4 s let a run with 2 slots of 2 partitions, 20k records per commit,
                     # finish everything before the kill: the kill then tests nothing.)
@@ -112,11 +97,11 @@ FAULTS = [
 def test_fault_at_dangerous_point(bootstrap_servers, make_topic, faults, deaths):
     records = 10_000
     source, sink = make_topic("fault-in", PARTITIONS), make_topic("fault-out", PARTITIONS)
-    expected = h.seed(bootstrap_servers, source, PARTITIONS, records)
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=1_250, faults=faults)  # 2 batches
+    expected = seed_numbered(bootstrap_servers, source, PARTITIONS, records)
+    app = App(bootstrap_servers, source, sink, PARTITIONS, cap=1_250, faults=faults)  # 2 batches
     began = time.monotonic()
     try:
-        codes = _restart_until_done(app, max_runs=deaths + 2)
+        codes = app.until_done(max_runs=deaths + 2)
         fired = sorted(p.name for p in __import__("pathlib").Path(app.faults_dir).iterdir())
         wanted = {item.split("=")[0] + "." + item.split("@")[1] for item in faults.split(",")}
         assert wanted <= set(fired), f"faults did not fire: wanted {sorted(wanted)}, occurrences {fired}"
@@ -137,15 +122,17 @@ def test_hung_task_is_cancelled_and_the_batch_replanned(bootstrap_servers, make_
     exactly the input."""
     records = 4_000
     source, sink = make_topic("hang-in", PARTITIONS), make_topic("hang-out", PARTITIONS)
-    expected = h.seed(bootstrap_servers, source, PARTITIONS, records)
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=1_000, faults="publish.before_commit=hang@2",
+    expected = seed_numbered(bootstrap_servers, source, PARTITIONS, records)
+    app = App(bootstrap_servers, source, sink, PARTITIONS, cap=1_000, faults="publish.before_commit=hang@2",
                 extra=["--batch-timeout", "20"])
     try:
         code = app.start(until_caught_up=True).wait(600)
         log = app.log_text()
         assert code == 0, log[-3000:]
-        assert "exceeded 20s; cancelling it" in log, log[-3000:]
-        assert re.search(r"still running after \d+s: stage \d+: \d+/\d+ tasks done", log), log[-3000:]
+        messages = app.events().messages()
+        assert any("exceeded 20s; cancelling it" in m for m in messages), log[-3000:]
+        assert any(re.search(r"still running after \d+s: stage \d+: \d+/\d+ tasks done", m) for m in messages), \
+            log[-3000:]
         h.verdict("hung task", bootstrap_servers, app, expected)
     finally:
         app.destroy_all()

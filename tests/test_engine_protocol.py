@@ -439,7 +439,7 @@ def test_the_transform_is_applied_once_before_the_first_output(partitions, calls
                            first_batch_records=0)
     assert driver.exit_code == 0, driver.lines
     assert driver.totals["batches"] >= 4, driver.lines
-    assert any(line.startswith("protocol: narrow") for line in driver.lines), driver.lines
+    assert any(m.startswith("protocol: narrow") for m in driver.events.messages()), driver.lines
     assert (_CountsCalls.calls, driver.jobs_built) == (calls, 1), (_CountsCalls.calls, driver.jobs_built)
     assert sorted(r.value for r in read_all(bootstrap_servers, sink)) == sorted(values)
     assert committed(bootstrap_servers, driver.settings.app_id, source, partitions) == {

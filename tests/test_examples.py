@@ -8,18 +8,12 @@ from processors.enrich_orders import EnrichOrders
 from processors.fanout_items import FanOutItems
 from processors.passthrough import PassThrough
 from processors.route_by_currency import RouteByCurrency
-from processors.sample_orders import enriched, orders
-from tests.support.kafka import avro_bytes, committed, java_partition, murmur2, produce, read_all
+from processors.sample_orders import enriched
+from tests.support.kafka import committed, java_partition, murmur2, produce, read_all
+from tests.support.seeding import seed_orders
 from txstream.serde.avro import AvroCodec, load_schema
 
-ORDER = load_schema("schemas/order.avsc")
 ENRICHED = load_schema("schemas/order_enriched.avsc")
-
-
-def seed_orders(bootstrap: str, topic: str, count: int) -> list[dict]:
-    data = list(orders(count))
-    produce(bootstrap, topic, ((o["customer_id"].encode(), avro_bytes(ORDER, o)) for o in data))
-    return data
 
 
 def test_murmur2_reference_matches_kafkas_java_test_vectors() -> None:

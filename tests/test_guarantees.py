@@ -13,8 +13,7 @@ read_committed, shows what each mode promises and what it does not:
 The kill points differ per mode where that is what shows the difference:
 - at-least-once: `publish.after_commit=kill@3` = the first slot of the second batch has its
   output acknowledged (two slots per batch), but the driver has not committed the batch's
-  offsets, so the restart repeats that output. (`read.end=kill@7`, used while a task published
-  one partition, only sometimes landed after a slot's acknowledgement.)
+  offsets, so the restart repeats that output.
 - at-most-once: `publish.mid_produce=kill@1` = the first task of the first batch has produced part
   of its output. The driver committed the batch's end offsets before it ran, and two of its four
   tasks have not even started, so the restart skips their ranges.
@@ -24,7 +23,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,19 +31,20 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.support.kafka import committed, produce, read_all
+from tests.support.kafka import committed, read_all
+from tests.support.running import App, Run
+from tests.support.seeding import seed_numbered
+from tests.support.waiting import wait_until
 from txstream.tools import verify
 
-REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 4
-# 20 batches of input: a "random" kill, up to 1.5 s after a run's first batch line, must find the
-# run still busy (10,000 per partition, 5 batches, was done within 1.5 s once batches took 0.3 s;
-# at 40,000 a run had 7 of 20 batches left 2.5 s after its first line).
+# 20 batches of input: a "random" kill, up to 1.5 s after a run's first batch, must find the run
+# still busy.
 PER_PARTITION = 40_000
 CAP = 2_000
 
 # One entry per process start: a TXSTREAM_FAULTS spec (the run must die by it), "random" (kill
-# at a random moment after the first batch line), or None (run to the end, exit 0).
+# at a random moment after the first batch), or None (run to the end, exit 0).
 SCHEDULES = {
     "exactly-once": ["publish.mid_produce=kill@3", "publish.before_commit=kill@2", "random", None],
     "at-least-once": ["publish.after_commit=kill@3", "random", None],
@@ -54,141 +53,87 @@ SCHEDULES = {
 
 
 class TxstreamRun:
-    """One `python -m txstream.cli run ...` in its own process group, stderr to a file."""
+    """tests/test_scaling.py's handle on a run, which reads its human lines: a Run
+    (tests/support/running.py) under the interface that test expects. Goes when it reads events."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.log_path = log_path
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("TXSTREAM_FAULTS")}
         full_env.update(env or {})
-        self._log = open(log_path, "w")  # closed in stop()
-        # Spark's Python daemon puts its workers in a process group of their own, so a `kill`
-        # fault fired in a worker must be told the driver's group: the new session's id, which
-        # is the shell's pid ($$) kept by exec.
-        command = 'TXSTREAM_DRIVER_PGID=$$ exec "$0" -m txstream.cli run "$@"'
-        self.proc = subprocess.Popen(["/bin/sh", "-c", command, sys.executable, *args], cwd=REPO,
-                                     env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.run = Run([sys.executable, "-m", "txstream.cli", "run", *args], full_env, log_path).start()
+        self.proc = self.run.proc
 
     def lines(self) -> list[str]:
-        return self.log_path.read_text(errors="replace").splitlines()
+        return self.run.lines()
 
     def tail(self, n: int = 30) -> str:
-        return "\n".join(self.lines()[-n:])
+        return self.run.tail(n)
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.run.poll() is None
 
     def wait_for(self, predicate, timeout: float, what: str) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while True:
-            lines = self.lines()
-            if predicate(lines):
-                return lines
-            if not self.alive():
-                raise AssertionError(f"txstream run exited ({self.proc.returncode}) before {what}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}:\n{self.tail()}")
-            time.sleep(0.2)
-
-    def wait_exit(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"txstream run still running after {timeout:.0f}s:\n{self.tail()}") from None
-
-    def group_left(self) -> list[str]:
-        """Processes still running in the driver's process group (state and command line)."""
-        left = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if os.getpgid(int(entry.name)) != self.proc.pid:
-                    continue
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":   # a zombie has ended; its parent has not reaped it yet
-                    left.append(f"{entry.name} {state} " + (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
-            except (ProcessLookupError, OSError, IndexError):
-                pass
-        return left
+        lines = wait_until(lambda: predicate(self.lines()) and self.lines(), timeout, what, run=self.run)
+        assert lines, f"txstream run exited ({self.run.poll()}) before {what}:\n{self.tail()}"
+        return lines
 
     def kill(self) -> None:
-        """SIGKILL the whole process group (driver, Spark JVM, Python workers) and reap it."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(30)
+        self.run.kill9()
 
     def terminate(self, timeout: float = 60) -> int:
-        """SIGTERM the driver (finish the batch, leave the group); the exit code."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.wait_exit(timeout)
+        return self.run.terminate(timeout)
 
     def stop(self) -> None:
-        """For finally blocks: whatever state it is in, nothing of it survives."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(30)
-        finally:
-            self._log.close()
+        self.run.destroy()
 
 
 def batch_lines(lines: list[str]) -> list[str]:
+    """The human batch lines (tests/test_scaling.py)."""
     return [line for line in lines if line.startswith("batch ") and " in " in line]
 
 
 def seed(bootstrap: str, topic: str) -> list[bytes]:
-    values = []
-    for p in range(PARTITIONS):
-        records = [(f"k{p}-{i}".encode(), f"p{p}-{i}".encode()) for i in range(PER_PARTITION)]
-        produce(bootstrap, topic, records, partition=p)
-        values += [v for _, v in records]
-    return values
+    """PER_PARTITION records on each partition; their values (all distinct)."""
+    sent = seed_numbered(bootstrap, topic, PARTITIONS, PARTITIONS * PER_PARTITION)
+    return [value for _key, value in sent.elements()]
 
 
 def run_chain(guarantee: str, bootstrap: str, source: str, sink: str, workdir: Path, rng: random.Random,
               extra: tuple[str, ...] = ()) -> dict:
     """Start, kill and restart `txstream run` along the mode's schedule; what happened."""
-    app_id = f"guarantee-{guarantee}-{uuid.uuid4().hex[:8]}"
-    args = ["processors/passthrough.py:PassThrough", "--bootstrap-servers", bootstrap,
-            "--app-id", app_id, "--input", source, "--output", sink, "--guarantee", guarantee,
-            "--until-caught-up", "--master", "local[2]", "--max-records-per-partition", str(CAP),
-            # A killed member leaves the group after its session timeout: keep restarts quick.
-            "-X", "consumer.session.timeout.ms=6000", *extra]
     workdir.mkdir()
+    app = App(bootstrap, source, sink, PARTITIONS, app_id=f"guarantee-{guarantee}-{uuid.uuid4().hex[:8]}",
+              cap=CAP, log_dir=str(workdir),
+              # A killed member leaves the group after its session timeout: keep restarts quick.
+              extra=["--guarantee", guarantee, "-X", "consumer.session.timeout.ms=6000", *extra])
     kills: list[str] = []
     after_first_kill = None
     for step, fault in enumerate(SCHEDULES[guarantee], start=1):
-        env = {}
-        if fault not in (None, "random"):
-            env = {"TXSTREAM_FAULTS": fault, "TXSTREAM_FAULTS_DIR": tempfile.mkdtemp(dir=workdir)}
-        run = TxstreamRun(args, workdir / f"run-{step}.log", env)
+        app.faults = fault if fault not in (None, "random") else None
+        app.faults_dir = tempfile.mkdtemp(dir=workdir) if app.faults else None
+        run = app.start()
         try:
             if fault is None:
-                code = run.wait_exit(300)
+                code = run.wait(300, kill_rest=False)
                 assert code == 0, f"final run of {guarantee} failed ({code}):\n{run.tail()}"
-                assert any(line.startswith("caught up") for line in run.lines()), run.tail()
+                assert run.events().of("caught_up"), run.tail()
                 # The Spark JVM (in the driver's process group) ended with the driver, not after it.
                 assert run.group_left() == [], f"left running after the driver exited: {run.group_left()}"
             elif fault == "random":
-                run.wait_for(lambda lines: batch_lines(lines), 300, "a first batch")
+                assert wait_until(lambda run=run: run.events().batches, 300, "a first batch", run=run), \
+                    f"{guarantee} run {step} exited ({run.poll()}) before its first batch:\n{run.tail()}"
                 time.sleep(rng.uniform(0.0, 1.5))
-                assert run.alive(), f"{guarantee} run {step} ended before the random kill:\n{run.tail()}"
-                run.kill()
-                kills.append(f"at random after {len(batch_lines(run.lines()))} batch(es)")
+                assert run.poll() is None, f"{guarantee} run {step} ended before the random kill:\n{run.tail()}"
+                run.kill9()
+                kills.append(f"at random after {len(run.events().batches)} batch(es)")
             else:
-                code = run.wait_exit(300)
+                code = run.wait(300)
                 assert code == -signal.SIGKILL, f"{fault} did not kill {guarantee} run {step} ({code}):\n{run.tail()}"
-                kills.append(f"{fault} in batch {len(batch_lines(run.lines())) + 1}")
+                kills.append(f"{fault} in batch {len(run.events().batches) + 1}")
         finally:
-            run.stop()
+            run.destroy()
         if step == 1 and guarantee != "exactly-once":
-            after_first_kill = committed(bootstrap, app_id, source, PARTITIONS)
-    return {"app_id": app_id, "kills": kills, "after_first_kill": after_first_kill}
+            after_first_kill = committed(bootstrap, app.app_id, source, PARTITIONS)
+    return {"app_id": app.app_id, "kills": kills, "after_first_kill": after_first_kill}
 
 
 def test_guarantee_matrix_under_kill_minus_nine(bootstrap_servers, make_topic, tmp_path) -> None:

@@ -12,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from processors.enrich_orders import EnrichOrders
 from processors.sample_orders import enriched, orders
-from tests.support.kafka import avro_bytes, committed, produce, read_all
+from tests.support.kafka import avro_bytes, committed, read_all
+from tests.support.running import DriverThread
+from tests.support.seeding import seed_numbered
+from tests.support.waiting import wait_until
 from txstream.cli.main import main
 from txstream.serde.avro import load_schema
 from txstream.tools.topic_io import end_offsets
@@ -45,16 +46,6 @@ def scrape(port: int) -> dict[str, list]:
 
 def total(samples: dict[str, list], name: str, **labels: str) -> float:
     return sum(v for found, v in samples.get(name, []) if all(found.get(k) == w for k, w in labels.items()))
-
-
-def wait_for(condition, timeout: float, what: str, every: float = 0.5, state=lambda: ""):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; {state()}")
 
 
 def status(bootstrap: str, app: str, output: str, metrics_url: str | None) -> dict:
@@ -120,15 +111,12 @@ def seed(bootstrap: str, topic: str, partitions: int, count: int, bad: int) -> t
     """`count` orders over the partitions and `bad` undecodable records on partition 0.
     Returns (records the transform gets, records EnrichOrders publishes)."""
     good = list(orders(count, seed=16))
-    for p in range(partitions):
-        produce(bootstrap, topic, [(o["id"].encode(), avro_bytes(ORDER, o)) for o in good[p::partitions]],
-                partition=p)
-    produce(bootstrap, topic, [(f"bad-{i}".encode(), b"\xff" * 12) for i in range(bad)], partition=0)
+    seed_numbered(bootstrap, topic, partitions, count, record=lambda n: (good[n]["id"].encode(), avro_bytes(ORDER, good[n])))
+    seed_numbered(bootstrap, topic, partitions, bad, only=0, record=lambda n: (f"bad-{n}".encode(), b"\xff" * 12))
     return count, sum(enriched(o) is not None for o in good)
 
 
 def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_topic, spark) -> None:
-    from txstream.driver.loop import Driver
     from txstream.settings import resolve
 
     partitions, bad = 3, 2
@@ -140,13 +128,10 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
     settings = resolve(EnrichOrders, bootstrap_servers=bootstrap_servers, master="local[2]", app_id=app,
                        inputs=[source], output=output, dead_letter=dead, max_records_per_partition=120,
                        metrics_port=0, metrics_address="127.0.0.1", log_format="json")
-    lines: list[str] = []
-    driver = Driver(settings, echo=lines.append, spark=spark)
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(code=driver.run()), daemon=True)
-    thread.start()
+    run = DriverThread(settings, spark).start()
+    driver, lines = run.driver, run.lines
     try:
-        wait_for(lambda: driver.telemetry.port, 120, "the metrics endpoint")
+        wait_until(lambda: driver.telemetry.port, 120, "the metrics endpoint", every=0.5)
         port = driver.telemetry.port
 
         def caught_up():  # noqa: ANN202
@@ -161,9 +146,9 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
             return (f"in {total(s, 'txstream_records_in_total')}, lag {s.get('txstream_partition_lag_records')}; "
                     f"last lines: {lines[-6:]}")
 
-        s = wait_for(caught_up, 300, "every record in and the lag at 0", state=state)
+        s = wait_until(caught_up, 300, "every record in and the lag at 0", every=0.5, state=state)
         # Scraped while the run goes on (idle, caught up).
-        assert thread.is_alive(), outcome
+        assert run.alive(), run.outcome
         assert total(s, "txstream_records_in_total", app=app, guarantee="exactly-once") == decoded
         assert total(s, "txstream_records_out_total", app=app) == expected_out
         assert total(s, "txstream_dead_letters_total", app=app, stage="decode") == bad
@@ -189,13 +174,13 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
         for p, end in ends.items():
             assert total(s, "txstream_partition_committed_offset", topic=source, partition=str(p)) == end
             assert total(s, "txstream_partition_last_stable_offset", topic=source, partition=str(p)) == end
-        wait_for(lambda: len(scrape(port).get("txstream_partition_log_end_lag_records", [])) == partitions
-                 and total(scrape(port), "txstream_partition_log_end_lag_records") == 0, 30,
-                 "the log-end lag at 0")
+        wait_until(lambda: len(scrape(port).get("txstream_partition_log_end_lag_records", [])) == partitions
+                   and total(scrape(port), "txstream_partition_log_end_lag_records") == 0, 30,
+                   "the log-end lag at 0", every=0.5)
         # Idle, the loop keeps planning: the lag it shows is current, not the last batch's.
         planned = total(s, "txstream_last_plan_timestamp_seconds", app=app)
-        wait_for(lambda: total(scrape(port), "txstream_last_plan_timestamp_seconds", app=app) > planned, 30,
-                 "an idle turn to plan again")
+        wait_until(lambda: total(scrape(port), "txstream_last_plan_timestamp_seconds", app=app) > planned, 30,
+                   "an idle turn to plan again", every=0.5)
         assert total(scrape(port), "txstream_batches_total", app=app) == batches
         # ... and with what reached Kafka.
         published = read_all(bootstrap_servers, output)
@@ -213,9 +198,8 @@ def test_metrics_scraped_during_a_run_match_what_it_did(bootstrap_servers, make_
         # Kafka's own kafka-consumer-groups --describe and `txstream offsets show` agree with it.
         agree_with_kafka_tools(bootstrap_servers, app, source, live, running=True)
     finally:
-        driver.stop_requested.set()
-        thread.join(120)
-    assert not thread.is_alive() and outcome.get("code") == 0, lines[-5:]
+        code = run.stop()
+    assert code == 0, (run.outcome, lines[-5:])
 
     # The JSON lines: every line parses, and the batch objects carry the same counts.
     events = [json.loads(line) for line in lines]

@@ -4,16 +4,14 @@ for one record sends that record to the dead-letter topic, not the whole partiti
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
 from pathlib import Path
 
 from tests.support.kafka import avro_bytes, committed, produce, read_all
+from tests.support.running import App, Run
 from txstream.kafka import headers
 from txstream.serde.avro import AvroCodec, load_schema
 
@@ -57,23 +55,20 @@ def _user_project(tmp_path: Path) -> Path:
     return project
 
 
-def _run(project: Path, bootstrap: str, app_id: str, source: str, sink: str, dlq: str | None,
-         env_extra: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, **(env_extra or {})}
-    args = [sys.executable, "-m", "txstream.cli", "run", "greeter.py:Greeter", "--bootstrap-servers", bootstrap,
-            "--app-id", app_id, "--input", source, "--output", sink, "--until-caught-up", "--master", "local[2]",
-            "--max-records-per-partition", "300"]
-    if dlq:
-        args += ["--dead-letter-topic", dlq]
-    proc = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+def _app(project: Path, bootstrap: str, app_id: str, source: str, sink: str, dlq: str | None) -> App:
+    """`txstream run greeter.py:Greeter` started from the user's project directory."""
+    return App(bootstrap, source, sink, 2, app_id=app_id, processor="greeter.py:Greeter", cap=300, cwd=project,
+               extra=["--dead-letter-topic", dlq] if dlq else [])
+
+
+def _run(app: App, timeout: float = 300) -> Run:
+    """One run to its end (the exit code in `.proc.returncode`)."""
+    run = app.start()
     try:
-        out, err = proc.communicate(timeout=timeout)
+        run.wait(timeout)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+        run.destroy()
+    return run
 
 
 def test_user_processor_outside_the_repo_killed_and_restarted(bootstrap_servers, make_topic, tmp_path) -> None:
@@ -85,13 +80,15 @@ def test_user_processor_outside_the_repo_killed_and_restarted(bootstrap_servers,
     faults_dir = tmp_path / "faults"
     # The first run dies between producing its second range and committing it (kill -9 of the
     # driver, the JVM and the Python workers); the restart must not publish anything twice.
-    first = _run(project, bootstrap_servers, app_id, source, sink, None,
-                 {"TXSTREAM_FAULTS": "publish.before_commit=kill@2", "TXSTREAM_FAULTS_DIR": str(faults_dir)})
-    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    app = _app(project, bootstrap_servers, app_id, source, sink, None)
+    app.faults, app.faults_dir = "publish.before_commit=kill@2", str(faults_dir)
+    first = _run(app)
+    assert first.poll() == -signal.SIGKILL, first.tail()
     assert (faults_dir / "publish.before_commit.2").exists()
-    second = _run(project, bootstrap_servers, app_id, source, sink, None)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "caught up" in second.stderr
+    app.faults = None
+    second = _run(app)
+    assert second.poll() == 0, second.tail(60)
+    assert second.events().of("caught_up"), second.tail()
     codec = AvroCodec(load_schema(json.dumps(GREETING)))
     got = Counter((r.key.decode(), codec.decode(r.value)["text"]) for r in read_all(bootstrap_servers, sink))
     assert got == Counter((p["name"], f"Hello, {p['name'].upper()}") for p in people)
@@ -103,8 +100,8 @@ def test_a_udf_error_dead_letters_only_that_record(bootstrap_servers, make_topic
     source, sink, dlq = make_topic("people"), make_topic("greetings"), make_topic("dlq")
     people = [{"name": "poison" if i == 137 else f"p{i}", "age": 30} for i in range(400)]
     produce(bootstrap_servers, source, ((p["name"].encode(), avro_bytes(PERSON, p)) for p in people))
-    run = _run(project, bootstrap_servers, f"udf-{time.time_ns()}", source, sink, dlq)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _run(_app(project, bootstrap_servers, f"udf-{time.time_ns()}", source, sink, dlq))
+    assert run.poll() == 0, run.tail(60)
     out = read_all(bootstrap_servers, sink)
     assert sorted(r.key.decode() for r in out) == sorted(p["name"] for p in people if p["name"] != "poison")
     [dead] = read_all(bootstrap_servers, dlq)
@@ -119,10 +116,10 @@ def test_a_udf_error_without_dead_letter_topic_stops_naming_the_record(bootstrap
     source, sink = make_topic("people"), make_topic("greetings")
     people = [{"name": "poison" if i == 3 else f"p{i}", "age": 30} for i in range(10)]
     produce(bootstrap_servers, source, ((p["name"].encode(), avro_bytes(PERSON, p)) for p in people))
-    run = _run(project, bootstrap_servers, f"udf-{time.time_ns()}", source, sink, None)
-    assert run.returncode == 1
+    run = _run(_app(project, bootstrap_servers, f"udf-{time.time_ns()}", source, sink, None))
+    assert run.poll() == 1, run.tail(60)
     # Spark's executor log shows the worker's traceback; txstream's own last word is one clear line.
-    last = run.stderr.strip().splitlines()[-1]
+    last = run.text().strip().splitlines()[-1]
     assert last.startswith(f"Error: record {source}[0]@3 failed in the transform"), last
     assert "cannot shout poison" in last and "dead_letter_topic" in last
     assert sorted(r.key.decode() for r in read_all(bootstrap_servers, sink)) == ["p0", "p1", "p2"]

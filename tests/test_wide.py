@@ -14,16 +14,16 @@ import pytest
 from processors.customer_totals import CustomerTotals
 from processors.dedupe_orders import DedupeOrders
 from processors.orders_with_customers import OrdersWithCustomers
-from processors.sample_orders import orders
-from tests.chaos import harness as h
 from tests.support.kafka import avro_bytes, committed, produce, read_all
+from tests.support.running import App
+from tests.support.seeding import ORDER, seed_numbered, seed_orders
+from tests.support.waiting import wait_until
 from tests.support.wide_processors import BucketTotals, RandomBuckets, expected_totals, output_totals
 from txstream.driver.planlog import LoggedPartition, PlanShare, pending_batch
 from txstream.errors import TransformError
 from txstream.serde.avro import AvroCodec, load_schema
 from txstream.tools.verify import audit
 
-ORDER = load_schema("schemas/order.avsc")
 TOTALS = load_schema("schemas/customer_totals.avsc")
 WIDE = "tests/support/wide_processors.py"
 
@@ -88,7 +88,7 @@ def test_deterministic_wide_transforms_pass(spark) -> None:
 
 def _bucket_run(bootstrap, make_topic, run_processor, count: int, **overrides):
     source, sink = make_topic("w-in", partitions=4), make_topic("w-out", partitions=3)
-    h.seed(bootstrap, source, 4, count)
+    seed_numbered(bootstrap, source, 4, count)
     driver = run_processor(BucketTotals, inputs=[source], output=sink, max_records_per_partition=700, **overrides)
     return driver, source, sink
 
@@ -98,7 +98,7 @@ def test_group_by_reconciles_exactly_and_verify_is_clean(bootstrap_servers, make
     driver, source, sink = _bucket_run(bootstrap_servers, make_topic, run_processor, 8000, wide_mode=mode,
                                        output_units=3)
     assert driver.exit_code == 0
-    assert any(line.startswith("protocol: wide") and (mode.split("-")[0] in line) for line in driver.lines), driver.lines
+    assert any(m.startswith("protocol: wide") and (mode.split("-")[0] in m) for m in driver.events.messages()), driver.lines
     assert driver.totals["batches"] >= 3 and driver.totals["records_in"] == 8000
     out = read_all(bootstrap_servers, sink)
     assert output_totals(out) == expected_totals(range(8000))
@@ -133,7 +133,7 @@ def test_a_narrow_transform_keeps_the_narrow_protocol(bootstrap_servers, make_to
     source, sink = make_topic("n-in", partitions=2), make_topic("n-out", partitions=2)
     produce(bootstrap_servers, source, [(b"k", b"v")] * 10)
     driver = run_processor(PassThrough, inputs=[source], output=sink)
-    assert any(line.startswith("protocol: narrow") for line in driver.lines)
+    assert any(m.startswith("protocol: narrow") for m in driver.events.messages()), driver.lines
 
 
 def test_verify_catches_a_unit_published_twice(bootstrap_servers, make_topic, run_processor) -> None:
@@ -164,18 +164,9 @@ def test_a_nondeterministic_transform_is_refused_before_anything_is_read(bootstr
     assert read_all(bootstrap_servers, sink, timeout=5) == []
 
 
-def _seed_orders(bootstrap: str, topic: str, count: int, garbage_at: tuple[int, ...] = ()) -> list[dict]:
-    data = list(orders(count))
-    records = [(o["customer_id"].encode(), avro_bytes(ORDER, o)) for o in data]
-    for i in garbage_at:
-        records.insert(i, (b"bad", b"\xff\xff not avro"))
-    produce(bootstrap, topic, records)
-    return data
-
-
 def test_customer_totals_example_with_a_dead_letter(bootstrap_servers, make_topic, run_processor) -> None:
     source, sink, dlq = make_topic("o-in", partitions=2), make_topic("ct-out", partitions=2), make_topic("ct-dlq")
-    data = _seed_orders(bootstrap_servers, source, 1500, garbage_at=(700,))
+    data = seed_orders(bootstrap_servers, source, 1500, garbage_at=(700,))
     driver = run_processor(CustomerTotals, inputs=[source], output=sink, dead_letter=dlq,
                            max_records_per_partition=300)
     assert driver.exit_code == 0
@@ -200,11 +191,11 @@ def test_customer_totals_example_with_a_dead_letter(bootstrap_servers, make_topi
 
 def test_shuffled_join_and_dedupe_examples(bootstrap_servers, make_topic, run_processor) -> None:
     source = make_topic("o-in", partitions=2)
-    data = _seed_orders(bootstrap_servers, source, 600)
+    data = seed_orders(bootstrap_servers, source, 600)
     produce(bootstrap_servers, source, [(o["customer_id"].encode(), avro_bytes(ORDER, o)) for o in data[:50]])
     joined = make_topic("j-out", partitions=2)
     driver = run_processor(OrdersWithCustomers, inputs=[source], output=joined, dead_letter=make_topic("dlq"))
-    said = [line for line in driver.lines if line.startswith("the transform is wide: it brings rows together by")]
+    said = [m for m in driver.events.messages() if m.startswith("the transform is wide: it brings rows together by")]
     assert said and "customer_id" in said[0] and "#" not in said[0] and "Exchange" not in said[0], driver.lines
     values = [json.loads(r.value) for r in read_all(bootstrap_servers, joined)]
     assert Counter(v["id"] for v in values) == Counter([o["id"] for o in data] + [o["id"] for o in data[:50]])
@@ -218,20 +209,20 @@ def test_shuffled_join_and_dedupe_examples(bootstrap_servers, make_topic, run_pr
 
 def test_a_second_instance_of_a_wide_app_is_refused(bootstrap_servers, make_topic) -> None:
     source, sink = make_topic("s-in", partitions=2), make_topic("s-out", partitions=2)
-    h.seed(bootstrap_servers, source, 2, 1000)
-    app = h.App(bootstrap_servers, source, sink, 2, processor=f"{WIDE}:BucketTotals",
+    seed_numbered(bootstrap_servers, source, 2, 1000)
+    app = App(bootstrap_servers, source, sink, 2, processor=f"{WIDE}:BucketTotals",
                 extra=["-X", "consumer.session.timeout.ms=6000"])
     try:
         first = app.start(until_caught_up=False)
-        h.wait_for(lambda: (app.committed_total() or 0) >= 1000, 180, "the first instance to catch up", run=first)
+        wait_until(lambda: (app.committed_total() or 0) >= 1000, 180, "the first instance to catch up", run=first)
         second = app.start(until_caught_up=False)
         code = second.wait(120)
         assert code != 0
         assert re.search(r"is a wide app and already runs .*one instance", second.tail(20).replace("\n", " ")), \
             second.tail(20)
         assert first.poll() is None, "the first instance must keep running"
-        h.seed(bootstrap_servers, source, 2, 500, first=1000)
-        h.wait_for(lambda: (app.committed_total() or 0) >= 1500, 120, "the first instance to go on", run=first)
+        seed_numbered(bootstrap_servers, source, 2, 500, first=1000)
+        wait_until(lambda: (app.committed_total() or 0) >= 1500, 120, "the first instance to go on", run=first)
         assert first.terminate() == 0
         # A clean stop leaves the group: the next start is not refused.
         assert app.start(until_caught_up=True).wait(180) == 0
@@ -244,16 +235,17 @@ def test_a_replay_that_differs_is_caught_by_the_markers(bootstrap_servers, make_
     """Allowed knowingly, a random transform is re-run after a kill between the units and the
     close: the replayed units see the markers and say that their rows differ."""
     source, sink = make_topic("x-in", partitions=2), make_topic("x-out", partitions=2)
-    h.seed(bootstrap_servers, source, 2, 3000)
-    app = h.App(bootstrap_servers, source, sink, 2, processor=f"{WIDE}:SlyRandomBuckets",
+    seed_numbered(bootstrap_servers, source, 2, 3000)
+    app = App(bootstrap_servers, source, sink, 2, processor=f"{WIDE}:SlyRandomBuckets",
                 extra=["--output-units", "2", "-X", "consumer.session.timeout.ms=6000"],
                 faults="driver.before_close=kill@1")
     try:
         assert app.start().wait(300) != 0
         assert app.start().wait(300) == 0, app.log_text()[-3000:]
-        log = app.log_text()
-        assert "re-running its logged plan" in log
-        assert re.search(r"warning: batch 1: unit \d of batch 1 replayed with", log) or \
-            re.search(r"note: batch 1: unit \d of batch 1 replayed with different values", log), log[-3000:]
+        messages = app.events().messages()
+        assert any("re-running its logged plan" in m for m in messages), app.log_text()[-3000:]
+        assert any(re.search(r"warning: batch 1: unit \d of batch 1 replayed with", m)
+                   or re.search(r"note: batch 1: unit \d of batch 1 replayed with different values", m)
+                   for m in messages), app.log_text()[-3000:]
     finally:
         app.destroy_all()

@@ -13,14 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.chaos import harness as h
 from txstream.local.cluster import LocalKafkaCluster
-
-
-@pytest.fixture(autouse=True)
-def _close_probes() -> Iterator[None]:
-    yield
-    h.close_probes()
 
 
 @pytest.fixture(scope="module")

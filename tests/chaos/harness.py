@@ -1,298 +1,28 @@
-"""Shared machinery for the crash tests and the chaos suite: `txstream run` as a real subprocess
-that is killed for real, conditions on the group's committed offsets, a feeder, a read_committed
-checker thread, and the exactly-once verdict (output multiset == input, audit clean).
-
-Every process a test starts lives in its own session (start_new_session=True); `Run.destroy`
-kills the whole session, Spark's Python daemon included (it moves itself to its own process
-group, so killing the driver's group alone can leave it behind for a moment).
+"""The chaos suite's own machinery: a feeder, a read_committed checker thread, and the
+exactly-once verdict (output multiset == input, audit clean). Running, waiting, seeding and
+committed offsets are the tests' shared helpers (tests/support/).
 """
 from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from tests.support.running import App, Run
+from tests.support.seeding import numbered, seed_numbered
 from txstream.kafka import headers as hdr
-from txstream.local.processes import die_with_parent
 from txstream.tools.topic_io import end_offsets as topic_io_end_offsets
-from txstream.tools.topic_io import produce_waiting
 
-REPO = Path(__file__).resolve().parents[2]
 SOAK = os.environ.get("TXSTREAM_SOAK", "") not in ("", "0")
-PASSTHROUGH = "processors/passthrough.py:PassThrough"
 
 
 def scale(ci: int, soak: int) -> int:
     return soak if SOAK else ci
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes
-# ---------------------------------------------------------------------------------------------
-
-def session_pids(sid: int) -> list[int]:
-    """Every live process whose session id is `sid` (field 6 of /proc/PID/stat)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        # fields[0] is the state (field 3); session is field 6 -> index 3.
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def kill_session(sid: int, timeout: float = 20.0) -> None:
-    """SIGKILL the process group `sid`, then every straggler of the session; wait until none."""
-    try:
-        os.killpg(sid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + timeout
-    while True:
-        left = session_pids(sid)
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"processes of session {sid} survive SIGKILL: {left}")
-        time.sleep(0.05)
-
-
-@dataclass
-class Run:
-    """One `python -m txstream.cli run ...` in its own session, stderr to a log file."""
-
-    args: list[str]
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen | None = None
-    started: float = 0.0
-    cwd: Path | None = None   # default: the repository
-
-    def start(self) -> "Run":
-        # The shell records its own pid (== the new session's process group) for faults.py's
-        # `kill` action, then execs the CLI so the pid stays the same.
-        command = "TXSTREAM_DRIVER_PGID=$$ exec " + " ".join(_quote(a) for a in self.args)
-        self.log = open(self.log_path, "ab")
-        self.log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {' '.join(self.args)}\n".encode())
-        self.log.flush()
-        self.proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=self.cwd or REPO, env=self.env,
-                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
-                                     start_new_session=True, preexec_fn=die_with_parent)
-        self.started = time.monotonic()
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def poll(self) -> int | None:
-        return self.proc.poll() if self.proc else None
-
-    def kill9(self) -> None:
-        """kill -9 of the process group (a power cut), then the rest of the session."""
-        kill_session(self.pid)
-        self.proc.wait(30)
-        self._close_log()
-
-    def terminate(self, timeout: float = 180.0) -> int:
-        """SIGTERM to the driver (as `kill PID`, docker stop or Kubernetes do): it finishes its
-        in-flight batch, leaves the group and exits 0. Only the driver: a SIGTERM to the whole
-        group would also reach Spark's JVM, which would die under the in-flight batch."""
-        os.kill(self.pid, signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.destroy()
-            raise AssertionError(f"txstream run did not stop within {timeout:.0f}s of SIGTERM\n{self.tail()}") from None
-        kill_session(self.pid)  # Spark's daemon must be gone too
-        self._close_log()
-        return code
-
-    def wait(self, timeout: float) -> int:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.destroy()
-            raise AssertionError(f"txstream run did not finish within {timeout:.0f}s\n{self.tail()}") from None
-        kill_session(self.pid)
-        self._close_log()
-        return code
-
-    def destroy(self) -> None:
-        if self.proc is not None:
-            kill_session(self.pid)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-        self._close_log()
-
-    def dump_stacks(self, timeout: float = 5.0) -> None:
-        """Ask a stuck driver where it is: the CLI dumps every thread's stack on SIGUSR1 into
-        the log; wait until the dump is there (or the timeout: the diagnosis is best effort)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        dumps_before = self.log_path.read_text(errors="replace").count("most recent call first")
-        try:
-            os.kill(self.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if self.log_path.read_text(errors="replace").count("most recent call first") > dumps_before:
-                return
-            time.sleep(0.1)
-
-    def _close_log(self) -> None:
-        log = getattr(self, "log", None)
-        if log is not None and not log.closed:
-            log.close()
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
-
-
-@dataclass
-class App:
-    """A `txstream run` configuration that tests start, kill and restart."""
-
-    bootstrap: str
-    input: str
-    output: str
-    partitions: int
-    app_id: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:10]}")
-    processor: str = PASSTHROUGH
-    cap: int = 10_000
-    master: str = "local[2]"
-    extra: list[str] = field(default_factory=list)
-    faults: str | None = None
-    faults_dir: str | None = None
-    log_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="txstream-chaos-log-"))
-    runs: list[Run] = field(default_factory=list)
-    env_extra: dict[str, str] = field(default_factory=dict)
-    cwd: Path | None = None   # where `txstream run` starts (default: the repository)
-
-    def command(self, until_caught_up: bool) -> list[str]:
-        args = [sys.executable, "-m", "txstream.cli", "run", self.processor,
-                "--bootstrap-servers", self.bootstrap, "--app-id", self.app_id,
-                "--input", self.input, "--output", self.output, "--master", self.master,
-                "--max-records-per-partition", str(self.cap), *self.extra]
-        return args + (["--until-caught-up"] if until_caught_up else [])
-
-    def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TXSTREAM_FAULTS")}
-        env.pop("TXSTREAM_DRIVER_PGID", None)
-        if self.faults:
-            env["TXSTREAM_FAULTS"] = self.faults
-            env["TXSTREAM_FAULTS_DIR"] = self.faults_dir or tempfile.mkdtemp(prefix="txstream-faults-")
-            self.faults_dir = env["TXSTREAM_FAULTS_DIR"]
-        env.update(self.env_extra)
-        return env
-
-    def start(self, until_caught_up: bool = True) -> Run:
-        run = Run(self.command(until_caught_up), self.environment(),
-                  Path(self.log_dir) / f"{self.app_id}.log", cwd=self.cwd).start()
-        self.runs.append(run)
-        return run
-
-    def destroy_all(self) -> None:
-        for run in self.runs:
-            run.destroy()
-
-    def passed(self) -> None:
-        """Drop the logs (kept when a test fails, for the post-mortem)."""
-        import shutil
-
-        shutil.rmtree(self.log_dir, ignore_errors=True)
-        if self.faults_dir:
-            shutil.rmtree(self.faults_dir, ignore_errors=True)
-
-    def log_text(self) -> str:
-        try:
-            return (Path(self.log_dir) / f"{self.app_id}.log").read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def committed_total(self) -> int | None:
-        """Sum of the group's committed offsets; None while they cannot be read (a broker down,
-        a transactional commit still pending)."""
-        offsets = committed(self.bootstrap, self.app_id, self.input, self.partitions)
-        if offsets is None:
-            return None
-        return sum(v or 0 for v in offsets.values())
-
-    def baseline(self, timeout: float = 120) -> int:
-        return wait_for(lambda: _plus_one(self.committed_total()), timeout, "readable committed offsets") - 1
-
-    def progressed_since(self, baseline: int):  # a condition for wait_for
-        def check() -> bool:
-            total = self.committed_total()
-            return total is not None and total > baseline
-        return check
-
-
-# ---------------------------------------------------------------------------------------------
-# Broker-side observations
-# ---------------------------------------------------------------------------------------------
-
-_PROBES: dict[tuple[str, str], Consumer] = {}
-
-
-def _plus_one(value: int | None) -> int | None:
-    return None if value is None else value + 1
-
-
-def committed(bootstrap: str, group: str, topic: str, partitions: int, timeout: float = 15) -> dict[int, int | None] | None:
-    """The group's committed offsets, read stably (read_committed: pending txn commits resolved)."""
-    key = (bootstrap, group)
-    if key not in _PROBES:
-        _PROBES[key] = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                                 "isolation.level": "read_committed", "enable.auto.commit": False,
-                                 "log_level": 0})
-    try:
-        result = _PROBES[key].committed([TopicPartition(topic, p) for p in range(partitions)], timeout)
-    except Exception:  # noqa: BLE001 - a broker bouncing, a pending commit: poll again
-        return None
-    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
-
-
-def close_probes() -> None:
-    while _PROBES:
-        _, consumer = _PROBES.popitem()
-        consumer.close()
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
@@ -301,54 +31,18 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     return {p: ends[p][1] for p in range(partitions)}
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2, run: Run | None = None):
-    """Poll `condition()` until truthy; fail with `what` (and the run's log) at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if run is not None and run.poll() is not None:
-            return None  # the run ended (caller decides what that means)
-        if time.monotonic() > deadline:
-            if run is not None:
-                run.dump_stacks()
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
-                                 + (f"\n--- txstream run log ---\n{run.tail()}" if run else ""))
-        time.sleep(interval)
-
-
 # ---------------------------------------------------------------------------------------------
 # Input
 # ---------------------------------------------------------------------------------------------
 
-def record(n: int) -> tuple[bytes, bytes]:
-    return f"k{n}".encode(), f"v{n}-{'x' * (n % 37)}".encode()
-
-
-def seed(bootstrap: str, topic: str, partitions: int, count: int, first: int = 0,
-         only: int | None = None) -> Counter:
-    """`count` records spread round-robin over the partitions (or all into partition `only`);
-    returns their (key, value) multiset."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "batch.num.messages": 10_000, "queue.buffering.max.messages": 500_000})
-    sent: Counter = Counter()
-    for n in range(first, first + count):
-        key, value = record(n)
-        produce_waiting(producer, topic, value, key, n % partitions if only is None else only)
-        sent[(key, value)] += 1
-    assert producer.flush(120) == 0, "seeding did not finish"
-    return sent
-
-
-def top_up(app: "App", seeded: int, ahead: int) -> Counter:
+def top_up(app: App, seeded: int, ahead: int) -> Counter:
     """Seed more records (numbered on from `seeded`) so that at least `ahead` lie beyond the app's
     committed offsets: a kill loop then always finds a run mid-input, however fast runs become.
     Returns the added (key, value) multiset (empty when enough input is left)."""
     missing = ahead - (seeded - app.baseline())
     if missing <= 0:
         return Counter()
-    return seed(app.bootstrap, app.input, app.partitions, missing, first=seeded)
+    return seed_numbered(app.bootstrap, app.input, app.partitions, missing, first=seeded)
 
 
 class Feeder(threading.Thread):
@@ -375,7 +69,7 @@ class Feeder(threading.Thread):
             if self.last is not None:
                 due = min(due, self.last)
             while self.next < due and not self.stop_event.is_set():
-                key, value = record(self.next)
+                key, value = numbered(self.next)
                 try:
                     producer.produce(self.topic, value, key, partition=self.next % self.partitions,
                                      on_delivery=self._delivered)
@@ -551,7 +245,7 @@ def stop_run(run: Run, action: str, rng: random.Random) -> None:
         time.sleep(rng.uniform(0.0, 2.0))
         code = run.terminate()
         assert code == 0, f"SIGTERM: txstream run exited {code}\n{run.tail()}"
-        assert "stopped:" in run.tail(), run.tail()
+        assert run.events().of("stopped"), run.tail()
 
 
 def random_delay(rng: random.Random, low: float, high: float) -> float:

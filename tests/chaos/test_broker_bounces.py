@@ -20,6 +20,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.chaos import harness as h
 from tests.support.nodes import bounce, leader_of, transaction_coordinator, wait_fully_replicated
+from tests.support.running import App
+from tests.support.seeding import numbered, seed_numbered
 
 pytestmark = pytest.mark.chaos
 PARTITIONS = 4
@@ -65,10 +67,10 @@ def test_broker_bounces(cluster):
     suffix = f"{int(time.time())}"
     source, sink = f"bb-in-{suffix}", f"bb-out-{suffix}"
     _topics(cluster, source, sink)
-    expected = h.seed(bootstrap, source, PARTITIONS, seeded)
+    expected = seed_numbered(bootstrap, source, PARTITIONS, seeded)
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+    app = App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
                 # Sensible timeouts while a broker is down: librdkafka retries for a while
                 # instead of failing the task at once.
                 # A batch stuck behind a broker that went away is cancelled after 120 s and
@@ -88,19 +90,11 @@ def test_broker_bounces(cluster):
         feeder.start()
         run = app.start(until_caught_up=False)
 
-        def ensure_running(after: str) -> None:
-            nonlocal run
-            if run.poll() is not None:
-                exits.append(f"exit {run.poll()} after {after}")
-                run.destroy()
-                run = app.start(until_caught_up=False)
-
         def progress(after: str) -> None:
-            baseline = app.baseline()
-            deadline = time.monotonic() + 300
-            while not h.wait_for(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
-                                 f"progress after {after}", interval=0.2, run=run):
-                ensure_running(after)  # the run ended: note it, restart, keep waiting
+            # A run that ends is noted and started again.
+            nonlocal run
+            run = app.wait_restarting(run, app.progressed_since(app.baseline()), 300, f"progress after {after}",
+                                      exits=exits)
 
         progress("start")
         tid = f"{app.app_id}-{source}-0"
@@ -128,12 +122,11 @@ def test_broker_bounces(cluster):
                 time.sleep(rng.uniform(0, 2))
         feeder.finish()
         assert not feeder.errors, feeder.errors
-        expected += Counter(h.record(n) for n in range(seeded, feeder.next))
+        expected += Counter(numbered(n) for n in range(seeded, feeder.next))
         ends = h.end_offsets(bootstrap, source, PARTITIONS)
         target = sum(ends.values())
-        while not h.wait_for(lambda: (app.committed_total() or 0) >= target, 300,
-                             f"the run to catch up to {target}", interval=0.5, run=run):
-            ensure_running("the bounces")
+        run = app.wait_restarting(run, lambda: (app.committed_total() or 0) >= target, 600,
+                                  f"the run to catch up to {target}", every=0.5, exits=exits)
         code = run.terminate()
         assert code == 0, f"SIGTERM: exit {code}\n{run.tail()}"
         checker.drain()
@@ -164,8 +157,8 @@ def test_wide_broker_bounces(cluster):
     suffix = f"{int(time.time())}"
     source, sink = f"wb-in-{suffix}", f"wb-out-{suffix}"
     _topics(cluster, source, sink)
-    h.seed(bootstrap, source, PARTITIONS, seeded)
-    app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+    seed_numbered(bootstrap, source, PARTITIONS, seeded)
+    app = App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
                 processor="tests/support/wide_processors.py:BucketTotals",
                 extra=["--output-units", "3", "-X", "producer.message.timeout.ms=55000",
                        "-X", "consumer.session.timeout.ms=30000", "--batch-timeout", "120"])
@@ -178,13 +171,8 @@ def test_wide_broker_bounces(cluster):
 
         def progress(after: str) -> None:
             nonlocal run
-            baseline = app.baseline()
-            deadline = time.monotonic() + 300
-            while not h.wait_for(app.progressed_since(baseline), max(1.0, deadline - time.monotonic()),
-                                 f"progress after {after}", interval=0.2, run=run):
-                exits.append(f"exit {run.poll()} after {after}")
-                run.destroy()
-                run = app.start(until_caught_up=False)
+            run = app.wait_restarting(run, app.progressed_since(app.baseline()), 300, f"progress after {after}",
+                                      exits=exits)
 
         progress("start")
         leader = leader_of(cluster, source, 0)
@@ -200,11 +188,8 @@ def test_wide_broker_bounces(cluster):
         assert not feeder.errors, feeder.errors
         total = feeder.next
         target = sum(h.end_offsets(bootstrap, source, PARTITIONS).values())
-        while not h.wait_for(lambda: (app.committed_total() or 0) >= target, 300,
-                             f"the run to catch up to {target}", interval=0.5, run=run):
-            exits.append(f"exit {run.poll()} while catching up")
-            run.destroy()
-            run = app.start(until_caught_up=False)
+        run = app.wait_restarting(run, lambda: (app.committed_total() or 0) >= target, 600,
+                                  f"the run to catch up to {target}", every=0.5, exits=exits)
         assert run.terminate() == 0, run.tail(120)
         got, want = output_totals(read_all(bootstrap, sink, timeout=300)), expected_totals(range(total))
         wrong = {b: (got.get(b), want[b]) for b in want if got.get(b) != want[b]}

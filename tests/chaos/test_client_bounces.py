@@ -13,6 +13,9 @@ from collections import Counter
 import pytest
 
 from tests.chaos import harness as h
+from tests.support.running import App
+from tests.support.seeding import numbered, seed_numbered
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.chaos
 PARTITIONS = 4
@@ -24,14 +27,14 @@ def test_client_bounces(bootstrap_servers, make_topic):
     seeded = h.scale(20_000, 200_000)
     rate = h.scale(200, 1_000)              # records/s written while the bounces happen
     source, sink = make_topic("bounce-in", PARTITIONS), make_topic("bounce-out", PARTITIONS)
-    expected = h.seed(bootstrap_servers, source, PARTITIONS, seeded)
+    expected = seed_numbered(bootstrap_servers, source, PARTITIONS, seeded)
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     # Kills and clean stops, the kills in the majority; a clean stop after the first kill.
     plan = ["kill", "term"] + [rng.choice(["kill", "kill", "term"]) for _ in range(cycles - 2)]
     # A batch stuck past 120 s is cancelled and re-planned (the watchdog), well inside the
     # 300 s this test waits for progress after each start.
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+    app = App(bootstrap_servers, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
                 extra=["--batch-timeout", "120"])
     # Unbounded until the bounces are over: every start must find new input to make progress
     # on (a bounded feed that ran dry left a restarted run idle, waiting for records).
@@ -45,14 +48,14 @@ def test_client_bounces(bootstrap_servers, make_topic):
         for action in plan:
             run = app.start(until_caught_up=False)
             baseline = app.baseline()
-            progressed = h.wait_for(app.progressed_since(baseline), 300,
-                                    "the run to commit a range", interval=0.05, run=run)
+            progressed = wait_until(app.progressed_since(baseline), 300,
+                                    "the run to commit a range", every=0.05, run=run)
             assert progressed, f"txstream run ended on its own (exit {run.poll()})\n{run.tail()}"
             h.stop_run(run, action, rng)
             counts[action] += 1
         feeder.finish()
         assert not feeder.errors, feeder.errors
-        expected += Counter(h.record(n) for n in range(seeded, feeder.next))
+        expected += Counter(numbered(n) for n in range(seeded, feeder.next))
         code = app.start(until_caught_up=True).wait(600)
         assert code == 0, app.log_text()[-3000:]
         checker.drain()

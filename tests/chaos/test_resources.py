@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 
 from tests.chaos import harness as h
+from tests.support.running import App, Run, session_pids
+from tests.support.waiting import wait_until
 
 PARTITIONS = 4
 SLOTS = 2
@@ -60,13 +62,13 @@ def _kind(cmdline: str) -> str:
     return "other"
 
 
-def sample(run: h.Run, batches: int) -> Sample:
+def sample(run: Run, batches: int) -> Sample:
     processes: dict[str, int] = {}
     fds: dict[str, int] = {}
     threads: dict[str, int] = {}
     rss: dict[str, float] = {}
     names: dict[str, Counter] = {}
-    for pid in h.session_pids(run.pid):
+    for pid in session_pids(run.pid):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             status = Path(f"/proc/{pid}/status").read_text()
@@ -114,9 +116,8 @@ def _counts(s: Sample) -> dict:
     return {k: v for k, v in s.__dict__.items() if k != "thread_names"}
 
 
-def batches_done(app: h.App) -> int:
-    found = re.findall(r"^batch (\d+) ", app.log_text(), re.M)
-    return int(found[-1]) if found else 0
+def batches_done(app: App) -> int:
+    return len(app.events().batches)
 
 
 @pytest.mark.timeout(5400 if h.SOAK else 1200)
@@ -126,15 +127,15 @@ def test_long_run_leaves_the_process_tree_flat(bootstrap_servers, make_topic):
     rate = h.scale(400, 200)             # records/s, well below saturation
     trigger = h.scale(1, 5)              # seconds between batch starts (the soak shares the machine)
     source, sink = make_topic("soak-in", PARTITIONS), make_topic("soak-out", PARTITIONS)
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=2_000,
+    app = App(bootstrap_servers, source, sink, PARTITIONS, cap=2_000,
                 extra=["--trigger-interval", str(trigger), "--task-slots", str(SLOTS)])
     feeder = h.Feeder(bootstrap_servers, source, PARTITIONS, rate, first=0)
     samples: list[Sample] = []
     try:
         feeder.start()
         run = app.start(until_caught_up=False)
-        h.wait_for(lambda: batches_done(app) >= warmup_batches, 600,
-                   f"{warmup_batches} batches (warm-up)", interval=1, run=run)
+        wait_until(lambda: batches_done(app) >= warmup_batches, 600,
+                   f"{warmup_batches} batches (warm-up)", every=1, run=run)
         assert run.poll() is None, f"txstream run ended during the warm-up\n{run.tail()}"
         began = time.monotonic()
         samples.append(sample(run, batches_done(app)))

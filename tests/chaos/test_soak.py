@@ -22,6 +22,9 @@ import pytest
 
 from tests.chaos import harness as h
 from tests.chaos.test_broker_bounces import PARTITIONS, _bounce, _topics
+from tests.support.running import App
+from tests.support.seeding import numbered, seed_numbered
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -41,12 +44,12 @@ def test_soak(cluster):
     source, sink = f"soak-in-{suffix}", f"soak-out-{suffix}"
     _topics(cluster, source, sink)
     began = time.monotonic()
-    expected = h.seed(bootstrap, source, PARTITIONS, seeded)
+    expected = seed_numbered(bootstrap, source, PARTITIONS, seeded)
     _say(began, f"seeded {seeded} records into {source} ({PARTITIONS} partitions, RF 3, min ISR 2)")
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     plan = ["kill", "term"] + [rng.choice(["kill", "kill", "term"]) for _ in range(cycles - 2)]
-    app = h.App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
+    app = App(bootstrap, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000),
                 extra=["-X", "producer.message.timeout.ms=55000", "-X", "consumer.session.timeout.ms=30000",
                        "--batch-timeout", "120"])
     feeder = h.Feeder(bootstrap, source, PARTITIONS, rate, first=seeded)
@@ -60,8 +63,8 @@ def test_soak(cluster):
         for number, action in enumerate(plan, 1):
             run = app.start(until_caught_up=False)
             baseline = app.baseline()
-            progressed = h.wait_for(app.progressed_since(baseline), 300, "the run to commit a range",
-                                    interval=0.05, run=run)
+            progressed = wait_until(app.progressed_since(baseline), 300, "the run to commit a range",
+                                    every=0.05, run=run)
             assert progressed, f"txstream run ended on its own (exit {run.poll()})\n{run.tail()}"
             if number % bounce_every == 0:
                 node_id = rng.choice([n.node_id for n in cluster.nodes])
@@ -69,8 +72,8 @@ def test_soak(cluster):
                 took = _bounce(cluster, node_id, hard, restarts)
                 bounces.append(f"{'SIGKILL' if hard else 'clean'} node {node_id} {took:.0f}s")
                 baseline = app.baseline()
-                assert h.wait_for(app.progressed_since(baseline), 300, "progress after a broker bounce",
-                                  interval=0.2, run=run), f"no progress after {bounces[-1]}\n{run.tail()}"
+                assert wait_until(app.progressed_since(baseline), 300, "progress after a broker bounce",
+                                  every=0.2, run=run), f"no progress after {bounces[-1]}\n{run.tail()}"
             h.stop_run(run, action, rng)
             counts[action] += 1
             _say(began, f"{number}/{len(plan)}: {action}; committed {app.committed_total()} of "
@@ -78,7 +81,7 @@ def test_soak(cluster):
                         f"duplicates {len(checker.duplicates)}")
         feeder.finish()
         assert not feeder.errors, feeder.errors
-        expected += Counter(h.record(n) for n in range(seeded, feeder.next))
+        expected += Counter(numbered(n) for n in range(seeded, feeder.next))
         _say(began, f"feeding done: {sum(expected.values())} records; the last run catches up")
         code = app.start(until_caught_up=True).wait(h.scale(600, 3600))
         assert code == 0, app.log_text()[-3000:]

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.chaos import harness as h
+from tests.support.running import App
+from tests.support.seeding import seed_numbered
 
 pytestmark = pytest.mark.chaos
 PARTITIONS = 4
 
 
-def _fired(app: h.App) -> list[str]:
+def _fired(app: App) -> list[str]:
     return sorted(p.name for p in Path(app.faults_dir).iterdir())
 
 
@@ -30,9 +33,9 @@ def test_task_failures_are_retried(bootstrap_servers, make_topic):
     faults = ("read.end=raise@2,publish.before_produce=raise@3,publish.mid_produce=raise@4,"
               "publish.before_commit=raise@5,publish.after_commit=raise@6")
     source, sink = make_topic("spark-in", PARTITIONS), make_topic("spark-out", PARTITIONS)
-    expected = h.seed(bootstrap_servers, source, PARTITIONS, records)
+    expected = seed_numbered(bootstrap_servers, source, PARTITIONS, records)
     checker = h.Checker(bootstrap_servers, sink, PARTITIONS)
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000), faults=faults)
+    app = App(bootstrap_servers, source, sink, PARTITIONS, cap=h.scale(2_500, 10_000), faults=faults)
     began = time.monotonic()
     try:
         checker.start()
@@ -64,10 +67,10 @@ def test_speculative_execution(bootstrap_servers, make_topic):
     producer (`publish.before_produce`), a speculative copy included even if it is killed later."""
     small, big = h.scale(2_000, 20_000), h.scale(30_000, 300_000)
     source, sink = make_topic("spec-in", PARTITIONS), make_topic("spec-out", PARTITIONS)
-    expected = h.seed(bootstrap_servers, source, PARTITIONS, small * PARTITIONS)
-    expected += h.seed(bootstrap_servers, source, PARTITIONS, big, first=small * PARTITIONS, only=0)
+    expected = seed_numbered(bootstrap_servers, source, PARTITIONS, small * PARTITIONS)
+    expected += seed_numbered(bootstrap_servers, source, PARTITIONS, big, first=small * PARTITIONS, only=0)
     checker = h.Checker(bootstrap_servers, sink, PARTITIONS)
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, cap=1_000_000,
+    app = App(bootstrap_servers, source, sink, PARTITIONS, cap=1_000_000,
                 master="local-cluster[2,1,1024]", faults="publish.before_produce=raise@1000000000",
                 extra=["--conf", "spark.speculation=true", "--conf", "spark.speculation.multiplier=1",
                        "--conf", "spark.speculation.quantile=0.1", "--conf", "spark.speculation.minTaskRuntime=100ms",
@@ -80,7 +83,8 @@ def test_speculative_execution(bootstrap_servers, make_topic):
         code = app.start(until_caught_up=True).wait(900)
         log = app.log_text()
         assert code == 0, log[-4000:]
-        tasks = sum(int(m) for m in re.findall(r"^batch \d+\s+partitions (\d+)", log, re.M))
+        batches = app.events().batches
+        tasks = sum(b["partitions"] for b in batches)
         attempts = len(_fired(app))
         # Spark never launches a speculative copy on a host that already runs an attempt of the
         # task (TaskSetManager: hasAttemptOnHost), and every executor here is on this one host:
@@ -90,11 +94,12 @@ def test_speculative_execution(bootstrap_servers, make_topic):
         if attempts <= tasks:
             print(f"note: no speculative copy could start ({attempts} attempts for {tasks} tasks): all "
                   "executors share one host, and Spark never speculates onto a host running the task", flush=True)
-        statuses = re.findall(r"(fenced|already-done|stale-plan)=(\d+)", log)
+        statuses = sum((Counter({s: n for s, n in b["statuses"].items() if s not in ("committed", "acked")})
+                        for b in batches), Counter())
         checker.drain()
         h.verdict("speculative execution", bootstrap_servers, app, expected, checker=checker,
                   extra=f"speculation on: {tasks} tasks, {attempts} attempts ({attempts - tasks} speculative), "
-                        f"statuses {statuses or 'all committed'} {time.monotonic() - began:.0f}s")
+                        f"statuses {dict(statuses) or 'all committed'} {time.monotonic() - began:.0f}s")
     finally:
         checker.stop_event.set()
         app.destroy_all()

@@ -17,6 +17,9 @@ import pytest
 
 from tests.chaos import harness as h
 from tests.support.kafka import read_all
+from tests.support.running import App
+from tests.support.seeding import seed_numbered
+from tests.support.waiting import wait_until
 from tests.support.wide_processors import expected_totals, output_totals
 from txstream.tools.verify import audit
 
@@ -28,7 +31,7 @@ PROCESSOR = "tests/support/wide_processors.py:BucketTotals"
 EXTRA = ["--output-units", "3", "-X", "consumer.session.timeout.ms=6000"]
 
 
-def _check(bootstrap: str, app: h.App, records: int, what: str, began: float) -> None:
+def _check(bootstrap: str, app: App, records: int, what: str, began: float) -> None:
     out = read_all(bootstrap, app.output, timeout=300)
     got, want = output_totals(out), expected_totals(range(records))
     wrong = {b: (got.get(b), want[b]) for b in want if got.get(b) != want[b]}
@@ -40,33 +43,24 @@ def _check(bootstrap: str, app: h.App, records: int, what: str, began: float) ->
     assert report.clean and report.wide is not None and report.wide.reconciled_batches > 0, report.table()
 
 
-def _restart_until_done(app: h.App, max_runs: int, timeout: float = 420) -> list[int]:
-    codes: list[int] = []
-    for _ in range(max_runs):
-        code = app.start().wait(timeout)
-        codes.append(code)
-        if code == 0:
-            return codes
-    raise AssertionError(f"no run exited 0 in {max_runs} attempts ({codes})\n{app.log_text()[-4000:]}")
-
-
 @pytest.mark.timeout(1800)
 def test_wide_kills_at_each_dangerous_point(bootstrap_servers, make_topic) -> None:
     records = h.scale(24_000, 200_000)
     source, sink = make_topic("wc-in", PARTITIONS), make_topic("wc-out", 3)
-    h.seed(bootstrap_servers, source, PARTITIONS, records)
+    seed_numbered(bootstrap_servers, source, PARTITIONS, records)
     # Each fault fires once, on its n-th occurrence over all runs; a kill ends the run, the next
     # run re-runs the logged batch and meets the next fault.
     faults = ("driver.after_plan_log=kill@2,publish.before_commit=kill@4,publish.after_commit=kill@9,"
               "driver.before_close=kill@5,publish.mid_produce=raise@14")
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, processor=PROCESSOR, cap=h.scale(1_000, 5_000),
+    app = App(bootstrap_servers, source, sink, PARTITIONS, processor=PROCESSOR, cap=h.scale(1_000, 5_000),
                 extra=EXTRA, faults=faults)
     began = time.monotonic()
     try:
-        codes = _restart_until_done(app, 8)
+        codes = app.until_done(8)
         log = app.log_text()
         assert codes.count(0) == 1 and len(codes) >= 5, f"exit codes {codes}: not every kill fired\n{log[-3000:]}"
-        assert log.count("re-running its logged plan") >= 3, log[-4000:]
+        replays = [m for m in app.events().messages() if "re-running its logged plan" in m]
+        assert len(replays) >= 3, log[-4000:]
         _check(bootstrap_servers, app, records, f"wide faults {faults} (exits {codes})", began)
         app.passed()
     finally:
@@ -79,8 +73,8 @@ def test_wide_kill_9_at_random_moments(bootstrap_servers, make_topic) -> None:
     kills_wanted = h.scale(3, 10)
     source, sink = make_topic("wr-in", PARTITIONS), make_topic("wr-out", 3)
     records = ahead
-    h.seed(bootstrap_servers, source, PARTITIONS, records)
-    app = h.App(bootstrap_servers, source, sink, PARTITIONS, processor=PROCESSOR, cap=h.scale(2_000, 10_000),
+    seed_numbered(bootstrap_servers, source, PARTITIONS, records)
+    app = App(bootstrap_servers, source, sink, PARTITIONS, processor=PROCESSOR, cap=h.scale(2_000, 10_000),
                 extra=EXTRA)
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -92,7 +86,7 @@ def test_wide_kill_9_at_random_moments(bootstrap_servers, make_topic) -> None:
             run = app.start()
             baseline = app.baseline()
             # Mid-run: once this run has closed a batch, at a random moment of the next ones.
-            if not h.wait_for(app.progressed_since(baseline), 300, "a closed batch", run=run):
+            if not wait_until(app.progressed_since(baseline), 300, "a closed batch", run=run):
                 codes.append(run.wait(60))
                 break   # the run finished before the kill: the input is done
             time.sleep(rng.uniform(0.0, 2.5))
@@ -102,7 +96,7 @@ def test_wide_kill_9_at_random_moments(bootstrap_servers, make_topic) -> None:
             run.kill9()
             kills += 1
             codes.append(-9)
-        codes += _restart_until_done(app, 4)
+        codes += app.until_done(4)
         assert kills >= min(2, kills_wanted), f"only {kills} kills landed (seed {seed}, {records} records)"
         _check(bootstrap_servers, app, records, f"wide kill -9 x{kills} (seed {seed}, exits {codes})", began)
         app.passed()

@@ -10,7 +10,6 @@ verify`'s) is clean; the Spark event log says on which hosts the tasks really ra
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -22,7 +21,10 @@ import pytest
 from tests.chaos import harness as h
 from tests.cluster.conftest import GOOD_ENV, SPLIT_ENV
 from tests.support.kafka import committed, read_all
+from tests.support.running import App, Run
+from tests.support.seeding import seed_numbered
 from tests.support.spark_standalone import SparkStandalone
+from tests.support.waiting import wait_until
 
 PARTITIONS = 4
 
@@ -76,7 +78,7 @@ def _conf_args(conf: dict[str, str]) -> list[str]:
 
 def cluster_app(cluster: SparkStandalone, bootstrap: str, source: str, sink: str, app_dir: Path, *,
                 python: str = GOOD_ENV, cap: int = 100_000, conf: dict[str, str] | None = None,
-                env: dict[str, str] | None = None, dead_letter: str | None = None) -> h.App:
+                env: dict[str, str] | None = None, dead_letter: str | None = None) -> App:
     """`txstream run --master spark://...` from the project directory, its event log kept."""
     events = app_dir.parent / "events"
     events.mkdir(exist_ok=True)
@@ -85,7 +87,7 @@ def cluster_app(cluster: SparkStandalone, bootstrap: str, source: str, sink: str
                 "spark.eventLog.compress": "false", **(conf or {})}
     master = settings.pop("spark.master")
     extra = _conf_args(settings) + (["--dead-letter-topic", dead_letter] if dead_letter else [])
-    return h.App(bootstrap, source, sink, PARTITIONS, processor=PROCESSOR, cap=cap, master=master, extra=extra,
+    return App(bootstrap, source, sink, PARTITIONS, processor=PROCESSOR, cap=cap, master=master, extra=extra,
                  env_extra=env or {}, cwd=app_dir)
 
 
@@ -114,15 +116,15 @@ def task_attempts(app_dir: Path) -> list[dict]:
     return list(attempts.values())
 
 
-def _started(cluster: SparkStandalone, app: h.App, run: h.Run) -> None:
-    h.wait_for(lambda: "executor preflight passed" in app.log_text(), 240, "the executor preflight", run=run)
+def _started(cluster: SparkStandalone, app: App, run: Run) -> None:
+    wait_until(lambda: app.events().said("executor preflight passed"), 240, "the executor preflight", run=run)
 
 
 def test_a_package_udf_runs_on_both_hosts_exactly_once(spark_standalone, hosts_kafka, hosts_topic, app_dir):
     """The processor's package is shipped; the preflight passes on both hosts; the batches' tasks
     run on both; the output is exact."""
     source, sink = hosts_topic("cl-in", PARTITIONS), hosts_topic("cl-out", PARTITIONS)
-    expected = h.seed(hosts_kafka, source, PARTITIONS, h.scale(4_000, 40_000))
+    expected = seed_numbered(hosts_kafka, source, PARTITIONS, h.scale(4_000, 40_000))
     checker = h.Checker(hosts_kafka, sink, PARTITIONS)
     app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(500, 2_000))
     try:
@@ -130,9 +132,11 @@ def test_a_package_udf_runs_on_both_hosts_exactly_once(spark_standalone, hosts_k
         code = app.start(until_caught_up=True).wait(600)
         log = app.log_text()
         assert code == 0, log[-4000:]
-        assert f"Spark master {spark_standalone.master_url} (from --master)" in log, log[-3000:]
-        assert "shipping the processor's code to the executors" in log and "(clusterapp.processor)" in log, log[-3000:]
-        preflight = next(line for line in log.splitlines() if "executor preflight passed" in line)
+        events = app.events()
+        assert events.said(f"Spark master {spark_standalone.master_url} (from --master)"), log[-3000:]
+        assert any("shipping the processor's code to the executors" in m and "(clusterapp.processor)" in m
+                   for m in events.messages()), log[-3000:]
+        preflight = next(m for m in events.messages() if "executor preflight passed" in m)
         assert "w1 (" in preflight and "w2 (" in preflight, preflight
         hosts = {a["host"] for a in task_attempts(app_dir) if a["end"] == "Success"}
         assert hosts == {spark_standalone.host(0).address, spark_standalone.host(1).address}, hosts
@@ -144,7 +148,7 @@ def test_a_package_udf_runs_on_both_hosts_exactly_once(spark_standalone, hosts_k
 
 
 @dataclass
-class SubmittedApp(h.App):
+class SubmittedApp(App):
     """The same app started by spark-submit, through `python -m txstream.submit --path`."""
 
     submit_conf: dict[str, str] = field(default_factory=dict)
@@ -163,7 +167,7 @@ class SubmittedApp(h.App):
 def test_spark_submit_runs_the_app_on_the_cluster(spark_standalone, hosts_kafka, hosts_topic, app_dir):
     """spark-submit's --master and --conf reach the run (txstream adds nothing over them)."""
     source, sink = hosts_topic("sub-in", PARTITIONS), hosts_topic("sub-out", PARTITIONS)
-    expected = h.seed(hosts_kafka, source, PARTITIONS, h.scale(2_000, 20_000))
+    expected = seed_numbered(hosts_kafka, source, PARTITIONS, h.scale(2_000, 20_000))
     settings = {**spark_standalone.driver_conf(cores_max=2), "spark.pyspark.python": f"{GOOD_ENV}/bin/python",
                 "spark.pyspark.driver.python": sys.executable}
     master = settings.pop("spark.master")
@@ -177,7 +181,7 @@ def test_spark_submit_runs_the_app_on_the_cluster(spark_standalone, hosts_kafka,
         code = app.start(until_caught_up=True).wait(600)
         log = app.log_text()
         assert code == 0, log[-4000:]
-        assert "(from spark-submit)" in log and "executor preflight passed" in log, log[-3000:]
+        assert app.events().said("(from spark-submit)") and app.events().said("executor preflight passed"), log[-3000:]
         h.verdict("spark-submit", hosts_kafka, app, expected)
     finally:
         app.destroy_all()
@@ -189,7 +193,7 @@ def test_a_host_without_txstream_stops_the_run_before_anything_is_read(spark_sta
     host and what is missing; nothing is published, dead-lettered or committed."""
     source, sink, dead = (hosts_topic("nt-in", PARTITIONS), hosts_topic("nt-out", PARTITIONS),
                           hosts_topic("nt-dead", 1))
-    h.seed(hosts_kafka, source, PARTITIONS, 400)
+    seed_numbered(hosts_kafka, source, PARTITIONS, 400)
     app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, python=SPLIT_ENV, dead_letter=dead)
     try:
         code = app.start(until_caught_up=True).wait(300)
@@ -212,7 +216,7 @@ def test_speculative_copies_race_on_the_other_host(spark_standalone, hosts_kafka
     task on the other host (it never speculates on the host of the original), both attempts run
     under the range's transactional.id, and the range is published once."""
     source, sink = hosts_topic("spec-in", PARTITIONS), hosts_topic("spec-out", PARTITIONS)
-    expected = h.seed(hosts_kafka, source, PARTITIONS, h.scale(800, 8_000))
+    expected = seed_numbered(hosts_kafka, source, PARTITIONS, h.scale(800, 8_000))
     checker = h.Checker(hosts_kafka, sink, PARTITIONS)
     conf = {"spark.speculation": "true", "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5",
             "spark.speculation.minTaskRuntime": "500ms", "spark.speculation.interval": "100ms",
@@ -243,8 +247,8 @@ def test_speculative_copies_race_on_the_other_host(spark_standalone, hosts_kafka
         app.destroy_all()
 
 
-def _batches(log: str) -> int:
-    return len(re.findall(r"^batch \d+ ", log, re.M))
+def _batches(app: App) -> int:
+    return len(app.events().batches)
 
 
 def test_executors_killed_mid_batch_and_a_host_lost(spark_standalone, hosts_kafka, hosts_topic, app_dir):
@@ -252,7 +256,7 @@ def test_executors_killed_mid_batch_and_a_host_lost(spark_standalone, hosts_kafk
     executor has replaced the last one), then every process of w2's host killed: the run goes
     on, on w1 alone, and the output is exact. Runs last: it takes a worker down (restarted after)."""
     source, sink = hosts_topic("kill-in", PARTITIONS), hosts_topic("kill-out", PARTITIONS)
-    expected = h.seed(hosts_kafka, source, PARTITIONS, h.scale(12_000, 120_000))
+    expected = seed_numbered(hosts_kafka, source, PARTITIONS, h.scale(12_000, 120_000))
     checker = h.Checker(hosts_kafka, sink, PARTITIONS)
     # ~0.4 s of UDF per task: a kill lands inside a batch's tasks, not between batches.
     app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(200, 1_000),
@@ -263,21 +267,21 @@ def test_executors_killed_mid_batch_and_a_host_lost(spark_standalone, hosts_kafk
         run = app.start(until_caught_up=True)
         _started(spark_standalone, app, run)
         for worker in (0, 1, 0):
-            h.wait_for(lambda w=worker: spark_standalone.executor_pids(w), 120,
+            wait_until(lambda w=worker: spark_standalone.executor_pids(w), 120,
                        f"an executor on w{worker + 1}", run=run)
-            seen = _batches(app.log_text())
-            h.wait_for(lambda s=seen: _batches(app.log_text()) > s, 120, "the next batch", run=run)
+            seen = _batches(app)
+            wait_until(lambda s=seen: _batches(app) > s, 120, "the next batch", run=run)
             killed = spark_standalone.kill_executors(worker)
             assert killed, f"no executor to kill on w{worker + 1}"
-            kills.append(f"executor {killed} on w{worker + 1} after batch {_batches(app.log_text())}")
-        seen = _batches(app.log_text())
-        h.wait_for(lambda: _batches(app.log_text()) > seen + 1, 240, "batches after the executor kills", run=run)
+            kills.append(f"executor {killed} on w{worker + 1} after batch {_batches(app)}")
+        seen = _batches(app)
+        wait_until(lambda: _batches(app) > seen + 1, 240, "batches after the executor kills", run=run)
         spark_standalone.kill_host(1)
-        kills.append(f"host w2 after batch {_batches(app.log_text())}")
+        kills.append(f"host w2 after batch {_batches(app)}")
         code = run.wait(900)
         log = app.log_text()
         assert code == 0, log[-5000:]
-        assert _batches(log) > seen + 2, "the run did not go on after the host was lost"
+        assert _batches(app) > seen + 2, "the run did not go on after the host was lost"
         hosts_after = {a["host"] for a in task_attempts(app_dir) if a["end"] == "Success"}
         assert spark_standalone.host(0).address in hosts_after
         checker.drain()

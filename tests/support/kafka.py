@@ -107,13 +107,41 @@ def settled_end_offsets(bootstrap: str, topic: str, settle: float) -> dict[int, 
         time.sleep(0.05)
 
 
-def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+def committed(bootstrap: str, group: str, topic: str, partitions: int, timeout: float = 30) -> dict[int, int | None]:
+    """The group's committed offsets per partition (None: nothing committed), read stably:
+    read_committed, so a pending transactional offset commit is resolved first."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
     try:
         wanted = [TopicPartition(topic, p) for p in range(partitions)]
-        result = retriable(lambda: consumer.committed(wanted, 30))
+        result = retriable(lambda: consumer.committed(wanted, timeout))
         return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
     finally:
+        consumer.close()
+
+
+_PROBES: dict[tuple[str, str], Consumer] = {}
+
+
+def committed_or_none(bootstrap: str, group: str, topic: str, partitions: int,
+                      timeout: float = 15) -> dict[int, int | None] | None:
+    """`committed`, for polling while brokers bounce: None when the offsets cannot be read now.
+    One consumer per group is kept across calls (a wait polls every fraction of a second) until
+    `close_probes()`."""
+    key = (bootstrap, group)
+    if key not in _PROBES:
+        _PROBES[key] = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                 "isolation.level": "read_committed", "enable.auto.commit": False,
+                                 "log_level": 0})
+    try:
+        result = _PROBES[key].committed([TopicPartition(topic, p) for p in range(partitions)], timeout)
+    except KafkaException:   # a broker bouncing, a pending commit: the caller polls again
+        return None
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+
+
+def close_probes() -> None:
+    while _PROBES:
+        _, consumer = _PROBES.popitem()
         consumer.close()
 
 

@@ -12,12 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from tests.support.hosts import Host, SimulatedHosts, read_tail
+from tests.support.waiting import wait_until
 from txstream.local.cluster import free_port_block
 
 WORKER_TIMEOUT = "-Dspark.worker.timeout=8"
@@ -67,12 +67,12 @@ class SparkStandalone:
             start_new_session=True)
         self._logs = [self._master_log]
         try:
-            self._wait(lambda s: s.get("status") == "ALIVE", timeout, "the master to come up")
+            self.wait_for(lambda s: s.get("status") == "ALIVE", timeout, "the master to come up")
             for i in range(workers):
                 host = hosts.add_host(f"{name}{i + 1}")
                 self.workers.append((host, self._start_worker(host, i, cores_per_worker, worker_memory,
                                                               tmp_links[i] if tmp_links and i < len(tmp_links) else None)))
-            self._wait(lambda s: self._alive_workers(s) >= workers, timeout, f"{workers} workers to register")
+            self.wait_for(lambda s: self._alive_workers(s) >= workers, timeout, f"{workers} workers to register")
         except BaseException:
             self.stop()
             raise
@@ -94,7 +94,7 @@ class SparkStandalone:
         """Start worker `index` again on its host (after kill_host) and wait until it is ALIVE."""
         host = self.host(index)
         self.workers[index] = (host, self._start_worker(host, index, *self._worker_args, None))
-        self._wait(lambda s: host.address in self.alive_workers_of(s), timeout, f"worker {index + 1} to re-register")
+        self.wait_for(lambda s: host.address in self.alive_workers_of(s), timeout, f"worker {index + 1} to re-register")
 
     @staticmethod
     def alive_workers_of(status: dict[str, Any]) -> list[str]:
@@ -114,23 +114,19 @@ class SparkStandalone:
         """The hosts of the workers the master sees alive."""
         return self.alive_workers_of(self.status())
 
-    def _wait(self, condition, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.master.poll() is not None:
-                break
-            try:
-                if condition(self.status()):
-                    return
-            except (OSError, ValueError) as exc:   # not listening yet, or its HTML page before the JSON one
-                last = exc
-            time.sleep(0.2)
-        raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what} ({last})\n{self.logs()}")
-
     def wait_for(self, condition, timeout: float, what: str) -> None:
-        """Poll the master's status until `condition(status)` holds."""
-        self._wait(condition, timeout, what)
+        """Poll the master's status until `condition(status)` holds; fails at once if the master exits."""
+        last: list[Exception] = []
+
+        def holds() -> bool:
+            assert self.master.poll() is None, f"the Spark master exited before {what}\n{self.logs()}"
+            try:
+                return condition(self.status())
+            except (OSError, ValueError) as exc:   # not listening yet, or its HTML page before the JSON one
+                last[:] = [exc]
+                return False
+
+        wait_until(holds, timeout, what, state=lambda: f"{last[0] if last else ''}\n{self.logs()}")
 
     def logs(self, lines: int = 30) -> str:
         parts = [f"--- {path.name} ---\n{read_tail(path, lines)}" for path in sorted(self.log_dir.glob("*.log"))]

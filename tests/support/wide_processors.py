@@ -1,4 +1,4 @@
-"""Wide processors for the tests (raw keys `k<n>`, as tests/chaos/harness.py seeds them), and the
+"""Wide processors for the tests (raw keys `k<n>`, as tests/support/seeding.py numbers them), and the
 reconciliation their output must pass: per bucket, the counts and sums over every output record
 equal the input's."""
 from __future__ import annotations

@@ -120,3 +120,11 @@ def test_loopback_bootstrap_addresses_are_recognised() -> None:
         "localhost:9092", "127.0.0.2:9093", "[::1]:9094"]
     assert loopback_hosts("kafka-1:9092") == []
 
+
+
+def test_the_master_is_described_as_the_user_wrote_it(tmp_path) -> None:  # noqa: ANN001
+    """local[2] runs as local[2,2] (one task retry, as a cluster would), but the run's line names
+    what the user asked for, not the internal form."""
+    setup = resolve("local[2]", {}, env={"SPARK_CONF_DIR": str(tmp_path)})
+    assert setup.master == "local[2,2]"
+    assert setup.describe() == "Spark master local[2] (from --master)"

@@ -6,7 +6,7 @@ Lineage: every output record names where it came from, so anyone can audit exact
 topics alone. One header carries it, `txstream.lineage:
 <topic>/<partition>/<offset>/<publication>/<position>` (UTF-8; Kafka topic names cannot hold `/`):
 one header rather than one per field, because each header costs the client and the broker per
-record (benchmarks/lineage_cost.py). Output written in the older five-header format still reads.
+record. Output written in the older five-header format still reads.
 """
 from __future__ import annotations
 

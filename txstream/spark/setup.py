@@ -140,9 +140,10 @@ class SparkSetup:
     local: bool
     user_conf: dict[str, str]            # what the user set, wherever
     to_set: dict[str, str] = field(default_factory=dict)   # what the builder sets
+    asked: str | None = None             # the master as the user wrote it (before local's retry)
 
     def describe(self) -> str:
-        return f"Spark master {self.master or '(spark-submit)'} (from {self.master_source})"
+        return f"Spark master {self.asked or self.master or '(spark-submit)'} (from {self.master_source})"
 
 
 def resolve(master_option: str | None, cli_conf: dict[str, str], submitted_conf: dict[str, str] | None = None,
@@ -167,6 +168,7 @@ def resolve(master_option: str | None, cli_conf: dict[str, str], submitted_conf:
     else:
         master, source = LOCAL_DEFAULT_MASTER, "default"
     local = is_local(master)
+    asked = master
     if local and master.startswith("local[") and "," not in master:
         # Retry a failed task once, as a cluster would (local mode's default is no retry). Not
         # more: a record that fails the transform fails every attempt, and isolating it
@@ -189,7 +191,7 @@ def resolve(master_option: str | None, cli_conf: dict[str, str], submitted_conf:
             to_set[executor] = ours
     keep_submitted_master = submitted_conf is not None and source == "spark-submit"
     return SparkSetup(master=None if keep_submitted_master else master, master_source=source, local=local,
-                      user_conf=user, to_set=to_set)
+                      user_conf=user, to_set=to_set, asked=None if keep_submitted_master else asked)
 
 
 def ui_settings(master: str, ui_port: int | None) -> dict[str, str]:

@@ -1,6 +1,8 @@
 """What txstream refuses before reading anything, with errors that name the problem."""
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from pyspark.sql import functions as F
 
@@ -20,6 +22,11 @@ class WrongType(EnrichOrders):
     def transform(self, batch):
         out = super().transform(batch)
         return out.withColumn("value", F.col("value").withField("amount_cents", F.lit("lots")))
+
+
+class NothingEver(PassThrough):
+    def transform(self, batch):
+        return batch.select("key", "value").where(F.lit(False))
 
 
 class MissingField(EnrichOrders):
@@ -63,3 +70,15 @@ def test_missing_output_topic_is_a_clear_error(topics, run_processor) -> None:
     source, _, _ = topics
     with pytest.raises(TransformError, match=r"output topic 'no-such-topic' does not exist.*`txstream topics ensure"):
         run_processor(PassThrough, inputs=[source], output="no-such-topic")
+
+
+def test_a_transform_spark_optimises_to_reading_nothing_is_refused(topics, run_processor, admin) -> None:
+    """`where(lit(False))`: Spark drops the input from the plan, so no task reads, publishes or
+    commits anything. The run must stop saying so, not claim it caught up with nothing committed."""
+    from txstream.kafka.offsets import committed_offsets
+
+    source, sink, dlq = topics
+    app_id = f"nothing-ever-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(TransformError, match=r"reads none of the batch's input"):
+        run_processor(NothingEver, inputs=[source], output=sink, dead_letter=dlq, app_id=app_id)
+    assert not any(committed_offsets(admin, app_id, None, stable=True, timeout=30).values())

@@ -22,7 +22,7 @@ from txstream.driver.planning import Planner, transactional_id
 from txstream.driver.report import BatchReport
 from txstream.driver.slots import SlotLayout, Slots
 from txstream.driver.specs import TaskSpecs
-from txstream.errors import InfrastructureError
+from txstream.errors import InfrastructureError, TransformError
 from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, STALE_PLAN
 from txstream.settings import RunSettings
 from txstream.task.spec import PartitionPlan
@@ -160,6 +160,13 @@ class NarrowBatches:
                        f"{layout.publishing_tasks} slots, {sum(p.size for p in plans)} records)")
         driver_s = time.monotonic() - (planned_at or started)
         rows = self.jobs.run(lambda: self.jobs.collect(frame, spec), batch_id, description, membership.poll)
+        if plans and not rows:
+            # No publishing task ran, so nothing was read, published or committed: Spark removed
+            # the input from the plan. Remembering the plans' ends as committed would be a lie.
+            raise TransformError(
+                "the transform's Spark plan reads none of the batch's input (Spark optimised the input "
+                "away, e.g. a filter on a constant false): no input offset could be committed and no "
+                "undecodable record dead-lettered; filter on the data instead")
         commits.after_batch(plans, rows)
         self.slots.note(rows)
         # Clean: every range published by one attempt's producer, nothing left open or racing;

@@ -74,4 +74,17 @@ def test_every_step_passes_as_printed(user_env: dict[str, str]) -> None:
     assert re.search(r"app id txstream-enrich-orders\b", outputs["run"].stderr), outputs["run"].stderr
     shown = [json.loads(line) for line in outputs["consume"].stdout.splitlines()]
     assert len(shown) == 5 and all(r["value"]["amount_cents"] > 0 for r in shown), shown
-    assert "clean" in outputs["verify"].stdout.lower(), outputs["verify"].stdout
+    verdict = outputs["verify"].stdout.lower()
+    assert "clean" in verdict and "not clean" not in verdict, outputs["verify"].stdout
+
+
+def test_the_two_commands_start_with_a_demo_that_passes() -> None:
+    """The README's first block, `make demo`, as printed: a broker, the enricher killed with -9 and
+    restarted, and a read_committed reader that finds no duplicate and nothing missing. (`make
+    test`, the block's other line, is what runs this test.)"""
+    block = [line.split("#")[0].strip() for line in block_after(README.read_text(), "## The two commands")]
+    assert block == ["make demo", "make test"], block
+    done = subprocess.run(["bash", "-c", block[0]], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"`make demo` exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    assert re.search(r"duplicates 0, missing 0", done.stdout), done.stdout
+    assert "txstream verify: clean" in done.stdout, done.stdout

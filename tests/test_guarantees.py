@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import tempfile
 import time
 import uuid
@@ -32,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.support.kafka import committed, read_all
-from tests.support.running import App, Run
+from tests.support.running import App
 from tests.support.seeding import seed_numbered
 from tests.support.waiting import wait_until
 from txstream.tools import verify
@@ -50,45 +49,6 @@ SCHEDULES = {
     "at-least-once": ["publish.after_commit=kill@3", "random", None],
     "at-most-once": ["publish.mid_produce=kill@1", "random", None],
 }
-
-
-class TxstreamRun:
-    """tests/test_scaling.py's handle on a run, which reads its human lines: a Run
-    (tests/support/running.py) under the interface that test expects. Goes when it reads events."""
-
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TXSTREAM_FAULTS")}
-        full_env.update(env or {})
-        self.run = Run([sys.executable, "-m", "txstream.cli", "run", *args], full_env, log_path).start()
-        self.proc = self.run.proc
-
-    def lines(self) -> list[str]:
-        return self.run.lines()
-
-    def tail(self, n: int = 30) -> str:
-        return self.run.tail(n)
-
-    def alive(self) -> bool:
-        return self.run.poll() is None
-
-    def wait_for(self, predicate, timeout: float, what: str) -> list[str]:
-        lines = wait_until(lambda: predicate(self.lines()) and self.lines(), timeout, what, run=self.run)
-        assert lines, f"txstream run exited ({self.run.poll()}) before {what}:\n{self.tail()}"
-        return lines
-
-    def kill(self) -> None:
-        self.run.kill9()
-
-    def terminate(self, timeout: float = 60) -> int:
-        return self.run.terminate(timeout)
-
-    def stop(self) -> None:
-        self.run.destroy()
-
-
-def batch_lines(lines: list[str]) -> list[str]:
-    """The human batch lines (tests/test_scaling.py)."""
-    return [line for line in lines if line.startswith("batch ") and " in " in line]
 
 
 def seed(bootstrap: str, topic: str) -> list[bytes]:

@@ -8,17 +8,20 @@ only dropped after the broker's session timeout, 45 s by default).
 """
 from __future__ import annotations
 
-import re
+import os
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
 from tests.support.kafka import committed, read_all
-from tests.test_guarantees import TxstreamRun, batch_lines
+from tests.support.running import Events, Run
+from tests.support.waiting import wait_until
 from txstream.tools import verify
 from txstream.tools.topic_io import end_offsets
 
@@ -61,15 +64,25 @@ class SteadyProducer(threading.Thread):
         return self.values
 
 
-def owned(lines: list[str]) -> set[str]:
-    """The partitions an instance owns after the assigned/revoked lines it printed so far."""
+def owned(events: Events) -> set[str]:
+    """The partitions an instance owns after the assigned/revoked events it logged so far."""
     mine: set[str] = set()
-    for line in lines:
-        match = re.match(r"partitions (assigned|revoked): (.*)", line)
-        if match:
-            names = set(match.group(2).split(", "))
-            mine = mine | names if match.group(1) == "assigned" else mine - names
+    for event in events:
+        if event["event"] in ("assigned", "revoked"):
+            names = set(event["partitions"])
+            mine = mine | names if event["event"] == "assigned" else mine - names
     return mine
+
+
+def start(args: list[str], log: Path) -> Run:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXSTREAM_FAULTS")}
+    return Run([sys.executable, "-m", "txstream.cli", "run", *args], env, log).start()
+
+
+def wait_for(run: Run, predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    """Until `predicate(run's events)` holds; fails at once, with the log's tail, if the run ends."""
+    assert wait_until(lambda: predicate(run.events()), timeout, what, run=run), \
+        f"txstream run exited ({run.poll()}) before {what}:\n{run.tail()}"
 
 
 @pytest.mark.parametrize("protocol", ["cooperative-sticky", "consumer"])
@@ -79,63 +92,60 @@ def test_two_instances_split_then_one_takes_over_after_kill(protocol, bootstrap_
     app_id = f"scaling-{protocol}-{uuid.uuid4().hex[:8]}"
     args = ["processors/passthrough.py:PassThrough", "--bootstrap-servers", bootstrap_servers,
             "--app-id", app_id, "--input", source, "--output", sink, "--master", "local[2]",
-            "--max-records-per-partition", str(CAP)]
+            "--max-records-per-partition", str(CAP), "--log-format", "json"]
     if protocol == "consumer":
         args += ["-X", "group.protocol=consumer"]
     producer = SteadyProducer(bootstrap_servers, source)
-    runs: list[TxstreamRun] = []
+    runs: list[Run] = []
     try:
         # The stream starts once the first instance is up (Spark start-up must not build a
         # backlog), and flows until the second instance has taken over.
-        first = TxstreamRun(args, tmp_path / "first.log")
+        first = start(args, tmp_path / "first.log")
         runs.append(first)
-        first.wait_for(lambda lines: owned(lines) == everything, 300, "the first instance to own every partition")
+        wait_for(first, lambda events: owned(events) == everything, 300, "the first instance to own every partition")
         producer.start()
-        first.wait_for(lambda lines: batch_lines(lines), 300, "a first batch")
+        wait_for(first, lambda events: events.batches, 300, "a first batch")
 
         # Scale out: the second instance joins; the two split the partitions.
-        second = TxstreamRun(args, tmp_path / "second.log")
+        second = start(args, tmp_path / "second.log")
         runs.append(second)
-        second.wait_for(lambda lines: owned(lines) and batch_lines(lines), 300,
-                        "the second instance to be assigned partitions and run a batch")
-        first.wait_for(lambda lines: owned(lines) | owned(second.lines()) == everything, 60,
-                       "the two instances to cover every partition")
-        mine, theirs = owned(first.lines()), owned(second.lines())
+        wait_for(second, lambda events: owned(events) and events.batches, 300,
+                 "the second instance to be assigned partitions and run a batch")
+        wait_for(first, lambda events: owned(events) | owned(second.events()) == everything, 60,
+                 "the two instances to cover every partition")
+        mine, theirs = owned(first.events()), owned(second.events())
         assert mine and theirs and not mine & theirs and mine | theirs == everything, (mine, theirs)
-        assert any(line.startswith("partitions revoked") for line in first.lines()), first.tail()
+        revoked = first.events().of("revoked")
+        assert revoked, first.tail()
         if protocol == "cooperative-sticky":
             # Incremental: the first instance gave up only what moved, it never held nothing.
-            revoked = [line for line in first.lines() if line.startswith("partitions revoked")]
-            assert all(len(line.split(", ")) < PARTITIONS for line in revoked), revoked
-        batches_before = len(batch_lines(first.lines()))
-        first.wait_for(lambda lines: len(batch_lines(lines)) > batches_before, 120,
-                       "a batch of the first instance on its share")
+            assert all(len(event["partitions"]) < PARTITIONS for event in revoked), revoked
+        batches_before = len(first.events().batches)
+        wait_for(first, lambda events: len(events.batches) > batches_before, 120,
+                 "a batch of the first instance on its share")
 
         # Scale in, the hard way: kill -9 the first one mid-stream; the second takes over.
-        first.kill()
-        second.wait_for(lambda lines: owned(lines) == everything, 180,
-                        "the second instance to take over every partition")
-        taken_over = len(batch_lines(second.lines()))
-        second.wait_for(lambda lines: len(batch_lines(lines)) > taken_over, 120,
-                        "a batch of the second instance after the take-over")
+        first.kill9()
+        wait_for(second, lambda events: owned(events) == everything, 180,
+                 "the second instance to take over every partition")
+        taken_over = len(second.events().batches)
+        wait_for(second, lambda events: len(events.batches) > taken_over, 120,
+                 "a batch of the second instance after the take-over")
 
         inputs = producer.finish()
         ends = {p: end for p, (_low, end) in end_offsets(bootstrap_servers, source, "read_committed").items()}
-        deadline = time.monotonic() + 300
-        while committed(bootstrap_servers, app_id, source, PARTITIONS) != ends:
-            assert time.monotonic() < deadline, (committed(bootstrap_servers, app_id, source, PARTITIONS), ends)
-            assert second.alive(), second.tail()
-            time.sleep(0.5)
+        assert wait_until(lambda: committed(bootstrap_servers, app_id, source, PARTITIONS) == ends, 300,
+                          "the second instance to commit every input", run=second), second.tail()
         assert second.terminate(120) == 0, second.tail()
-        assert any(line.startswith("stopped:") for line in second.lines()), second.tail()
+        assert second.events().of("stopped"), second.tail()
     finally:
         producer.halt.set()
         for run in runs:
-            run.stop()
+            run.destroy()
 
     out = Counter(r.value for r in read_all(bootstrap_servers, sink))
     print(f"\n{protocol}: {len(inputs)} inputs, {sum(out.values())} outputs; first instance "
-          f"{len(batch_lines(first.lines()))} batches, second {len(batch_lines(second.lines()))}")
+          f"{len(first.events().batches)} batches, second {len(second.events().batches)}")
     assert out == Counter(inputs)
     report = verify.audit(bootstrap_servers, [source], [sink], app_id=app_id, one_to_one=True)
     assert report.clean, [p for p in report.partitions if p.duplicates or p.gaps or p.unexpected]

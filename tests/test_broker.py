@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.support.waiting import wait_until
 from txstream.tools.broker_check import transaction_round_trip
 
 
@@ -66,11 +67,12 @@ def test_the_request_log_names_each_request_and_its_partitions(tmp_path) -> None
         producer.commit_transaction(60)
         log = tmp_path / "kafka" / "node-1" / "requests.log"
         assert str(log) == cluster.request_log_file(cluster.nodes[0])
-        deadline = time.monotonic() + 30   # the markers are written after EndTxn returns
-        totals = read_requests(log, since, int(time.time() * 1000) + 60_000)
-        while "WRITE_TXN_MARKERS (broker)" not in totals and time.monotonic() < deadline:
-            time.sleep(0.2)
+        def logged():   # the markers are written after EndTxn returns
             totals = read_requests(log, since, int(time.time() * 1000) + 60_000)
+            return totals if "WRITE_TXN_MARKERS (broker)" in totals else None
+
+        totals = wait_until(logged, 30, "the transaction's markers in the request log",
+                            state=lambda: sorted(read_requests(log, since, int(time.time() * 1000) + 60_000)))
         producer.close()
     finally:
         cluster.stop()

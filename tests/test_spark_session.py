@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from tests.support.waiting import wait_until
 from txstream.spark.session import class_archive
 
 
@@ -245,7 +246,6 @@ def test_txstream_run_serves_the_spark_ui_on_the_port_asked(bootstrap_servers, m
     import socket
     import subprocess
     import sys
-    import time
     import urllib.request
     from pathlib import Path
 
@@ -262,14 +262,17 @@ def test_txstream_run_serves_the_spark_ui_on_the_port_asked(bootstrap_servers, m
         cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        deadline, apps = time.monotonic() + 180, None
-        while apps is None and time.monotonic() < deadline and run.poll() is None:
+        def applications():
+            if run.poll() is not None:
+                return f"exit {run.poll()}"
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/applications", timeout=2) as answer:
-                    apps = json.load(answer)
+                    return json.load(answer)
             except (OSError, ValueError):
-                time.sleep(0.5)   # the UI (or its REST API) is not up yet: ask again until the deadline
-        assert apps is not None, f"no Spark UI on port {port} (exit {run.poll()})"
+                return None   # the UI (or its REST API) is not up yet
+
+        apps = wait_until(applications, 180, f"the Spark UI on port {port}", every=0.5)
+        assert isinstance(apps, list), f"no Spark UI on port {port} ({apps})"
         assert [a["name"] for a in apps] == [app_id], apps
     finally:
         os.killpg(run.pid, signal.SIGTERM)

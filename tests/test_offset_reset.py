@@ -150,7 +150,7 @@ def test_committed_offset_deleted_by_retention_is_reset_loudly(bootstrap_servers
     # earliest: reset to the new log start, with a WARNING line naming what was lost.
     driver = run_processor(PassThrough, inputs=[source], output=sink, app_id=app_id)
     assert driver.exit_code == 0
-    warnings = [line for line in driver.lines if line.startswith("WARNING")]
+    warnings = [m for m in driver.events.messages() if m.startswith("WARNING")]
     assert len(warnings) == 1, driver.lines
     assert (f"{source}[0]: committed offset 500 is out of range [800, 1000]" in warnings[0]
             and "resetting to 800 by auto.offset.reset=earliest" in warnings[0]), warnings

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -17,10 +16,9 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
 from processors.passthrough import PassThrough
 from tests.support.kafka import committed, produce, read_all
+from tests.support.running import DriverThread, resolve_settings
 from tests.support.waiting import wait_until
-from txstream.driver.loop import Driver
 from txstream.errors import NoCommittedOffsetError
-from txstream.settings import resolve
 from txstream.tools.topic_io import end_offsets
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,44 +42,14 @@ def offsets_cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
-class BackgroundDriver:
-    """A Driver running in a thread (no --until-caught-up), its lines observable while it runs."""
+def background(spark, bootstrap: str, **overrides) -> DriverThread:
+    """A PassThrough Driver on a thread (no --until-caught-up): looked at while it runs."""
+    overrides.setdefault("app_id", f"test-reset-{uuid.uuid4().hex[:8]}")
+    return DriverThread(resolve_settings(PassThrough, bootstrap, **overrides), spark).start()
 
-    def __init__(self, spark, bootstrap: str, **overrides) -> None:
-        overrides.setdefault("app_id", f"test-reset-{uuid.uuid4().hex[:8]}")
-        self.settings = resolve(PassThrough, bootstrap_servers=bootstrap, master="local[2]", **overrides)
-        self.lines: list[str] = []
-        self.driver = Driver(self.settings, echo=self.lines.append, spark=spark)
-        self.result: dict = {}
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        try:
-            self.result["code"] = self.driver.run()
-        except BaseException as exc:  # reported by stop()
-            self.result["error"] = exc
-
-    def __enter__(self) -> "BackgroundDriver":
-        self.thread.start()
-        return self
-
-    def wait_for_line(self, needle: str, count: int = 1, timeout: float = 120) -> None:
-        wait_until(lambda: sum(needle in line for line in list(self.lines)) >= count or not self.thread.is_alive(),
-                   timeout, f"{count} line(s) with {needle!r}")
-        assert sum(needle in line for line in self.lines) >= count, (self.result, self.lines)
-
-    def stop(self) -> int:
-        self.driver.stop_requested.set()
-        self.thread.join(120)
-        assert not self.thread.is_alive(), "the driver did not stop"
-        if "error" in self.result:
-            raise self.result["error"]
-        return self.result["code"]
-
-    def __exit__(self, *exc_info) -> None:
-        if self.thread.is_alive():
-            self.driver.stop_requested.set()
-            self.thread.join(120)
+def said(run: DriverThread, text: str, count: int = 1) -> int:
+    return sum(text in message for message in run.events.messages()) >= count
 
 
 def test_earliest_is_the_default_and_processes_everything(bootstrap_servers, make_topic, run_processor) -> None:
@@ -97,18 +65,21 @@ def test_earliest_is_the_default_and_processes_everything(bootstrap_servers, mak
 def test_latest_processes_only_records_produced_after_start(bootstrap_servers, make_topic, spark) -> None:
     source, sink = make_topic("in", partitions=2), make_topic("out", partitions=2)
     seed(bootstrap_servers, source, 2, 300, tag="before-")
-    with BackgroundDriver(spark, bootstrap_servers, inputs=[source], output=sink,
-                          auto_offset_reset="latest") as run:
+    run = background(spark, bootstrap_servers, inputs=[source], output=sink, auto_offset_reset="latest")
+    try:
         # The planner fixes each partition's start when it first plans it, and says so.
-        run.wait_for_line("auto.offset.reset=latest", count=2)
-        assert any(f"{source}[0]: no committed offset; starting at the last stable offset 300" in line
-                   for line in run.lines), run.lines
+        wait_until(lambda: said(run, "auto.offset.reset=latest", 2) or not run.alive(), 120,
+                   "both partitions' starts")
+        assert said(run, f"{source}[0]: no committed offset; starting at the last stable offset 300"), run.lines
         after = seed(bootstrap_servers, source, 2, 200, tag="after-", first=300)
-        wait_until(lambda: committed(bootstrap_servers, run.settings.app_id, source, 2) == {0: 500, 1: 500},
+        app_id = run.driver.settings.app_id
+        wait_until(lambda: committed(bootstrap_servers, app_id, source, 2) == {0: 500, 1: 500},
                    120, "the records produced after the start to be committed")
-        assert run.stop() == 0
+    finally:
+        code = run.stop()
+    assert code == 0, run.outcome
     assert values(bootstrap_servers, sink) == Counter(after)
-    assert not any(line.startswith("WARNING") for line in run.lines), run.lines
+    assert not said(run, "WARNING"), run.lines
 
 
 def test_none_names_the_partitions_without_offsets_and_publishes_nothing(bootstrap_servers, admin, make_topic,
@@ -185,16 +156,19 @@ def test_reset_to_earliest_then_run_replays_everything(bootstrap_servers, make_t
 def test_reset_is_refused_while_an_instance_runs(bootstrap_servers, make_topic, spark) -> None:
     source, sink = make_topic("in", partitions=2), make_topic("out", partitions=2)
     seed(bootstrap_servers, source, 2, 100)
-    with BackgroundDriver(spark, bootstrap_servers, inputs=[source], output=sink) as run:
-        app_id = run.settings.app_id
-        run.wait_for_line("partitions assigned")
+    run = background(spark, bootstrap_servers, inputs=[source], output=sink)
+    try:
+        app_id = run.driver.settings.app_id
+        wait_until(lambda: run.events.of("assigned") or not run.alive(), 120, "partitions assigned")
         wait_until(lambda: committed(bootstrap_servers, app_id, source, 2) == {0: 100, 1: 100}, 120,
                    "the first records to be processed")
         refused = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-earliest", "--execute")
         assert refused.returncode != 0
         assert "live member" in refused.stderr and "stop them first" in refused.stderr, refused.stderr
         assert committed(bootstrap_servers, app_id, source, 2) == {0: 100, 1: 100}
-        assert run.stop() == 0
+    finally:
+        code = run.stop()
+    assert code == 0, run.outcome
     # Stopped (it left the group): now the reset goes through.
     done = offsets_cli(bootstrap_servers, "reset", "--app-id", app_id, "--to-earliest", "--execute")
     assert done.returncode == 0, done.stderr

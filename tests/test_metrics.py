@@ -252,7 +252,8 @@ def test_txstream_run_json_lines_and_the_missing_topic_error(bootstrap_servers, 
          "--log-format", "json", "--metrics-port", "0", "--metrics-address", "127.0.0.1"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("{")]
+    lines = proc.stdout.splitlines()
+    assert lines and all(line.startswith("{") for line in lines), proc.stdout[-3000:]
     events = [json.loads(line) for line in lines]
     assert [e["event"] for e in events][0] == "metrics" and events[-1]["event"] == "fatal", events
     assert events[0]["url"].startswith("http://127.0.0.1:")

@@ -302,7 +302,7 @@ def _run_passthrough(bootstrap: str, source: str, sink: str, *extra: str):  # no
 
 
 def test_spark_output_goes_to_the_runs_log_file_unless_asked(bootstrap_servers, make_topic) -> None:
-    """By default Spark's banner and WARN lines are in the run's spark.log, named when Spark starts, and not on the terminal; with --log-format json stderr carries JSON objects only;
+    """By default Spark's banner and WARN lines are in the run's spark.log, named when Spark starts, and not on the terminal; with --log-format json stdout carries JSON objects only;
     --spark-logs shows Spark's lines again."""
     import json
     import re
@@ -322,12 +322,12 @@ def test_spark_output_goes_to_the_runs_log_file_unless_asked(bootstrap_servers, 
 
     as_json = _run_passthrough(bootstrap_servers, source, make_topic("out"), "--log-format", "json")
     assert as_json.returncode == 0, as_json.stderr
-    lines = as_json.stderr.splitlines()
-    assert all(line.startswith("{") for line in lines), as_json.stderr
+    lines = as_json.stdout.splitlines()
+    assert lines and all(line.startswith("{") for line in lines), as_json.stdout
     events = [json.loads(line) for line in lines]
     log_file = next(re.match(r"Spark's own log lines: (\S+)", e["message"]).group(1) for e in events
                     if e.get("message", "").startswith("Spark's own log lines"))
-    assert "log4j" in Path(log_file).read_text() and as_json.stdout == ""
+    assert "log4j" in Path(log_file).read_text() and as_json.stderr == "", as_json.stderr
 
     shown = _run_passthrough(bootstrap_servers, source, make_topic("out"), "--spark-logs")
     assert shown.returncode == 0, shown.stderr

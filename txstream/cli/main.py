@@ -129,7 +129,9 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
             wide_mode=wide_mode, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
             task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records)
-        echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
+        # Human lines are for the terminal (stderr); JSON events are the run's output, for a pipe.
+        as_json = log_format != "human"
+        echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=not as_json))
         if log_format == "human":
             echo(_first_line(resolved))
         if not spark_logs:

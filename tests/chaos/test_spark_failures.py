@@ -45,7 +45,7 @@ def test_task_failures_are_retried(bootstrap_servers, make_topic):
         fired = _fired(app)
         wanted = {item.split("=")[0] + "." + item.split("@")[1] for item in faults.split(",")}
         assert wanted <= set(fired), f"faults did not fire: {sorted(wanted - set(fired))} ({fired})"
-        failures = len(re.findall(r"ERROR Executor: Exception in task", log))
+        failures = len(re.findall(r"ERROR Executor: Exception in task", app.spark_log_text()))
         assert failures >= len(wanted), f"expected {len(wanted)} failed task attempts, the log shows {failures}"
         checker.drain()
         h.verdict("spark task failures", bootstrap_servers, app, expected, checker=checker,

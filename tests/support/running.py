@@ -396,6 +396,18 @@ class App:
         """Every run's events, in order."""
         return Events.parse(self.log_text().splitlines())
 
+    def spark_log_text(self) -> str:
+        """Spark's own log lines of every run: each run names its spark.log in an event."""
+        prefix = "Spark's own log lines: "
+        texts = []
+        for message in self.events().messages():
+            if message.startswith(prefix):
+                try:
+                    texts.append(Path(message[len(prefix):].split(" (")[0]).read_text(errors="replace"))
+                except OSError:
+                    pass
+        return "\n".join(texts)
+
     def committed_total(self) -> int | None:
         """Sum of the group's committed offsets; None while they cannot be read (a broker down,
         a transactional commit still pending)."""

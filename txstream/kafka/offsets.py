@@ -151,14 +151,24 @@ def kafka_call(admin: AdminClient, what: str, call: Callable[[], T], timeout: fl
 # Topics
 # ---------------------------------------------------------------------------------------------
 
+SETTLE_S = 5.0   # how long a new topic's metadata may take to name its leaders
+
+
 def cluster_topics(admin: AdminClient, timeout: float = DEFAULT_TIMEOUT) -> dict[str, int]:
     """Every topic in the cluster with its number of partitions.
 
     Also the reachability check: metadata is the first request, so an unreachable broker fails
     here with a clear message after `timeout` instead of deep inside a later call.
     """
-    metadata = kafka_call(admin, "reading cluster metadata", lambda: admin.list_topics(timeout=timeout), timeout)
-    return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+    settle_until = time.monotonic() + min(timeout, SETTLE_S)
+    while True:
+        metadata = kafka_call(admin, "reading cluster metadata", lambda: admin.list_topics(timeout=timeout), timeout)
+        # A topic created a moment ago can answer LEADER_NOT_AVAILABLE: it exists, so ask again
+        # rather than call it missing.
+        settling = [t for t in metadata.topics.values() if t.error is not None and t.error.retriable()]
+        if not settling or time.monotonic() > settle_until:
+            return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+        time.sleep(0.1)
 
 
 def topic_partition_counts(admin: AdminClient, topics: Iterable[str],

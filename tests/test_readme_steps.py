@@ -32,7 +32,7 @@ def block_after(text: str, heading: str) -> list[str]:
 
 
 def try_a_processor() -> list[str]:
-    return block_after(README.read_text(), "Try a processor")
+    return block_after(README.read_text(), "## Try a processor")
 
 
 def test_the_block_is_found_and_starts_and_stops_a_broker() -> None:

@@ -28,6 +28,7 @@ MULTI_HOST = {"state": ""}
 INTEGRATION_FIXTURES = {"kafka_cluster_factory", "bootstrap_servers", "admin", "make_topic", "spark",
                         "run_processor", "cluster"}
 _CHAOS_DIR = Path(__file__).parent / "chaos"
+_CLUSTER_DIR = Path(__file__).parent / "cluster"   # simulated hosts: always integration
 _PROCESS_MODULES = {"tests.chaos.harness", "tests.support.running"}
 
 
@@ -47,7 +48,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _CHAOS_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.chaos)
-        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_processes(item):
+        if (INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_processes(item)
+                or _CLUSTER_DIR in Path(str(item.path)).parents):
             item.add_marker(pytest.mark.integration)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
 
-from txstream.errors import BrokerError
+from tests.support.waiting import wait_until
 from txstream.local.cluster import LocalKafkaCluster
 
 _ADMINS: dict[str, AdminClient] = {}   # one per cluster, by its bootstrap servers
@@ -27,24 +27,23 @@ def _admin(cluster: LocalKafkaCluster) -> AdminClient:
 
 def leader_of(cluster: LocalKafkaCluster, topic: str, partition: int, timeout: float = 30.0) -> int:
     """The node id leading `topic[partition]`, from cluster metadata (waits for a leader)."""
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while True:
+    last = ["no answer"]
+
+    def leader() -> int | None:
         try:
             meta = _admin(cluster).list_topics(topic=topic, timeout=5)
-            tmeta = meta.topics.get(topic)
-            if tmeta is not None and tmeta.error is None and partition in tmeta.partitions:
-                leader = tmeta.partitions[partition].leader
-                if leader >= 0:
-                    return leader
-                last = "no leader"
-            else:
-                last = str(tmeta.error if tmeta is not None else "unknown topic")
         except Exception as exc:  # metadata is retried until the deadline
-            last = str(exc)
-        if time.monotonic() > deadline:
-            raise BrokerError(f"No leader for {topic}[{partition}] within {timeout:.0f}s ({last}).")
-        time.sleep(0.2)
+            last[0] = str(exc)
+            return None
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None or partition not in tmeta.partitions:
+            last[0] = str(tmeta.error if tmeta is not None else "unknown topic")
+            return None
+        last[0] = "no leader"
+        found = tmeta.partitions[partition].leader
+        return found + 1 if found >= 0 else None   # node 0 is a leader too: +1 keeps it truthy
+
+    return wait_until(leader, timeout, f"a leader for {topic}[{partition}]", state=lambda: last[0]) - 1
 
 
 def transaction_coordinator(cluster: LocalKafkaCluster, transactional_id: str, timeout: float = 30.0) -> int:
@@ -52,15 +51,13 @@ def transaction_coordinator(cluster: LocalKafkaCluster, transactional_id: str, t
     The topic is created on the first transactional producer's init, so call this after
     init_transactions."""
     deadline = time.monotonic() + timeout
-    while True:
-        meta = _admin(cluster).list_topics(topic="__transaction_state", timeout=10)
-        tmeta = meta.topics.get("__transaction_state")
-        if tmeta is not None and tmeta.error is None and tmeta.partitions:
-            break
-        if time.monotonic() > deadline:
-            raise BrokerError("__transaction_state does not exist yet: no transactional producer "
-                              "has initialised on this cluster.")
-        time.sleep(0.2)
+
+    def state_topic():
+        tmeta = _admin(cluster).list_topics(topic="__transaction_state", timeout=10).topics.get("__transaction_state")
+        return tmeta if tmeta is not None and tmeta.error is None and tmeta.partitions else None
+
+    tmeta = wait_until(state_topic, timeout, "__transaction_state (made by the first transactional "
+                       "producer's init_transactions)")
     partition = transaction_state_partition(transactional_id, len(tmeta.partitions))
     return leader_of(cluster, "__transaction_state", partition, max(1.0, deadline - time.monotonic()))
 
@@ -104,14 +101,10 @@ def fully_replicated(cluster: LocalKafkaCluster) -> tuple[bool, str]:
 def wait_fully_replicated(cluster: LocalKafkaCluster, timeout: float = 120.0) -> float:
     """Wait until `fully_replicated`; returns the seconds waited."""
     began = time.monotonic()
-    while True:
-        ok, why = fully_replicated(cluster)
-        if ok:
-            return time.monotonic() - began
-        if time.monotonic() - began > timeout:
-            raise BrokerError(f"The cluster at {cluster.bootstrap_servers} was not fully replicated "
-                              f"within {timeout:.0f}s: {why}")
-        time.sleep(0.25)
+    wait_until(lambda: fully_replicated(cluster)[0], timeout,
+               f"the cluster at {cluster.bootstrap_servers} fully replicated",
+               every=0.25, state=lambda: fully_replicated(cluster)[1])
+    return time.monotonic() - began
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -139,5 +140,11 @@ def test_produce_says_what_it_wrote_when_the_broker_dies(kafka_cluster_factory, 
     code = proc.wait(60)
     error = proc.stderr.read()
     assert code == 1, error
-    assert "100 of 150 records written, 50 not" in error, error
+    # The broker wrote the first 100; their acknowledgements may die with it (a kill right after
+    # the append), so the command may count fewer of them acknowledged, never more.
+    said = re.search(r"producing to lines: (\d+) of 150 records acknowledged, (\d+) not", error)
+    assert said, error
+    acknowledged, missing = int(said[1]), int(said[2])
+    assert acknowledged <= 100 and acknowledged + missing == 150, error
+    assert "Message timed out" in error and "may or may not be in the topic" in error, error
     assert time.monotonic() - began < 4 * 2 + 10, "produce waited longer than its timeout allows"

@@ -102,10 +102,13 @@ def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str],
     remaining = producer.flush(timeout)
     if remaining or errors:
         said = "; ".join(f"{what} ({n})" for what, n in errors.most_common(3))
+        # A record whose acknowledgement was lost (the broker died before answering) may be in
+        # the topic all the same: say "acknowledged", never "not written".
         raise KafkaFailure(
-            f"producing to {topic}: {delivered[0]} of {count} records written, {count - delivered[0]} not"
+            f"producing to {topic}: {delivered[0]} of {count} records acknowledged, {count - delivered[0]} not"
             + (f" ({remaining} still unacknowledged after {timeout:g}s)" if remaining else "")
-            + (f"; Kafka said: {said}" if said else ""))
+            + (f"; Kafka said: {said}" if said else "")
+            + "; the unacknowledged ones may or may not be in the topic")
     return count
 
 

@@ -1,0 +1,86 @@
+"""What a stateful operator is, as kept beside its state: the description `txstream state show`
+reads, and the fingerprint a restart compares with its own transform's (docs/state.md).
+
+It lives in the app's state topic `<app>.state` (one partition, compacted): key = the operator's
+name, value = this description as JSON. The driver writes it at start, before the first batch
+that writes state; a restart whose transform describes the operator differently (other keys,
+aggregates, window or state schema) is refused with what changed, instead of reading state it
+cannot understand.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+AGGREGATE = "aggregate"     # groupBy().agg() without a window: running aggregates
+WINDOW = "window"           # groupBy(window(...), ...).agg()
+DEDUP = "dedup"             # dropDuplicates / dropDuplicatesWithinWatermark
+
+STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+
+
+def state_topic(app_id: str) -> str:
+    """The app's topic of operator descriptions (one record per stateful operator)."""
+    return f"{app_id}.state"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    name: str           # the output column
+    function: str       # count, sum, min, max, avg, count_distinct
+    input: str          # the input column's name ("*" for count(*))
+
+
+@dataclass(frozen=True)
+class OperatorDescription:
+    operator: str                         # "agg" or "dedup": the name in its topics
+    kind: str                             # AGGREGATE, WINDOW or DEDUP
+    units: int                            # K state partitions
+    output_mode: str                      # append, update, complete
+    keys: list[str]                       # grouping (or deduplication) columns, window excluded
+    aggregates: list[Aggregate] = field(default_factory=list)
+    window: dict[str, Any] | None = None  # {"column", "size_ms", "slide_ms"}
+    watermark: dict[str, Any] | None = None   # {"column", "delay_ms"}
+    state_schema: dict[str, Any] | None = None  # Avro record schema of the state values
+
+    @property
+    def windowed(self) -> bool:
+        return self.kind == WINDOW
+
+    def fingerprint(self) -> str:
+        """What must not change while state exists: everything but the output mode and the
+        watermark's delay (both only change what is emitted and when)."""
+        kept = {k: v for k, v in asdict(self).items() if k not in ("output_mode", "watermark")}
+        return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_json(self) -> bytes:
+        body = asdict(self)
+        body["fingerprint"] = self.fingerprint()
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_json(value: bytes) -> OperatorDescription:
+        body = json.loads(value)
+        body.pop("fingerprint", None)
+        body["aggregates"] = [Aggregate(**a) for a in body.get("aggregates") or []]
+        return OperatorDescription(**body)
+
+    def differences(self, other: OperatorDescription) -> list[str]:
+        """What differs between the stored description (`self`) and a new one, for the message
+        that refuses the restart."""
+        said = []
+        for name in ("kind", "units", "keys", "aggregates", "window", "state_schema"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                said.append(f"{name}: {_show(mine)} in the state, {_show(theirs)} in the transform")
+        return said
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list) and value and isinstance(value[0], Aggregate):
+        return "[" + ", ".join(f"{a.function}({a.input}) as {a.name}" for a in value) + "]"
+    if isinstance(value, dict) and value.get("type") == "record":
+        return "a state schema with fields " + ", ".join(f["name"] for f in value.get("fields", []))
+    return json.dumps(value) if not isinstance(value, str) else value

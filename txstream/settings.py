@@ -63,6 +63,7 @@ class RunSettings:
     wide_mode: str = "units"
     output_units: int | None = None       # None: the number of input partitions
     allow_nondeterministic: bool = False
+    output_mode: str | None = None        # append | update | complete: state across batches (docs/state.md)
     allow_output_to_input_topics: bool = False   # a topic both read and written: a loop, accepted knowingly
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
@@ -72,6 +73,9 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:
             self.batch_timeout_s = 5 * self.transaction_timeout_s
+
+
+OUTPUT_MODES = ("append", "update", "complete")
 
 
 def check_wide_settings(mode: str, units: int | None) -> None:
@@ -203,6 +207,9 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     extra["output_units"] = extra.get("output_units") or cls.output_units
     extra["allow_nondeterministic"] = bool(extra.get("allow_nondeterministic")) or cls.allow_nondeterministic
     check_wide_settings(extra["wide_mode"], extra["output_units"])
+    extra["output_mode"] = extra.get("output_mode") or cls.output_mode
+    if extra["output_mode"] is not None and extra["output_mode"] not in OUTPUT_MODES:
+        raise SettingsError(f"output mode must be one of {', '.join(OUTPUT_MODES)}, got {extra['output_mode']!r}")
     extra["task_slots"] = extra.get("task_slots") or cls.task_slots
     extra["producers_per_slot"] = extra.get("producers_per_slot") or cls.producers_per_slot
     output_topic, dead_letter_topic = output or cls.output_topic, dead_letter or cls.dead_letter_topic

@@ -37,6 +37,10 @@ class BatchProtocol(Protocol):
                    committed: dict[tuple[str, int], int | None], cap: int) -> list[PartitionPlan]:
         """The next batch's ranges over the owned partitions ([]: nothing to do now)."""
 
+    def owes_batch(self, owned: list[TopicPartition]) -> bool:
+        """A batch is due although no input waits (a stateful protocol's batch with no records,
+        which emits what an advanced watermark closed): `--until-caught-up` runs it first."""
+
     def run_batch(self, plans: list[PartitionPlan], planned_at: float | None = None) -> BatchReport:
         """Run and publish one batch over `plans` (planning began at `planned_at`, monotonic)."""
 

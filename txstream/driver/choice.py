@@ -23,6 +23,8 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
     and choose the protocol from the physical plan, said in the run's first lines."""
     s = settings
     s.processor.batch_timestamp = datetime.now(timezone.utc)
+    if s.output_mode is not None:
+        return _stateful(settings, specs, jobs, admin, topic_partitions, echo)
     first = first_job(jobs, s, topic_partitions)
     if first is not None:
         frame = first.out
@@ -47,5 +49,21 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
     for part in loose:
         echo(f"warning: not deterministic (allowed): {part}")
     protocol = WideBatches(s, specs, jobs, admin, sum(topic_partitions.values()), echo)
+    echo(protocol.describe())
+    return protocol
+
+
+def _stateful(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: Any,
+              topic_partitions: dict[str, int], echo: Callable[[str], None]) -> BatchProtocol:
+    """State across batches (docs/state.md): the wide protocol whose units keep the state."""
+    from txstream.driver.stateful import StatefulBatches, describe_operator
+
+    s = settings
+    inputs = sum(topic_partitions.values())
+    units = s.output_units or inputs or 1
+    topic = s.input_topics[0]
+    dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
+    description = describe_operator(s, units, jobs, dry)
+    protocol = StatefulBatches(s, specs, jobs, admin, inputs, echo, description)
     echo(protocol.describe())
     return protocol

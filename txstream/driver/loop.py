@@ -220,7 +220,7 @@ class Driver:
                 try:
                     committed = self.membership.committed(owned)
                     self._remember_targets(owned)
-                    if s.until_caught_up and self._caught_up(owned, committed):
+                    if s.until_caught_up and self._caught_up(owned, committed) and not protocol.owes_batch(owned):
                         self.telemetry.event("caught_up", self.summary("caught up"), **self.totals)
                         return 0
                     plans = protocol.next_plans(planner, owned, committed, self.pacing.cap(len(owned))) if owned else []

@@ -117,6 +117,9 @@ class NarrowBatches:
     def describe(self) -> str:
         return "protocol: narrow (each slot's output and input offsets in one transaction)"
 
+    def owes_batch(self, owned: list) -> bool:
+        return False
+
     def start(self, membership: GroupMembership | None) -> None:
         if self.slots is None:
             self.slots = new_slots(self.settings, self.jobs.spark)

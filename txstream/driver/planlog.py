@@ -26,9 +26,11 @@ class PlanShare:
     end: int
     units: int
     timestamp_ms: int
+    watermark_ms: int | None = None   # a stateful batch's watermark (docs/state.md): the same on a re-run
 
     def encode(self) -> str:
-        return f"{VERSION};b={self.batch_id};e={self.end};k={self.units};t={self.timestamp_ms}"
+        text = f"{VERSION};b={self.batch_id};e={self.end};k={self.units};t={self.timestamp_ms}"
+        return text if self.watermark_ms is None else f"{text};w={self.watermark_ms}"
 
     @staticmethod
     def decode(text: str | None) -> PlanShare | None:
@@ -38,7 +40,8 @@ class PlanShare:
             return None
         try:
             fields = dict(part.split("=", 1) for part in text.split(";")[1:])
-            return PlanShare(int(fields["b"]), int(fields["e"]), int(fields["k"]), int(fields["t"]))
+            return PlanShare(int(fields["b"]), int(fields["e"]), int(fields["k"]), int(fields["t"]),
+                             int(fields["w"]) if "w" in fields else None)
         except (KeyError, ValueError):
             return None
 
@@ -63,6 +66,7 @@ class PendingBatch:
     units: int
     timestamp_ms: int
     ranges: dict[tuple[str, int], tuple[int, int]]   # (topic, partition) -> [start, end)
+    watermark_ms: int | None = None
 
 
 def pending_batch(log: dict[tuple[str, int], LoggedPartition]) -> PendingBatch | None:
@@ -81,9 +85,15 @@ def pending_batch(log: dict[tuple[str, int], LoggedPartition]) -> PendingBatch |
             continue
         in_batch = entry.share is not None and entry.share.batch_id == newest
         ranges[key] = (entry.committed, entry.share.end if in_batch else entry.committed)  # type: ignore[union-attr]
-    return PendingBatch(newest, first.units, first.timestamp_ms, ranges)
+    return PendingBatch(newest, first.units, first.timestamp_ms, ranges, first.watermark_ms)
 
 
 def last_batch_id(log: dict[tuple[str, int], LoggedPartition]) -> int:
     """The highest batch id the log mentions (0 when it mentions none)."""
     return max((e.share.batch_id for e in log.values() if e.share is not None), default=0)
+
+
+def last_watermark(log: dict[tuple[str, int], LoggedPartition]) -> int | None:
+    """The newest watermark the log mentions (None: no stateful batch logged one)."""
+    return max((e.share.watermark_ms for e in log.values() if e.share is not None and e.share.watermark_ms is not None),
+               default=None)

@@ -32,7 +32,14 @@ from confluent_kafka import TopicPartition
 from txstream import faults
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.membership import GroupMembership
-from txstream.driver.planlog import LoggedPartition, PendingBatch, PlanShare, last_batch_id, pending_batch
+from txstream.driver.planlog import (
+    LoggedPartition,
+    PendingBatch,
+    PlanShare,
+    last_batch_id,
+    last_watermark,
+    pending_batch,
+)
 from txstream.driver.planning import Planner
 from txstream.driver.report import BatchReport
 from txstream.driver.specs import TaskSpecs
@@ -91,6 +98,11 @@ class WideBatch:
     timestamp_ms: int
     plans: list[PartitionPlan]
     recovered: bool   # re-running a logged plan found pending at start or after a failure
+    watermark_ms: int | None = None   # a stateful batch's (driver/stateful.py)
+
+    def share(self, end: int) -> PlanShare:
+        """This batch's share of the plan log for a partition ending at `end`."""
+        return PlanShare(self.batch_id, end, self.units, self.timestamp_ms, self.watermark_ms)
 
     @property
     def plan_id(self) -> str:
@@ -259,20 +271,28 @@ class WideBatches:
         """A new batch over `plans`: an id above every logged one and every unit's marker (so
         markers left by an earlier life of the app never make it skip), logged before it runs."""
         batch_id = last_batch_id(log) + 1
-        if self._logs_plans:
-            markers = read_markers(self.settings.clients, self.settings.app_id, self.plan_units)
-            batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
-        batch = WideBatch(batch_id, self.plan_units, int(time.time() * 1000), _wide_plans(plans), recovered=False)
+        markers = read_markers(self.settings.clients, self.settings.app_id, self.plan_units) if self._logs_plans else {}
+        batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
+        batch = WideBatch(batch_id, self.plan_units, int(time.time() * 1000), _wide_plans(plans), recovered=False,
+                          watermark_ms=self._next_watermark(log, markers))
         if self._logs_plans:
             # Logged before it runs: after any crash, exactly this batch runs again.
-            self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=PlanShare(
-                batch_id, p.end, batch.units, batch.timestamp_ms).encode()) for p in batch.plans], "log the plan")
+            self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=batch.share(p.end).encode())
+                          for p in batch.plans], "log the plan")
             faults.maybe_fail("driver.after_plan_log", batch_id)
         return batch
 
+    def _next_watermark(self, log: dict[tuple[str, int], LoggedPartition], markers: dict) -> int | None:
+        """The watermark a new batch is planned with (a stateful protocol's; none here)."""
+        return None
+
+    def owes_batch(self, owned: list[TopicPartition]) -> bool:
+        return False
+
     def _from_log(self, pending: PendingBatch) -> WideBatch:
         plans = [PartitionPlan(t, p, start, end, start, "") for (t, p), (start, end) in sorted(pending.ranges.items())]
-        batch = WideBatch(pending.batch_id, pending.units, pending.timestamp_ms, plans, recovered=True)
+        batch = WideBatch(pending.batch_id, pending.units, pending.timestamp_ms, plans, recovered=True,
+                          watermark_ms=pending.watermark_ms)
         self.echo(f"batch {batch.batch_id}: re-running its logged plan ({sum(p.size for p in plans)} records over "
                   f"{len(plans)} partitions, {batch.units} units): a previous attempt did not close it")
         return batch
@@ -289,7 +309,7 @@ class WideBatches:
         s = self.settings
         s.processor.batch_timestamp = datetime.fromtimestamp(batch.timestamp_ms / 1000, tz=timezone.utc)
         accounts = self.jobs.spark.sparkContext.accumulator({}, ReadAccounts())
-        out = self.jobs.output_frame(batch.batch_id, batch.plans, accounts=accounts)
+        out = self._output(batch, accounts)
         out = out.select(*[c for c in out.columns if c != "offset"])
         if s.guarantee == AT_MOST_ONCE:
             self._commit_plain(batch)
@@ -304,14 +324,22 @@ class WideBatches:
         return BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started, reads=self.last_reads,
                            driver_s=driver_s)
 
-    def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
-        s = self.settings
+    def _output(self, batch: WideBatch, accounts: Any) -> Any:
+        """The transform's output over the batch's ranges."""
+        return self.jobs.output_frame(batch.batch_id, batch.plans, accounts=accounts)
+
+    def _unit_frame(self, batch: WideBatch, out: Any) -> Any:
+        """The output routed to the K units, each published by its task (task/units.py)."""
         key_routed = "key" in out.columns
         route = ["key"] if key_routed else list(out.columns)
         spec = UnitSpec(publish=self.specs.publish, batch_id=batch.batch_id, units=batch.units,
                         plan_id=batch.plan_id, routing="key" if key_routed else "all columns",
                         markers_metadata=self._markers_metadata)
-        frame = out.repartition(batch.units, *route).mapInArrow(functools.partial(publish_unit, spec), result_schema())
+        return out.repartition(batch.units, *route).mapInArrow(functools.partial(publish_unit, spec), result_schema())
+
+    def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
+        s = self.settings
+        frame = self._unit_frame(batch, out)
         rows = self.jobs.run(lambda: [r.asDict() for r in frame.collect()], batch.batch_id, description,
                              self.membership.poll)
         by_status: dict[str, list[dict]] = {}
@@ -385,8 +413,7 @@ class WideBatches:
         """One transaction: `records` (single-transaction mode), the dead letters, the batch's
         record in the markers topic (what `txstream verify` reconciles), and the input end
         offsets with nothing pending in the log. Returns the records produced."""
-        offsets = [TopicPartition(p.topic, p.partition, p.end,
-                                  metadata=PlanShare(batch.batch_id, p.end, batch.units, batch.timestamp_ms).encode())
+        offsets = [TopicPartition(p.topic, p.partition, p.end, metadata=batch.share(p.end).encode())
                    for p in batch.plans]
         return self._commit(offsets, f"close batch {batch.batch_id}", dead=dead, records=records, batch=batch,
                             unit_records=unit_records)
@@ -466,9 +493,8 @@ class WideBatches:
                 f"a record of batch {batch.batch_id} failed in the transform after unit(s) {done[:5]} of the batch "
                 "were published, so the batch cannot be re-planned without it. Fix the transform (the failure is "
                 "after the shuffle) and restart: the batch completes as logged.")
-        self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=PlanShare(
-            batch.batch_id, p.start, batch.units, batch.timestamp_ms).encode()) for p in batch.plans],
-            f"abandon batch {batch.batch_id}")
+        self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=batch.share(p.start).encode())
+                      for p in batch.plans], f"abandon batch {batch.batch_id}")
         self.current = None
 
     def _new_batch_for(self, plans: list[PartitionPlan]) -> WideBatch:
@@ -479,7 +505,7 @@ class WideBatches:
         transaction of the driver's producer (nothing pending in the log)."""
         offset = record[4]
         log = self.read_log([TopicPartition(plan.topic, plan.partition)])
-        share = PlanShare(last_batch_id(log), offset + 1, self.plan_units, int(time.time() * 1000))
+        share = PlanShare(last_batch_id(log), offset + 1, self.plan_units, int(time.time() * 1000), last_watermark(log))
         tp = TopicPartition(plan.topic, plan.partition, offset + 1, metadata=share.encode())
         if self.settings.guarantee == EXACTLY_ONCE:
             self._commit([tp], "dead-letter a poison record", dead=[(plan.topic, plan.partition, record)])

@@ -24,6 +24,7 @@ SOURCE_OFFSET = "txstream.source.offset"
 DLQ_STAGE = "txstream.dlq.stage"      # decode | transform | encode
 DLQ_ERROR = "txstream.dlq.error"      # the error, one line
 DLQ_APP_ID = "txstream.dlq.app.id"
+DLQ_WATERMARK = "txstream.dlq.watermark"   # a late record's: the watermark it missed (ISO 8601, UTC)
 
 # One id per published range attempt (one Kafka transaction under exactly-once): `verify`
 # tells two committed publications of the same source offset apart from a 1:n fan-out.
@@ -113,3 +114,10 @@ def wide_lineage(batch_id: int, unit: int | str, publication: str, app_id: str |
     """A wide publication's headers (each record adds its position)."""
     named = [(APP, app_id.encode())] if app_id else []
     return [*named, (BATCH, str(batch_id).encode()), (UNIT, str(unit).encode()), (PUBLICATION, publication.encode())]
+
+
+def iso_ms(ms: int) -> str:
+    """Epoch milliseconds as ISO 8601 UTC, as the dead-letter headers carry times."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -121,3 +121,18 @@ def _take(path: Path) -> Any:
         return None
     path.unlink(missing_ok=True)
     return content
+
+
+def state_file(side_dir: str, batch_id: int, task_attempt: int) -> Path:
+    """Where a stateful unit's merge (task/state_merge.py) leaves the batch's state changes, late
+    records and event times for the unit's publisher, later in the same task attempt."""
+    return run_directory(side_dir) / f"b{batch_id}-a{task_attempt}.state"
+
+
+def write_state(side_dir: str, batch_id: int, content: Any) -> None:
+    _write(state_file(side_dir, batch_id, current_task_attempt()), content)
+
+
+def take_state(side_dir: str, batch_id: int) -> Any:
+    """The merge's result for this task attempt, consumed; None when the merge left none."""
+    return _take(state_file(side_dir, batch_id, current_task_attempt()))

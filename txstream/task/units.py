@@ -55,6 +55,7 @@ class Marker:
     rows: int = -1
     content: str = ""       # digest of what routed the records (topic and key)
     values: str = ""        # digest of the values
+    events: int | None = None   # a stateful unit: the latest event time it has seen (ms), for the watermark
 
     @property
     def done_through(self) -> int:
@@ -62,7 +63,8 @@ class Marker:
         return (self.offset or 1) - 1
 
     def metadata(self) -> str:
-        return f"p={self.plan_id};r={self.rows};h={self.content};v={self.values}"
+        text = f"p={self.plan_id};r={self.rows};h={self.content};v={self.values}"
+        return text if self.events is None else f"{text};x={self.events}"
 
     @staticmethod
     def parse(offset: int | None, metadata: str | None) -> Marker:
@@ -71,7 +73,20 @@ class Marker:
             rows = int(fields.get("r", -1))
         except ValueError:
             rows = -1
-        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""))
+        try:
+            events = int(fields["x"]) if "x" in fields else None
+        except ValueError:
+            events = None
+        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""), events)
+
+
+@dataclass(frozen=True)
+class StateUnit:
+    """What a stateful unit's publisher adds to its transaction (docs/state.md): the changelog
+    records, late records and event time its merge left in the task's side file."""
+
+    operator: str
+    watermark_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,7 @@ class UnitSpec:
     plan_id: str
     routing: str = "key"                    # what decided the unit: "key" or "all columns"
     markers_metadata: Any = field(default=None, repr=False)   # memberless, of the markers group
+    state: StateUnit | None = None          # a stateful batch's unit
 
     @property
     def app_id(self) -> str:
@@ -123,12 +139,22 @@ def publish_unit(spec: UnitSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[
     unit = TaskContext.get().partitionId()
     result = TaskResult(unit)
     pending = [b for b in batches if b.num_rows]
-    if not pending:
+    merged = None
+    if spec.state is not None:
+        from txstream.task.sidefile import take_state
+
+        merged = take_state(spec.publish.read.side_dir, spec.batch_id)
+        if merged is None:
+            raise TaskError(f"unit {unit} of batch {spec.batch_id}: the state merge of this task left no result")
+        result.records_in = merged.get("rows_in", 0)
+    if merged is not None and merged.get("skip"):
+        result.status = ALREADY_DONE   # the merge found the unit's marker at the batch: published before
+    elif not pending and not (merged and (merged["changes"] or merged["late"])):
         result.status = EMPTY   # nothing to publish: no producer, no marker (a skipped unit)
     elif spec.publish.guarantee != EXACTLY_ONCE:
         _publish_plain(spec, unit, pending, result)
     else:
-        _publish_transactional(spec, unit, pending, result)
+        _publish_transactional(spec, unit, pending, result, merged)
     yield result.to_batch()
 
 
@@ -170,8 +196,11 @@ class _UnitTransaction(Transaction):
     """A unit's records (kept, replayed after an abort) and its marker moved to the next batch,
     sent with the memberless metadata of the markers group."""
 
-    def __init__(self, spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult) -> None:
+    def __init__(self, spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult,
+                 merged: dict | None = None) -> None:
         self.spec, self.unit, self.batches, self.result = spec, unit, batches, result
+        self.merged = merged            # a stateful unit's merge result (task/state_merge.py)
+        self.events: int | None = None  # the marker's event time before this batch
         self.collector: RecordCollector | None = None
 
     def _marker(self) -> Marker:
@@ -182,10 +211,11 @@ class _UnitTransaction(Transaction):
         # After init_transactions no older attempt of this unit can commit: the marker is final.
         spec, result = self.spec, self.result
         marker = self._marker()
+        self.events = marker.events
         if marker.done_through < spec.batch_id:
             return None
         result.status, result.committed = ALREADY_DONE, marker.offset or -1
-        if marker.done_through == spec.batch_id:
+        if marker.done_through == spec.batch_id and spec.state is None:
             check = _collector(spec, self.unit, None)
             check.sent = _encode_only(check, self.batches)
             _check_replay(spec, marker, check, result)   # may say the replay differs
@@ -198,16 +228,40 @@ class _UnitTransaction(Transaction):
             for batch in self.batches:
                 self.result.records_out += self.collector.add_batch(batch)
                 faults.maybe_fail("publish.mid_produce", self.unit)
+            if self.merged is not None:
+                self._late_records()
         else:
             self.collector.producer = producer
             self.collector.replay()
+        if self.merged is not None and self.merged["changes"]:
+            from txstream.state.changelog import ChangelogWriter
+
+            ChangelogWriter(self.spec.app_id, self.spec.state.operator, self.unit).produce(
+                producer, self.merged["changes"], self.spec.batch_id)
         self.result.produce_s += time.perf_counter() - started
+
+    def _late_records(self) -> None:
+        """Records behind the watermark: to the dead-letter topic in this transaction, or only
+        counted when there is none (docs/state.md, "Late records")."""
+        late, dead_topic = self.merged["late"], self.spec.publish.dead_letter_topic
+        self.result.dead_letters += len(late)
+        if not dead_topic:
+            return
+        watermark = self.spec.state.watermark_ms
+        said = headers.iso_ms(watermark) if watermark is not None else "none"
+        for value, event_ms in late:
+            record = (None, value, [(headers.DLQ_WATERMARK, said.encode())], event_ms, None, "late",
+                      f"event time {headers.iso_ms(event_ms)} is behind the watermark {said}")
+            self.collector.add_dead_letter(dead_topic, record, self.spec.app_id)
 
     def offsets(self) -> tuple[list, Any]:
         from confluent_kafka import TopicPartition
 
         spec, sent = self.spec, self.collector.sent
-        marker = Marker(spec.batch_id + 1, spec.plan_id, len(sent), *content_hash(sent))
+        events = self.events
+        if self.merged is not None and self.merged.get("events") is not None:
+            events = max(events or self.merged["events"], self.merged["events"])
+        marker = Marker(spec.batch_id + 1, spec.plan_id, len(sent), *content_hash(sent), events=events)
         return ([TopicPartition(markers_name(spec.app_id), self.unit, marker.offset, metadata=marker.metadata())],
                 spec.markers_metadata)
 
@@ -222,11 +276,12 @@ class _UnitTransaction(Transaction):
         return ALREADY_DONE if self._marker().done_through >= self.spec.batch_id else None
 
 
-def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult) -> None:
+def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult,
+                           merged: dict | None = None) -> None:
     tid = unit_transactional_id(spec.app_id, unit)
     producers = publish.producers(spec.publish)
     publisher, fresh = pooled_publisher(producers, tid)
-    outcome = transactions.run(_UnitTransaction(spec, unit, batches, result), publisher, fresh=fresh,
+    outcome = transactions.run(_UnitTransaction(spec, unit, batches, result, merged), publisher, fresh=fresh,
                                renew=lambda: pooled_publisher(producers, tid)[0],
                                other_attempt_s=spec.publish.transaction_timeout_s, fault_detail=unit)
     result.init_s, result.attempts = outcome.init_s, outcome.attempts

@@ -1,0 +1,156 @@
+"""State across batches (docs/state.md), run for real: a broker, Spark, the example processors.
+
+Running totals in update mode: per customer, the updates a read_committed reader sees strictly
+increase and the last equals the exact total, across batches and across a restart. Windows in
+append mode: every window the watermark closed is emitted once with the exact count and sum,
+none early, and the late orders are in the dead-letter topic. Deduplication: every id once."""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from datetime import timedelta
+
+import pytest
+
+from processors.orders_per_currency import OrdersPerCurrency
+from processors.running_totals import RunningTotals
+from processors.sample_orders import EPOCH, orders
+from processors.unique_orders import UniqueOrders
+from tests.support.kafka import avro_bytes, produce, read_all
+from tests.support.seeding import ORDER
+from txstream.errors import TransformError
+from txstream.serde.avro import AvroCodec, load_schema
+
+TOTAL = AvroCodec(load_schema("schemas/customer_running_total.avsc"))
+WINDOW = AvroCodec(load_schema("schemas/currency_window.avsc"))
+
+
+def _seed(bootstrap: str, topic: str, data: list[dict]) -> None:
+    produce(bootstrap, topic, [(o["customer_id"].encode(), avro_bytes(ORDER, o)) for o in data])
+
+
+def _check_running_totals(records, data) -> dict[str, tuple]:
+    """Per customer the updates strictly increase; returns the last one of each."""
+    last: dict[str, tuple] = {}
+    for r in records:
+        v = TOTAL.decode(r.value)
+        assert r.key.decode() == v["customer_id"]
+        now = (v["orders"], v["amount"], v["largest"])
+        before = last.get(v["customer_id"])
+        assert before is None or now[0] > before[0], (v["customer_id"], before, now)
+        last[v["customer_id"]] = now
+    return last
+
+
+def _expected_totals(data) -> dict[str, tuple]:
+    out: dict[str, list] = {}
+    for o in data:
+        if o["amount"] > 0:
+            t = out.setdefault(o["customer_id"], [0, 0.0, 0.0])
+            t[0] += 1
+            t[1] += o["amount"]
+            t[2] = max(t[2], o["amount"])
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _same_totals(got: dict[str, tuple], want: dict[str, tuple]) -> None:
+    assert got.keys() == want.keys()
+    for customer, (n, amount, largest) in want.items():
+        g = got[customer]
+        assert g[0] == n and g[2] == largest and abs(g[1] - amount) < 1e-6, (customer, g, (n, amount, largest))
+
+
+def test_running_totals_across_batches_and_a_restart(bootstrap_servers, make_topic, run_processor) -> None:
+    source, sink, dlq = make_topic("rt-in", partitions=2), make_topic("rt-out", partitions=2), make_topic("rt-dlq")
+    first = [dict(o, customer_id=f"c{i % 40}") for i, o in enumerate(orders(1200))]
+    _seed(bootstrap_servers, source, first)
+    app = "test-running-totals-" + source[-8:]
+    driver = run_processor(RunningTotals, inputs=[source], output=sink, dead_letter=dlq, app_id=app,
+                           max_records_per_partition=200, output_units=3)
+    assert driver.exit_code == 0, driver.lines
+    assert any(m.startswith("protocol: stateful, running aggregates in update mode") for m in driver.events.messages())
+    assert driver.totals["batches"] >= 3
+    _same_totals(_check_running_totals(read_all(bootstrap_servers, sink), first), _expected_totals(first))
+
+    second = [dict(o, customer_id=f"c{i % 50}") for i, o in enumerate(orders(600, first=1200))]
+    _seed(bootstrap_servers, source, second)
+    again = run_processor(RunningTotals, inputs=[source], output=sink, dead_letter=dlq, app_id=app,
+                          max_records_per_partition=200)
+    assert again.exit_code == 0, again.lines
+    _same_totals(_check_running_totals(read_all(bootstrap_servers, sink), first + second),
+                 _expected_totals(first + second))
+
+
+def _window_expectation(data, delay_s: int, size_s: int = 60):
+    """{(window start, currency): (orders, amount)} of the windows the final watermark closed,
+    and the orders that were late at some batch cannot be known here: see the test."""
+    out: dict[tuple, list] = defaultdict(lambda: [0, 0.0])
+    for o in data:
+        start = EPOCH + timedelta(seconds=(o["created_at"] - EPOCH).total_seconds() // size_s * size_s)
+        out[(start, o["currency"])][0] += 1
+        out[(start, o["currency"])][1] += o["amount"]
+    return out
+
+
+def test_windows_in_append_mode_emit_each_closed_window_once_and_route_late_orders(
+        bootstrap_servers, make_topic, run_processor) -> None:
+    source, sink, dlq = make_topic("w-in", partitions=2), make_topic("w-out", partitions=2), make_topic("w-dlq")
+    data = list(orders(6000))            # 37 ms apart: about 3.7 minutes of event time
+    late = [dict(o, id=f"late-{i}", created_at=EPOCH + timedelta(seconds=5)) for i, o in enumerate(orders(30))]
+    _seed(bootstrap_servers, source, data)
+    app = "test-windows-" + source[-8:]
+    driver = run_processor(OrdersPerCurrency, inputs=[source], output=sink, dead_letter=dlq, app_id=app,
+                           max_records_per_partition=1000)
+    assert driver.exit_code == 0, driver.lines
+    _seed(bootstrap_servers, source, late)  # all behind the watermark now: a minute of event time has passed
+    again = run_processor(OrdersPerCurrency, inputs=[source], output=sink, dead_letter=dlq, app_id=app)
+    assert again.exit_code == 0, again.lines
+    emitted = Counter()
+    got = {}
+    for r in read_all(bootstrap_servers, sink):
+        v = WINDOW.decode(r.value)
+        emitted[(v["start"], v["currency"])] += 1
+        got[(v["start"], v["currency"])] = (v["orders"], v["amount"])
+        assert v["end"] - v["start"] == timedelta(minutes=1) and r.key.decode() == v["currency"]
+    assert emitted and max(emitted.values()) == 1, [k for k, n in emitted.items() if n > 1]
+    want = _window_expectation(data, 30)
+    newest = max(o["created_at"] for o in data)
+    watermark = newest - timedelta(seconds=30)
+    closed = {k for k in want if k[0] + timedelta(minutes=1) <= watermark}
+    assert set(got) == closed, (sorted(set(got) ^ closed))
+    for k in closed:
+        assert got[k][0] == want[k][0] and abs(got[k][1] - want[k][1]) < 1e-6, (k, got[k], want[k])
+    dead = read_all(bootstrap_servers, dlq)
+    assert len(dead) == len(late)
+    assert {r.headers["txstream.dlq.stage"] for r in dead} == {b"late"}
+    assert all(json.loads(r.value)["created_at"] for r in dead)
+
+
+def test_deduplication_keeps_each_id_once_across_batches(bootstrap_servers, make_topic, run_processor) -> None:
+    source, sink = make_topic("d-in", partitions=2), make_topic("d-out", partitions=2)
+    data = list(orders(1500))
+    _seed(bootstrap_servers, source, data)
+    _seed(bootstrap_servers, source, data[200:900])   # retried checkouts: the same orders again
+    driver = run_processor(UniqueOrders, inputs=[source], output=sink, dead_letter=make_topic("d-dlq"),
+                           max_records_per_partition=400)
+    assert driver.exit_code == 0, driver.lines
+    ids = Counter(AvroCodec(ORDER).decode(r.value)["id"] for r in read_all(bootstrap_servers, sink))
+    assert ids == Counter(o["id"] for o in data)
+
+
+def test_what_cannot_be_kept_across_batches_is_refused_at_start(bootstrap_servers, make_topic, run_processor) -> None:
+    from pyspark.sql import functions as F
+
+    class FirstPerCustomer(RunningTotals):
+        output_value_schema = None
+
+        def transform(self, batch):
+            return (batch.groupBy(F.col("value.customer_id").alias("key"))
+                    .agg(F.first("value.amount").alias("amount"))
+                    .select("key", F.struct("amount").alias("value")))
+
+    source = make_topic("x-in", partitions=1)
+    _seed(bootstrap_servers, source, list(orders(10)))
+    with pytest.raises(TransformError, match=r"first\(.*cannot be kept across batches"):
+        run_processor(FirstPerCustomer, inputs=[source], output=make_topic("x-out"),
+                       dead_letter=make_topic("x-dlq"))

@@ -1,0 +1,238 @@
+"""The stateful batch protocol: the wide protocol whose output units are the state partitions
+(docs/state.md, docs/wide-transforms.md).
+
+A batch runs as a wide batch (plan log, K units, close). What it adds:
+- The **watermark**: the latest event time any unit has seen (each unit's marker carries its
+  own, `x=`) minus the watermark's delay, never moving back; logged with the plan, so a re-run of
+  the batch filters the same late rows and closes the same windows.
+- The **units**: the transform's stateful operator is replaced by partials Spark computes, routed
+  to the units and merged into each unit's state (driver/stateful_query.py, task/state_merge.py);
+  each unit's transaction holds its output, its state changes (the changelog), its late records
+  and its marker.
+- **Batches with no records**: when the watermark would close windows (or forget keys) that no
+  new record will close, a batch over empty ranges runs to emit them, as Structured Streaming's
+  no-data batches do. It needs no pending plan: its units' work depends only on the state and
+  the watermark, both the same on a re-run.
+- The operator's **description** in `<app>.state`, checked at start: a transform whose stateful
+  operator changed (keys, aggregates, window, K) is refused instead of reading state it cannot
+  understand.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import Any, Callable
+
+from confluent_kafka import TopicPartition
+
+from txstream.driver.jobs import SparkJobs
+from txstream.driver.planlog import LoggedPartition, last_watermark
+from txstream.driver.planning import Planner
+from txstream.driver.specs import TaskSpecs
+from txstream.driver.stateful_query import BatchContext, recording
+from txstream.driver.wide import WideBatch, WideBatches
+from txstream.errors import InfrastructureError, TransformError, UserError
+from txstream.protocol import EXACTLY_ONCE, UNITS
+from txstream.settings import RunSettings
+from txstream.state.changelog import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, changelog_topic, snapshot_topic
+from txstream.state.operator import AGGREGATE, STATE_TOPIC_CONFIG, OperatorDescription, state_topic
+from txstream.task.result import result_schema
+from txstream.task.spec import PartitionPlan
+from txstream.task.state_merge import MergeSpec
+from txstream.task.units import StateUnit, UnitSpec, publish_unit, read_markers
+
+
+class StateChangedError(UserError):
+    """The transform's stateful operator differs from the one whose state is kept."""
+
+
+def describe_operator(settings: RunSettings, units: int, jobs: SparkJobs, plans: list[PartitionPlan]) -> OperatorDescription:
+    """The transform's stateful operator, run once over `plans` (empty ranges) at start."""
+    context = BatchContext(settings.app_id, units, settings.output_mode or "update")
+    with recording(context) as recorded:
+        jobs.output_frame(0, plans)
+    if recorded.description is None:
+        raise TransformError(
+            f"output_mode is {settings.output_mode!r} but the transform has no stateful operator (groupBy().agg(), "
+            "dropDuplicates or dropDuplicatesWithinWatermark): remove output_mode for a per-batch transform")
+    return recorded.description
+
+
+class StatefulBatches(WideBatches):
+    """The stateful protocol for one run (a `BatchProtocol`)."""
+
+    def __init__(self, settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: Any,
+                 input_partitions: int, echo: Callable[[str], None], description: OperatorDescription) -> None:
+        super().__init__(settings, specs, jobs, admin, input_partitions, echo)
+        self.units = description.units
+        self.description = description
+        self.store_kind = "rocksdb"
+        self._checked_shape = False
+
+    @property
+    def operator(self) -> str:
+        return self.description.operator
+
+    def describe(self) -> str:
+        d = self.description
+        what = {"aggregate": "running aggregates", "window": "windowed aggregates", "dedup": "deduplication"}[d.kind]
+        watermark = f", watermark {d.watermark['column']} - {d.watermark['delay_ms']} ms" if d.watermark else ""
+        return (f"protocol: stateful, {what} in {d.output_mode} mode{watermark}, {self.units} state units "
+                f"(changelog {changelog_topic(self.settings.app_id, self.operator)}; docs/state.md)")
+
+    # -- start ------------------------------------------------------------------------------------
+
+    def start(self, membership: Any) -> None:
+        if self.settings.guarantee != EXACTLY_ONCE or self.mode != UNITS:
+            raise TransformError("state across batches runs exactly-once in units mode only (the state's changes "
+                                 "commit in each unit's transaction): remove --guarantee/--wide-mode or output_mode")
+        stored = self._stored_description()
+        if stored is not None and self.settings.output_units is None and stored.units != self.units:
+            self.units = stored.units   # K is fixed for the state's lifetime
+            self.description = replace(self.description, units=stored.units)
+        if stored is not None and stored.fingerprint() != self.description.fingerprint():
+            changes = "; ".join(stored.differences(self.description))
+            raise StateChangedError(
+                f"the transform's stateful operator {self.operator!r} differs from the one whose state "
+                f"{self.settings.app_id} keeps ({changes}). Restore the transform, or start its state over with "
+                f"`txstream state reset --app-id {self.settings.app_id} --execute` (docs/state.md)")
+        super().start(membership)
+        self._ensure_state_topics(stored is None)
+
+    def _stored_description(self) -> OperatorDescription | None:
+        from confluent_kafka import Consumer
+
+        from txstream.kafka.offsets import cluster_topics
+
+        topic = state_topic(self.settings.app_id)
+        if topic not in cluster_topics(self.admin, timeout=30):
+            return None
+        consumer = Consumer(self.settings.clients.consumer(
+            f"{self.settings.app_id}.state-reader", **{"isolation.level": "read_committed",
+                                                        "enable.auto.commit": False}))
+        found: bytes | None = None
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+            if high > low:
+                consumer.assign([TopicPartition(topic, 0, low)])
+                position = low
+                while position < high:
+                    message = consumer.poll(5.0)
+                    if message is None:
+                        break
+                    if message.error():
+                        continue
+                    position = message.offset() + 1
+                    if message.key() == self.operator.encode():
+                        found = message.value()
+        finally:
+            consumer.close()
+        return OperatorDescription.from_json(found) if found else None
+
+    def _ensure_state_topics(self, describe: bool) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import NewTopic
+
+        from txstream.kafka.offsets import cluster_topics
+
+        app = self.settings.app_id
+        known = cluster_topics(self.admin, timeout=30)
+        brokers = len(self.admin.list_topics(timeout=30).brokers)
+        wanted = [(changelog_topic(app, self.operator), self.units, CHANGELOG_CONFIG),
+                  (snapshot_topic(app, self.operator), self.units, SNAPSHOT_CONFIG),
+                  (state_topic(app), 1, STATE_TOPIC_CONFIG)]
+        for name, partitions, config in wanted:
+            if name in known:
+                if known[name] != partitions:
+                    raise InfrastructureError(f"the state topic {name} has {known[name]} partitions, not {partitions}")
+                continue
+            try:
+                self.admin.create_topics([NewTopic(name, partitions, min(3, brokers), config=dict(config))])[name].result(30)
+                self.echo(f"created the state topic {name} ({partitions} partitions)")
+            except Exception as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
+                    raise
+        if describe:
+            producer = Producer(self.settings.clients.producer(**{"enable.idempotence": True}))
+            producer.produce(state_topic(app), self.description.to_json(), self.operator.encode())
+            if producer.flush(30):
+                raise InfrastructureError(f"could not write the operator's description to {state_topic(app)}")
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def _next_watermark(self, log: dict[tuple[str, int], LoggedPartition], markers: dict) -> int | None:
+        watermark = self.description.watermark
+        if watermark is None:
+            return None
+        last = last_watermark(log)
+        events = max((m.events for m in markers.values() if m.events is not None), default=None)
+        candidate = events - watermark["delay_ms"] if events is not None else None
+        known = [w for w in (last, candidate) if w is not None]
+        return max(known) if known else None
+
+    def owes_batch(self, owned: list[TopicPartition]) -> bool:
+        """The watermark has moved past the last batch's: a batch with no records closes what it
+        passed (windows in append mode, expired state)."""
+        if (self.description.watermark is None or self.description.kind == AGGREGATE
+                or len(owned) < self.input_partitions):
+            return False
+        log = self.read_log(owned)
+        markers = read_markers(self.settings.clients, self.settings.app_id, self.units)
+        last, following = last_watermark(log), self._next_watermark(log, markers)
+        return following is not None and (last is None or following > last)
+
+    def next_plans(self, planner: Planner, owned: list[TopicPartition],
+                   committed: dict[tuple[str, int], int | None], cap: int) -> list[PartitionPlan]:
+        plans = super().next_plans(planner, owned, committed, cap)
+        if plans or not self.owes_batch(owned):
+            return plans
+        log = self.read_log(owned)
+        empty = [PartitionPlan(t, p, entry.committed, entry.committed, entry.committed, "")
+                 for (t, p), entry in sorted(log.items()) if entry.committed is not None]
+        if not empty:
+            return []
+        self.current = self._log_new_batch(log, empty)
+        return self.current.plans
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _merge_spec(self, batch: WideBatch, description: OperatorDescription, group_names: tuple[str, ...],
+                    partial_names: tuple[str, ...], out_schema: Any, event_column: str | None) -> MergeSpec:
+        spec = self.specs.publish
+        return MergeSpec(self.settings.app_id, spec.clients, spec.read.side_dir, batch.batch_id, description,
+                         group_names, partial_names, out_schema, batch.watermark_ms, self.store_kind,
+                         spec.timeout_s, event_column)
+
+    def _output(self, batch: WideBatch, accounts: Any) -> Any:
+        context = BatchContext(self.settings.app_id, batch.units, self.description.output_mode, batch.batch_id,
+                               batch.watermark_ms, functools.partial(self._merge_spec, batch))
+        with recording(context) as recorded:
+            out = self.jobs.output_frame(batch.batch_id, batch.plans, accounts=accounts)
+        if recorded.description is None or recorded.description.fingerprint() != self.description.fingerprint():
+            raise TransformError(f"batch {batch.batch_id}: the transform's stateful operator is not the one it "
+                                 "described at start (a transform must build the same plan for every batch)")
+        if not self._checked_shape:
+            _check_no_shuffle_after_merge(out)
+            self._checked_shape = True
+        return out
+
+    def _unit_frame(self, batch: WideBatch, out: Any) -> Any:
+        """The merged output is partitioned by unit already: each task publishes its unit."""
+        spec = UnitSpec(publish=self.specs.publish, batch_id=batch.batch_id, units=batch.units,
+                        plan_id=batch.plan_id, routing="state key", markers_metadata=self._markers_metadata,
+                        state=StateUnit(self.operator, batch.watermark_ms))
+        return out.mapInArrow(functools.partial(publish_unit, spec), result_schema())
+
+
+def _check_no_shuffle_after_merge(out: Any) -> None:
+    """The unit that merged a key's state must publish its output in the same task: no exchange
+    may follow the merge (an orderBy or a second groupBy after the aggregation)."""
+    plan = out._jdf.queryExecution().executedPlan().toString()
+    lines = plan.splitlines()
+    merge_at = next((i for i, line in enumerate(lines) if "MapInArrow" in line and "merge_unit" in line), None)
+    if merge_at is None:
+        merge_at = next((i for i, line in enumerate(lines) if "MapInArrow" in line), len(lines))
+    if any("Exchange" in line for line in lines[:merge_at]):
+        raise TransformError("the transform shuffles after its stateful operator (an orderBy, repartition or second "
+                             "aggregation after it): a state unit must publish what it merged; keep what follows the "
+                             "aggregation to selects and filters")

@@ -1,0 +1,149 @@
+"""Aggregates that merge across batches: what Spark computes per batch (a partial), what the state
+keeps per group (an accumulator), and the value emitted (docs/state.md, "Semantics").
+
+Spark computes each batch's partials (the heavy part: one pass over the batch's rows per group);
+a unit merges them into the group's accumulator here, one group at a time. An aggregate whose
+partials cannot be merged exactly (first, last, percentile, collect_list: their answer depends on
+the order or on every row) is refused at start with the reason (`refusal`).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from txstream.state.operator import Aggregate
+
+# Spark's aggregate function classes -> our name for them.
+SPARK_FUNCTIONS = {"Count": "count", "Sum": "sum", "Min": "min", "Max": "max", "Average": "avg"}
+WHY_NOT = {
+    "First": "it keeps whichever row comes first, and across batches that depends on how they were cut",
+    "Last": "it keeps whichever row comes last, and across batches that depends on how they were cut",
+    "CollectList": "its order follows the shuffle and it grows without bound",
+    "CollectSet": "its order follows the shuffle and it grows without bound",
+    "HyperLogLogPlusPlus": "Spark's sketch is not exposed to merge across batches (use count_distinct)",
+    "Percentile": "an exact percentile needs every row ever seen",
+    "ApproximatePercentile": "its digest is not exposed to merge across batches",
+    "StddevSamp": "not merged yet (keep sum, sum of squares and count and derive it)",
+    "StddevPop": "not merged yet (keep sum, sum of squares and count and derive it)",
+    "VarianceSamp": "not merged yet (keep sum, sum of squares and count and derive it)",
+    "VariancePop": "not merged yet (keep sum, sum of squares and count and derive it)",
+}
+
+
+def refusal(spark_class: str, distinct: bool) -> str | None:
+    """Why an aggregate cannot be kept across batches; None when it can."""
+    if spark_class == "Count" or (spark_class in SPARK_FUNCTIONS and not distinct):
+        return None
+    if distinct:
+        return "only count(DISTINCT ...) is kept across batches among DISTINCT aggregates"
+    return WHY_NOT.get(spark_class, "txstream does not know how to merge it across batches")
+
+
+def function_name(spark_class: str, distinct: bool) -> str:
+    if spark_class == "Count" and distinct:
+        return "count_distinct"
+    return SPARK_FUNCTIONS[spark_class]
+
+
+def _nullable(avro_type: Any) -> list:
+    return ["null", avro_type]
+
+
+# The state keeps one field per aggregate (two for avg), all nullable; min/max/sum values of any
+# type are kept as JSON text (their Spark type is restored when the row is emitted).
+def state_schema(aggregates: list[Aggregate], event_time: bool = False) -> dict[str, Any]:
+    fields: list[dict[str, Any]] = []
+    for i, agg in enumerate(aggregates):
+        if agg.function in ("count", "count_distinct_n"):
+            fields.append({"name": f"a{i}", "type": "long", "default": 0})
+        elif agg.function == "avg":
+            fields.append({"name": f"a{i}", "type": _nullable("double"), "default": None})
+            fields.append({"name": f"a{i}n", "type": "long", "default": 0})
+        elif agg.function in ("count_distinct", "collect_set"):
+            fields.append({"name": f"a{i}", "type": {"type": "array", "items": "string"}, "default": []})
+        else:   # sum, min, max
+            fields.append({"name": f"a{i}", "type": _nullable("string"), "default": None})
+    if event_time:
+        fields.append({"name": "t", "type": _nullable("long"), "default": None})
+    return {"type": "record", "name": "State", "namespace": "txstream.state", "fields": fields}
+
+
+def empty(aggregates: list[Aggregate]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for i, agg in enumerate(aggregates):
+        if agg.function == "count":
+            row[f"a{i}"] = 0
+        elif agg.function == "avg":
+            row[f"a{i}"], row[f"a{i}n"] = None, 0
+        elif agg.function in ("count_distinct", "collect_set"):
+            row[f"a{i}"] = []
+        else:
+            row[f"a{i}"] = None
+    return row
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def merge(aggregates: list[Aggregate], state: dict[str, Any], partials: list[Any]) -> dict[str, Any]:
+    """`state` with one batch's `partials` (in the order `partial_columns` gives them) merged in;
+    partial values are plain Python (numbers, strings, lists), timestamps as epoch microseconds."""
+    out = dict(state)
+    p = 0
+    for i, agg in enumerate(aggregates):
+        name, value = f"a{i}", partials[p]
+        p += 1
+        if agg.function == "count":
+            out[name] = (out[name] or 0) + (value or 0)
+        elif agg.function == "avg":
+            count = partials[p]
+            p += 1
+            if value is not None:
+                out[name] = (out[name] or 0.0) + value
+            out[f"{name}n"] = (out[f"{name}n"] or 0) + (count or 0)
+        elif agg.function in ("count_distinct", "collect_set"):
+            if value:
+                seen = set(out[name] or [])
+                seen.update(json.dumps(v, separators=(",", ":"), sort_keys=True) for v in value)
+                out[name] = sorted(seen)
+        elif value is not None:
+            current = _loads(out[name])
+            if current is None:
+                merged = value
+            elif agg.function == "sum":
+                merged = current + value
+            elif agg.function == "min":
+                merged = min(current, value)
+            else:
+                merged = max(current, value)
+            out[name] = _dumps(merged)
+    return out
+
+
+def partial_count(agg: Aggregate) -> int:
+    """How many partial columns Spark computes for `agg` (avg: a sum and a count)."""
+    return 2 if agg.function == "avg" else 1
+
+
+def final(aggregates: list[Aggregate], state: dict[str, Any]) -> list[Any]:
+    """The emitted value of each aggregate (timestamps still as epoch microseconds)."""
+    values: list[Any] = []
+    for i, agg in enumerate(aggregates):
+        name = f"a{i}"
+        if agg.function == "count":
+            values.append(state[name] or 0)
+        elif agg.function == "avg":
+            n = state[f"{name}n"] or 0
+            values.append(state[name] / n if n and state[name] is not None else None)
+        elif agg.function == "count_distinct":
+            values.append(len(state[name] or []))
+        elif agg.function == "collect_set":
+            values.append([json.loads(v) for v in state[name] or []])
+        else:
+            values.append(_loads(state[name]))
+    return values

@@ -1,0 +1,232 @@
+"""A stateful unit's merge (a `mapInArrow` body after `repartition(K, ...)`): docs/state.md.
+
+Spark hands unit i the batch's partial aggregates of the groups that hash to it (or, for
+deduplication, each key's first row), and the batch's late rows. The merge brings unit i's state
+partition to the unit's marker (a local copy plus the changelog's tail: state/restore.py), merges
+the partials into it, decides what the output mode emits, and yields those rows in the
+aggregation's own schema, for the rest of the user's transform and then the unit's publisher
+(task/units.py), which runs later in the same task.
+
+The merge writes nothing to Kafka. The batch's state changes, its late rows and its latest event
+time go to the publisher through the task's side file (task/sidefile.py), and reach Kafka in the
+unit's transaction with its output and its marker. The local copy takes them only from the
+changelog, at the next batch's restore: it never holds a change Kafka did not commit.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from txstream.kafka.config import KafkaClients
+from txstream.state import aggregates as aggs
+from txstream.state.codec import StateCodec
+from txstream.state.errors import StateStoreError
+from txstream.state.keys import decode_key, encode_key, window_prefix
+from txstream.state.operator import DEDUP, WINDOW, OperatorDescription
+from txstream.state.restore import restore
+from txstream.state.store import StateStore
+from txstream.state.stores import open_store
+from txstream.task import worker_heap
+from txstream.task.sidefile import run_directory, write_state
+
+# Columns the driver adds to the merge's input (driver/stateful_query.py).
+ROUTE = "_txs_route"      # what routed the row to its unit
+LATE = "_txs_late"        # a late row, as JSON (null on partial rows)
+LATE_MS = "_txs_late_ms"  # its event time
+EVENTS = "_txs_events"    # the latest event time of a group's rows in the batch
+FIRST = "_txs_first"      # deduplication: the key's first row, (order..., row)
+
+
+@dataclass(frozen=True)
+class MergeSpec:
+    app_id: str
+    clients: KafkaClients
+    side_dir: str
+    batch_id: int
+    description: OperatorDescription
+    group_names: tuple[str, ...]          # grouping columns in the partial rows (window first, if any)
+    partial_names: tuple[str, ...]        # the partial aggregate columns, in aggregates' order
+    out_schema: pa.Schema = field(repr=False)   # the aggregation's (or the deduplicated rows') schema
+    watermark_ms: int | None = None
+    store_kind: str = "rocksdb"
+    timeout_s: float = 60.0
+    event_column: str | None = None       # deduplication: the watermark's column in the rows
+
+    @property
+    def operator(self) -> str:
+        return self.description.operator
+
+
+def _ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return round(value.timestamp() * 1000)
+    return int(value)
+
+
+def _plain(value: Any) -> Any:
+    """A partial's value as the state keeps it (JSON-able; timestamps as epoch microseconds)."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return round(value.timestamp() * 1_000_000)
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _typed(value: Any, typ: pa.DataType) -> Any:
+    """A value the state or a key kept, back in its column's type."""
+    if value is None:
+        return None
+    if pa.types.is_date(typ) and isinstance(value, str):
+        return date.fromisoformat(value)
+    if pa.types.is_binary(typ) and isinstance(value, str):
+        return value.encode()
+    if pa.types.is_decimal(typ):
+        return Decimal(str(value))
+    return value
+
+
+def _store(spec: MergeSpec, unit: int) -> StateStore:
+    """The unit's local copy (RocksDB in the executor's local directory, which every Python worker
+    of the executor opens in turn); a memory store when another process holds it."""
+    if spec.store_kind == "rocksdb":
+        path = run_directory(f"txstream-state-{spec.app_id}") / f"{spec.operator}-{unit}"
+        os.makedirs(path.parent, exist_ok=True)
+        try:
+            return open_store("rocksdb", str(path), unit)
+        except StateStoreError:
+            pass   # a speculative copy of the unit holds it: restore into memory instead
+    return open_store("memory", None, unit)
+
+
+def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    worker_heap.settle()
+    from pyspark import TaskContext
+
+    from txstream.task.units import read_markers
+
+    unit = TaskContext.get().partitionId()
+    rows = [row for batch in batches for row in batch.to_pylist()]
+    markers = read_markers(spec.clients, spec.app_id, spec.description.units, spec.timeout_s)
+    marker = markers[unit]
+    if marker.done_through >= spec.batch_id:
+        # Published by an earlier attempt: its state is in the changelog already, nothing to merge.
+        write_state(spec.side_dir, spec.batch_id, {"skip": True})
+        return
+    store = _store(spec, unit)
+    try:
+        started = time.perf_counter()
+        report = restore(spec.clients, spec.app_id, spec.operator, unit, store, marker,
+                         reread_marker=lambda: read_markers(spec.clients, spec.app_id, spec.description.units,
+                                                            spec.timeout_s)[unit],
+                         timeout=spec.timeout_s)
+        restored_s = time.perf_counter() - started
+        merger = _Merger(spec, store)
+        late = [(row[LATE].encode(), row[LATE_MS]) for row in rows if row.get(LATE) is not None]
+        partials = [row for row in rows if row.get(LATE) is None]
+        out = merger.run(partials)
+        events = max((e for e in (_ms(row.get(EVENTS)) for row in partials) if e is not None), default=None)
+        write_state(spec.side_dir, spec.batch_id, {
+            "changes": dict(store.changes()), "late": late, "events": events, "rows_in": len(rows),
+            "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s},
+            "keys": store.approximate_count()})
+        store.abort()
+    finally:
+        store.close()
+    if out:
+        yield pa.RecordBatch.from_pylist(out, schema=spec.out_schema)
+
+
+class _Merger:
+    """One batch of one unit: partials merged into the store, the emitted rows decided."""
+
+    def __init__(self, spec: MergeSpec, store: StateStore) -> None:
+        self.spec, self.store = spec, store
+        d = spec.description
+        self.aggregates = d.aggregates
+        self.codec = StateCodec(d.state_schema)
+        self.windowed = d.kind == WINDOW
+        self.mode = d.output_mode
+        self.fields = spec.out_schema
+        self.watermark = spec.watermark_ms
+
+    def run(self, partials: list[dict]) -> list[dict]:
+        if self.spec.description.kind == DEDUP:
+            return self._deduplicate(partials)
+        changed: dict[bytes, dict] = {}
+        group_names = self.spec.group_names
+        value_names = group_names[1:] if self.windowed else group_names
+        for row in partials:
+            window = None
+            if self.windowed:
+                w = row[group_names[0]]
+                window = (_ms(w["start"]), _ms(w["end"]))
+            key = encode_key([row[n] for n in value_names], window)
+            stored = self.store.get(key)
+            state = self.codec.decode(stored) if stored is not None else aggs.empty(self.aggregates)
+            state = aggs.merge(self.aggregates, state, [_plain(row[n]) for n in self.spec.partial_names])
+            self.store.put(key, self.codec.encode(state))
+            changed[key] = state
+        out: list[dict] = []
+        if self.mode == "complete":
+            for key, value in self.store.scan():
+                out.append(self._row(key, self.codec.decode(value)))
+        elif self.mode == "update":
+            out.extend(self._row(key, state) for key, state in sorted(changed.items()))
+        if self.windowed and self.watermark is not None and self.mode != "complete":
+            # Windows the watermark closed: emitted now in append mode, and their state deleted.
+            for key, value in list(self.store.scan(end=window_prefix(self.watermark + 1))):
+                if self.mode == "append":
+                    out.append(self._row(key, self.codec.decode(value)))
+                self.store.delete(key)
+        return out
+
+    def _row(self, key: bytes, state: dict) -> dict:
+        values, window = decode_key(key, self.windowed)
+        names = self.spec.group_names
+        row: dict[str, Any] = {}
+        if self.windowed:
+            row[names[0]] = {"start": window[0] * 1000, "end": window[1] * 1000}
+            names = names[1:]
+        for name, value in zip(names, values, strict=True):
+            typ = self.fields.field(name).type
+            row[name] = value * 1000 if pa.types.is_timestamp(typ) and isinstance(value, int) else _typed(value, typ)
+        for agg, value in zip(self.aggregates, aggs.final(self.aggregates, state), strict=True):
+            row[agg.name] = _typed(value, self.fields.field(agg.name).type)
+        return row
+
+    def _deduplicate(self, partials: list[dict]) -> list[dict]:
+        """Each key's first row, unless the state has seen the key; keys whose event time the
+        watermark passed are forgotten (dropDuplicatesWithinWatermark)."""
+        out: list[dict] = []
+        delay = (self.spec.description.watermark or {}).get("delay_ms", 0)
+        event_column = self.spec.event_column
+        for row in sorted(partials, key=lambda r: encode_key([r[n] for n in self.spec.group_names])):
+            key = encode_key([row[n] for n in self.spec.group_names])
+            if self.store.get(key) is not None:
+                continue
+            first = row[FIRST]["row"]
+            event = _ms(first.get(event_column)) if event_column else None
+            self.store.put(key, self.codec.encode({"t": None if event is None else event + delay}))
+            out.append(first)
+        if self.watermark is not None and event_column:
+            for key, value in list(self.store.scan()):
+                expires = self.codec.decode(value)["t"]
+                if expires is not None and expires <= self.watermark:
+                    self.store.delete(key)
+        return out

@@ -15,6 +15,7 @@ class CustomerTotals(Processor):
     value_schema = "schemas/order.avsc"
     output_value_schema = "schemas/customer_totals.avsc"
     dead_letter_topic = "orders-dead-letters"
+    output_mode = "per-batch"   # each batch alone (docs/state.md); "update" keeps totals so far
 
     def transform(self, batch: DataFrame) -> DataFrame:
         totals = (batch.where(F.col("value.amount") > 0)

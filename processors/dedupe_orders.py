@@ -15,6 +15,7 @@ class DedupeOrders(Processor):
     value_schema = "schemas/order.avsc"
     output_value_schema = "schemas/order.avsc"
     dead_letter_topic = "orders-dead-letters"
+    output_mode = "per-batch"   # each batch alone (docs/state.md); "update" keeps totals so far
 
     def transform(self, batch: DataFrame) -> DataFrame:
         return batch.select(F.col("value.id").alias("key"), F.col("value")).dropDuplicates(["key", "value"])

@@ -81,6 +81,8 @@ class FansOut(_Orders):
 class GroupsBy(_Orders):
     """Counts the orders with a positive amount per currency: a wide transform that filters."""
 
+    output_mode = "per-batch"
+
     def transform(self, batch: DataFrame) -> DataFrame:
         return (batch.filter(F.col("value.amount") > 0).groupBy(F.col("value.currency").alias("currency"))
                 .agg(F.count("*").alias("n"))

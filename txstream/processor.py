@@ -44,7 +44,8 @@ class Processor:
     output_units: ClassVar[int | None] = None
     allow_nondeterministic: ClassVar[bool] = False
     # State across batches (docs/state.md): "append", "update" or "complete", as in Structured
-    # Streaming; None keeps an aggregation per batch.
+    # Streaming (None: its default, append, when the transform is stateful); "per-batch": each
+    # batch aggregated (or deduplicated) alone.
     output_mode: ClassVar[str | None] = None
     # Output (a row's `topic`, output_topic or dead_letter_topic) that names an input topic feeds
     # the run its own output: refused unless set, since the usual cause is a transform that kept

@@ -63,7 +63,9 @@ class RunSettings:
     wide_mode: str = "units"
     output_units: int | None = None       # None: the number of input partitions
     allow_nondeterministic: bool = False
-    output_mode: str | None = None        # append | update | complete: state across batches (docs/state.md)
+    # append | update | complete: state across batches; per-batch: an aggregation sees its batch
+    # alone; None: Structured Streaming's default (append) for a stateful transform (docs/state.md)
+    output_mode: str | None = None
     allow_output_to_input_topics: bool = False   # a topic both read and written: a loop, accepted knowingly
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
@@ -75,7 +77,7 @@ class RunSettings:
             self.batch_timeout_s = 5 * self.transaction_timeout_s
 
 
-OUTPUT_MODES = ("append", "update", "complete")
+OUTPUT_MODES = ("append", "update", "complete", "per-batch")
 
 
 def check_wide_settings(mode: str, units: int | None) -> None:

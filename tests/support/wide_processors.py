@@ -20,6 +20,8 @@ def _n(batch):
 class BucketTotals(Processor):
     """Per batch: for each bucket (n mod 37), how many records and the sum of their n."""
 
+    output_mode = "per-batch"
+
     def transform(self, batch):
         n = _n(batch)
         return (batch.select(n.alias("n")).withColumn("bucket", F.col("n") % BUCKETS)

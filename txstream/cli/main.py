@@ -72,9 +72,9 @@ def main() -> None:
 @click.option("--wide-mode", type=click.Choice(["units", "single-transaction"]), default=None,
               help="How a wide transform's batch is published: K output units, each its own transaction, or "
                    "all of it in one transaction [default: the processor's, else units].")
-@click.option("--output-mode", type=click.Choice(["append", "update", "complete"]), default=None,
-              help="Keep state across batches and emit as Structured Streaming's output mode does "
-                   "(docs/state.md) [default: the processor's output_mode, else per batch].")
+@click.option("--output-mode", type=click.Choice(["append", "update", "complete", "per-batch"]), default=None,
+              help="How an aggregation or deduplication emits: as Structured Streaming's output modes, with state "
+                   "across batches, or per batch alone (docs/state.md) [default: the processor's, else append].")
 @click.option("--output-units", type=click.IntRange(min=1), default=None,
               help="K, the output units of a wide transform [default: the number of input partitions].")
 @click.option("--task-slots", type=click.IntRange(min=1), default=None,

@@ -23,8 +23,10 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
     and choose the protocol from the physical plan, said in the run's first lines."""
     s = settings
     s.processor.batch_timestamp = datetime.now(timezone.utc)
-    if s.output_mode is not None:
-        return _stateful(settings, specs, jobs, admin, topic_partitions, echo)
+    if s.output_mode != "per-batch":
+        stateful = _stateful(settings, specs, jobs, admin, topic_partitions, echo)
+        if stateful is not None:
+            return stateful
     first = first_job(jobs, s, topic_partitions)
     if first is not None:
         frame = first.out
@@ -54,8 +56,9 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
 
 
 def _stateful(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: Any,
-              topic_partitions: dict[str, int], echo: Callable[[str], None]) -> BatchProtocol:
-    """State across batches (docs/state.md): the wide protocol whose units keep the state."""
+              topic_partitions: dict[str, int], echo: Callable[[str], None]) -> BatchProtocol | None:
+    """State across batches (docs/state.md): the wide protocol whose units keep the state; None
+    when the transform has no stateful operator and no output mode asks for one."""
     from txstream.driver.stateful import StatefulBatches, describe_operator
 
     s = settings
@@ -64,6 +67,8 @@ def _stateful(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: A
     topic = s.input_topics[0]
     dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
     description = describe_operator(s, units, jobs, dry)
+    if description is None:
+        return None
     protocol = StatefulBatches(s, specs, jobs, admin, inputs, echo, description)
     echo(protocol.describe())
     return protocol

@@ -20,6 +20,7 @@ A batch runs as a wide batch (plan log, K units, close). What it adds:
 from __future__ import annotations
 
 import functools
+import uuid
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -46,11 +47,15 @@ class StateChangedError(UserError):
     """The transform's stateful operator differs from the one whose state is kept."""
 
 
-def describe_operator(settings: RunSettings, units: int, jobs: SparkJobs, plans: list[PartitionPlan]) -> OperatorDescription:
-    """The transform's stateful operator, run once over `plans` (empty ranges) at start."""
-    context = BatchContext(settings.app_id, units, settings.output_mode or "update")
+def describe_operator(settings: RunSettings, units: int, jobs: SparkJobs,
+                      plans: list[PartitionPlan]) -> OperatorDescription | None:
+    """The transform's stateful operator, run once over `plans` (empty ranges) at start; None
+    when it has none and no output mode was asked for."""
+    context = BatchContext(settings.app_id, units, settings.output_mode or "append")
     with recording(context) as recorded:
         jobs.output_frame(0, plans)
+    if recorded.description is None and settings.output_mode is None:
+        return None
     if recorded.description is None:
         raise TransformError(
             f"output_mode is {settings.output_mode!r} but the transform has no stateful operator (groupBy().agg(), "
@@ -96,6 +101,8 @@ class StatefulBatches(WideBatches):
                 f"the transform's stateful operator {self.operator!r} differs from the one whose state "
                 f"{self.settings.app_id} keeps ({changes}). Restore the transform, or start its state over with "
                 f"`txstream state reset --app-id {self.settings.app_id} --execute` (docs/state.md)")
+        self.description = replace(self.description, epoch=stored.epoch if stored is not None and stored.epoch
+                                   else uuid.uuid4().hex[:12])
         super().start(membership)
         self._ensure_state_topics(stored is None)
 
@@ -199,6 +206,7 @@ class StatefulBatches(WideBatches):
     def _merge_spec(self, batch: WideBatch, description: OperatorDescription, group_names: tuple[str, ...],
                     partial_names: tuple[str, ...], out_schema: Any, event_column: str | None) -> MergeSpec:
         spec = self.specs.publish
+        description = replace(description, epoch=self.description.epoch)
         return MergeSpec(self.settings.app_id, spec.clients, spec.read.side_dir, batch.batch_id, description,
                          group_names, partial_names, out_schema, batch.watermark_ms, self.store_kind,
                          spec.timeout_s, event_column)

@@ -268,9 +268,10 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
         raise TransformError("a window aggregation needs withWatermark(column, delay) before the groupBy: without "
                              "one its windows never close and its state grows without bound")
     if context.output_mode == "append" and window is None:
-        raise TransformError("output mode append needs a window and a watermark for an aggregation (each result "
-                             "is emitted once, when its window closes); use output_mode = 'update' or 'complete' "
-                             "for totals so far (as Structured Streaming refuses it too)")
+        raise TransformError("output mode append (Structured Streaming's default) needs a window and a watermark for "
+                             "an aggregation: each result is emitted once, when its window closes. Set output_mode = "
+                             "'update' or 'complete' for totals so far, or 'per-batch' to aggregate each batch alone "
+                             "(docs/state.md)")
     kind = WINDOW if window is not None else AGGREGATE
     if window is not None and window[0] != 0:
         raise TransformError("put window(...) first among the groupBy columns")

@@ -44,6 +44,9 @@ class OperatorDescription:
     window: dict[str, Any] | None = None  # {"column", "size_ms", "slide_ms"}
     watermark: dict[str, Any] | None = None   # {"column", "delay_ms"}
     state_schema: dict[str, Any] | None = None  # Avro record schema of the state values
+    # Which life of the state this is: new when the description is first written (after a
+    # `txstream state reset` too), so a worker's local copy of an earlier life is never reused.
+    epoch: str = ""
 
     @property
     def windowed(self) -> bool:
@@ -52,7 +55,7 @@ class OperatorDescription:
     def fingerprint(self) -> str:
         """What must not change while state exists: everything but the output mode and the
         watermark's delay (both only change what is emitted and when)."""
-        kept = {k: v for k, v in asdict(self).items() if k not in ("output_mode", "watermark")}
+        kept = {k: v for k, v in asdict(self).items() if k not in ("output_mode", "watermark", "epoch")}
         return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> bytes:

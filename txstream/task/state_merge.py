@@ -105,7 +105,8 @@ def _store(spec: MergeSpec, unit: int) -> StateStore:
     """The unit's local copy (RocksDB in the executor's local directory, which every Python worker
     of the executor opens in turn); a memory store when another process holds it."""
     if spec.store_kind == "rocksdb":
-        path = run_directory(f"txstream-state-{spec.app_id}") / f"{spec.operator}-{unit}"
+        # Named by the state's epoch: a copy from before a `txstream state reset` is never opened.
+        path = run_directory(f"txstream-state-{spec.app_id}") / f"{spec.operator}-{spec.description.epoch}-{unit}"
         os.makedirs(path.parent, exist_ok=True)
         try:
             return open_store("rocksdb", str(path), unit)

@@ -151,7 +151,7 @@ def _operator_text(op: OperatorState, filters: dict[str, Any]) -> list[str]:
         if op.windows:
             lines += ["    " + row for row in _table(["START", "END", "KEYS"],
                                                      [[iso(w["start"]), iso(w["end"]), w["keys"]] for w in op.windows])]
-    said = ", ".join(f"--{k} {v}" for k, v in filters.items() if v is not None and k != "limit")
+    said = ", ".join(f"--{k} {v}" for k, v in filters.items() if v is not None and k in ("key", "window"))
     of = f"{op.matched} matching {said} of {op.keys}" if said else f"{op.keys}"
     shown = f"the first {len(op.entries)} of " if len(op.entries) < op.matched else ""
     lines.append(f"  Keys ({shown}{of}):" if op.matched else f"  Keys: none ({of})")

@@ -283,6 +283,8 @@ def test_reset_dry_run_then_refusals_then_execute_with_offsets(bootstrap_servers
         with live_member(bootstrap_servers, app_id, fabricated.input_topic):
             running = state_cli(bootstrap_servers, "reset", "--app-id", app_id, "--execute")
             assert running.exit_code == 1 and "live member(s); stop them first" in running.output, running.output
+            looking = state_cli(bootstrap_servers, "reset", "--app-id", app_id)
+            assert looking.exit_code == 0 and "--execute is refused until the app is stopped" in looking.output
         assert set(state_topics) <= set(kofs.cluster_topics(admin))
 
         # Batch 4 planned, not closed: refused without --force, the dry run warns.

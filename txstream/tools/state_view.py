@@ -134,8 +134,11 @@ def _operator_text(op: OperatorState, filters: dict[str, Any]) -> list[str]:
     if d.get("window"):
         w = d["window"]
         slide = w.get("slide_ms")
-        how = "tumbling" if not slide or slide == w.get("size_ms") else f"sliding every {slide} ms"
-        lines.append(f"  window: {w.get('size_ms')} ms on {w.get('column')} ({how})")
+        if w.get("gap_ms") is not None:
+            lines.append(f"  window: sessions on {w.get('column')}, gap {w['gap_ms']} ms")
+        else:
+            how = "tumbling" if not slide or slide == w.get("size_ms") else f"sliding every {slide} ms"
+            lines.append(f"  window: {w.get('size_ms')} ms on {w.get('column')} ({how})")
     if d.get("watermark"):
         lines.append(f"  watermark: {d['watermark'].get('column')} minus {d['watermark'].get('delay_ms')} ms")
     lines.append(f"  changelog {op.changelog_topic}: {op.changelog_records} offsets in {len(op.units)} partition(s) "
@@ -368,6 +371,9 @@ def _restore_unit(clients: KafkaClients, app_id: str, description: OperatorDescr
                          f"({ahead.marker_batch}): the state and the markers disagree (one was reset or restored "
                          "without the other); shown: everything committed in the changelog")
             break
+    else:
+        notes.append(f"unit {unit}: its marker moved during each of {_MARKER_MOVES} reads (the app is running); "
+                     "shown: everything committed in the changelog when it was read")
     store = MemoryStore(unit)
     return store, restore(clients, app_id, description.operator, unit, store, _EVERYTHING, timeout=timeout)
 
@@ -403,9 +409,6 @@ def _operator_state(clients: KafkaClients, app_id: str, description: OperatorDes
             unit, marker.done_through if marker is not None and marker.offset is not None else None,
             newest_batch(clients, app_id, name, unit, mark.earliest, mark.log_end, timeout),
             mark.earliest, mark.log_end, report.source, report.snapshot_keys, report.changelog_records, keys))
-        if mark.last_stable < mark.log_end:
-            state.notes.append(f"unit {unit}: a transaction is open on {changelog}[{unit}] (the app is running a "
-                               "batch): its records are not shown until it commits")
     rows.sort(key=lambda row: row[0])       # the store's order across units: window end first, then values
     windows: Counter = Counter()
     undecodable = 0

@@ -9,10 +9,12 @@ by the markers and by the changelog's headers.
 """
 from __future__ import annotations
 
+import heapq
 import json
 import re
 from base64 import b64encode
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timezone
 from decimal import Decimal
@@ -378,6 +380,11 @@ def _restore_unit(clients: KafkaClients, app_id: str, description: OperatorDescr
     return store, restore(clients, app_id, description.operator, unit, store, _EVERYTHING, timeout=timeout)
 
 
+def _tagged(unit: int, store: MemoryStore) -> Iterator[tuple[bytes, int, bytes]]:
+    for key, value in store.items():
+        yield key, unit, value
+
+
 def _operator_state(clients: KafkaClients, app_id: str, description: OperatorDescription, known: dict[str, int],
                     marks: dict, markers: dict[int, Marker], match_key: Any, window_start: int | None, limit: int,
                     timeout: float) -> OperatorState:
@@ -396,20 +403,19 @@ def _operator_state(clients: KafkaClients, app_id: str, description: OperatorDes
                            "restored as the engine would (the engine creates both topics at start)")
         return state
     codec = StateCodec(description.state_schema) if description.state_schema else None
-    rows: list[tuple[bytes, int, bytes]] = []
+    stores: list[tuple[int, MemoryStore]] = []
     for unit in range(min(units, known[changelog])):
         store, report = _restore_unit(clients, app_id, description, unit, markers, state.notes, timeout)
+        stores.append((unit, store))
         mark = marks[kofs.Partition(changelog, unit)]
-        keys = 0
-        for key, value in store.items():
-            rows.append((key, unit, value))
-            keys += 1
         marker = markers.get(unit)
         state.units.append(UnitState(
             unit, marker.done_through if marker is not None and marker.offset is not None else None,
             newest_batch(clients, app_id, name, unit, mark.earliest, mark.log_end, timeout),
-            mark.earliest, mark.log_end, report.source, report.snapshot_keys, report.changelog_records, keys))
-    rows.sort(key=lambda row: row[0])       # the store's order across units: window end first, then values
+            mark.earliest, mark.log_end, report.source, report.snapshot_keys, report.changelog_records,
+            store.approximate_count()))
+    # The stores' key order (window end first, then the values), merged across units.
+    rows = heapq.merge(*(_tagged(unit, store) for unit, store in stores), key=lambda row: row[0])
     windows: Counter = Counter()
     undecodable = 0
     for key, unit, value in rows:

@@ -75,6 +75,7 @@ def _txstream(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedPro
     ["produce", "orders"],
     ["consume", "orders"],
     ["status", "--app-id", "app"],
+    ["state", "show", "--app-id", "app"],
     ["topics", "create", "orders"],
 ])
 def test_an_unreachable_broker_is_reported_within_the_timeout(command: list[str]) -> None:

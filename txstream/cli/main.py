@@ -239,6 +239,7 @@ def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolati
 # Command groups that live in modules of their own.
 from txstream.cli.kafka import kafka  # noqa: E402
 from txstream.cli.offsets import offsets  # noqa: E402
+from txstream.cli.state import state  # noqa: E402
 from txstream.cli.status import status  # noqa: E402
 from txstream.cli.topics import topics  # noqa: E402
 from txstream.cli.verify import verify  # noqa: E402
@@ -248,6 +249,7 @@ main.add_command(offsets)
 main.add_command(verify)
 main.add_command(topics)
 main.add_command(status)
+main.add_command(state)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -121,17 +121,56 @@ def _show(admin: kofs.AdminClient, group_id: str, selection: dict[str, list[int]
 # reset
 # ---------------------------------------------------------------------------------------------
 
+def target_options(command):
+    """The targets of a reset (kafka-consumer-groups.sh's), and --topic: `offsets reset` and
+    `state reset` take the same; `reset_target` reads them."""
+    options = [
+        click.option("--to-earliest", is_flag=True, help="To the earliest offset still in the log."),
+        click.option("--to-latest", is_flag=True, help="To the last stable offset (skip everything committed so far)."),
+        click.option("--to-offset", type=int, default=None, metavar="N", help="To offset N."),
+        click.option("--to-datetime", default=None, metavar="ISO8601",
+                     help="To the first record at or after this time, e.g. 2024-05-01T12:00:00Z (no zone: local "
+                          "time)."),
+        click.option("--shift-by", type=int, default=None, metavar="N",
+                     help="Move the committed offset by N (may be negative)."),
+        click.option("--topic", "topics", multiple=True,
+                     help=f"Reset only these [default: all topics with committed offsets]. {_TOPIC_HELP}"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def reset_target(to_earliest: bool, to_latest: bool, to_offset: int | None, to_datetime: str | None,
+                 shift_by: int | None, required: bool = True) -> ofs.ResetTarget | None:
+    """The one target given (None when none is and none is `required`); more than one is a usage error."""
+    given = {"--to-earliest": to_earliest, "--to-latest": to_latest, "--to-offset": to_offset is not None,
+             "--to-datetime": to_datetime is not None, "--shift-by": shift_by is not None}
+    chosen = [name for name, on in given.items() if on]
+    if not chosen and not required:
+        return None
+    if len(chosen) != 1:
+        raise click.UsageError(
+            ("give exactly one target option: " if not chosen else f"only one target option at a time, got {', '.join(chosen)}: ")
+            + ", ".join(given))
+    if to_earliest:
+        return ofs.ResetTarget("earliest")
+    if to_latest:
+        return ofs.ResetTarget("latest")
+    if to_offset is not None:
+        return ofs.ResetTarget("offset", to_offset)
+    if shift_by is not None:
+        return ofs.ResetTarget("shift-by", shift_by)
+    try:
+        return ofs.ResetTarget("datetime", ofs.parse_datetime(to_datetime or ""))
+    except ofs.OffsetsError as exc:
+        raise click.BadParameter(str(exc), param_hint="--to-datetime") from None
+
+
 @offsets.command("reset")
 @_APP_ID
 @kafka_options
-@click.option("--to-earliest", is_flag=True, help="To the earliest offset still in the log.")
-@click.option("--to-latest", is_flag=True, help="To the last stable offset (skip everything committed so far).")
-@click.option("--to-offset", type=int, default=None, metavar="N", help="To offset N.")
-@click.option("--to-datetime", default=None, metavar="ISO8601",
-              help="To the first record at or after this time, e.g. 2024-05-01T12:00:00Z (no zone: local time).")
-@click.option("--shift-by", type=int, default=None, metavar="N", help="Move the committed offset by N (may be negative).")
-@click.option("--topic", "topics", multiple=True,
-              help=f"Reset only these [default: all topics with committed offsets]. {_TOPIC_HELP}")
+@target_options
 @click.option("--dry-run/--execute", "dry_run", default=True, show_default=True,
               help="Only show what would change (default), or change it.")
 @click.option("--force", is_flag=True,
@@ -146,34 +185,15 @@ def reset(app_id: str, clients: KafkaClients, to_earliest: bool, to_latest: bool
     Exactly one of --to-earliest, --to-latest, --to-offset, --to-datetime, --shift-by. Targets
     outside [earliest, latest] are clamped, as kafka-consumer-groups.sh does.
     """
-    given = {"--to-earliest": to_earliest, "--to-latest": to_latest, "--to-offset": to_offset is not None,
-             "--to-datetime": to_datetime is not None, "--shift-by": shift_by is not None}
-    chosen = [name for name, on in given.items() if on]
-    if len(chosen) != 1:
-        raise click.UsageError(
-            ("give exactly one target option: " if not chosen else f"only one target option at a time, got {', '.join(chosen)}: ")
-            + ", ".join(given))
-    if to_earliest:
-        target = ofs.ResetTarget("earliest")
-    elif to_latest:
-        target = ofs.ResetTarget("latest")
-    elif to_offset is not None:
-        target = ofs.ResetTarget("offset", to_offset)
-    elif shift_by is not None:
-        target = ofs.ResetTarget("shift-by", shift_by)
-    else:
-        try:
-            target = ofs.ResetTarget("datetime", ofs.parse_datetime(to_datetime or ""))
-        except ofs.OffsetsError as exc:
-            raise click.BadParameter(str(exc), param_hint="--to-datetime") from None
+    target = reset_target(to_earliest, to_latest, to_offset, to_datetime, shift_by)
     selection = parse_topics(topics)
     admin = kofs.admin_client(clients)
     result = _run(lambda: ofs.reset_offsets(admin, app_id, target, selection or None,
                                             execute=not dry_run, timeout=timeout, force=force))
-    _print_reset(result)
+    print_reset(result)
 
 
-def _print_reset(result: ofs.ResetResult) -> None:
+def print_reset(result: ofs.ResetResult) -> None:
     mode = "Executed" if result.executed else "Dry run (nothing changed; add --execute to apply)"
     click.echo(f"{mode}: group {result.group_id}, {result.target}")
     click.echo()

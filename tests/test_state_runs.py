@@ -154,3 +154,30 @@ def test_what_cannot_be_kept_across_batches_is_refused_at_start(bootstrap_server
     with pytest.raises(TransformError, match=r"first\(.*cannot be kept across batches"):
         run_processor(FirstPerCustomer, inputs=[source], output=make_topic("x-out"),
                        dead_letter=make_topic("x-dlq"))
+
+
+def test_state_show_and_reset_on_the_engines_own_state(bootstrap_servers, make_topic, run_processor) -> None:
+    from click.testing import CliRunner
+
+    from txstream.cli.main import main
+
+    source, sink, dlq = make_topic("sr-in", partitions=2), make_topic("sr-out", partitions=2), make_topic("sr-dlq")
+    first = [dict(o, customer_id=f"c{i % 7}") for i, o in enumerate(orders(300))]
+    _seed(bootstrap_servers, source, first)
+    app = "test-state-tools-" + source[-8:]
+    assert run_processor(RunningTotals, inputs=[source], output=sink, dead_letter=dlq, app_id=app).exit_code == 0
+    shown = CliRunner().invoke(main, ["state", "show", "--app-id", app, "-b", bootstrap_servers, "--format", "json",
+                                      "--limit", "0"])
+    assert shown.exit_code == 0, shown.output
+    entries = json.loads(shown.output)["operators"][0]["entries"]
+    want = _expected_totals(first)
+    assert {e["key"][0]: e["value"]["a0"] for e in entries} == {c: t[0] for c, t in want.items()}
+
+    reset = CliRunner().invoke(main, ["state", "reset", "--app-id", app, "-b", bootstrap_servers, "--execute"])
+    assert reset.exit_code == 0, reset.output
+    second = [dict(o, customer_id=f"c{i % 7}") for i, o in enumerate(orders(200, first=300))]
+    _seed(bootstrap_servers, source, second)
+    sink = make_topic("sr-out2", partitions=2)   # what the app emits after the reset
+    assert run_processor(RunningTotals, inputs=[source], output=sink, dead_letter=dlq, app_id=app).exit_code == 0
+    after_reset = read_all(bootstrap_servers, sink)
+    _same_totals(_check_running_totals(after_reset, second), _expected_totals(second))

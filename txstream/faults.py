@@ -29,6 +29,8 @@ POINTS = (
     "driver.between_batches",   # in the driver loop, after a batch, before the next plan
     "driver.after_plan_log",    # wide: the batch's plan is logged, nothing of it has run
     "driver.before_close",      # wide: every unit published, the input offsets not committed
+    "state.mid_restore",        # a unit's restore has applied part of the changelog's tail
+    "state.before_snapshot_commit",   # a snapshot's chunks produced, its transaction not committed
 )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from txstream import faults
 from txstream.kafka.config import KafkaClients
 from txstream.state import partition
 from txstream.state.changelog import HeaderReader, changelog_topic
@@ -34,6 +35,7 @@ class RestoreReport:
     changelog_records: int = 0
     changelog_from: int = 0
     changelog_to: int = 0
+    snapshot_offset: int = 0    # the changelog offset the newest snapshot covers (0: no snapshot)
     snapshot_seconds: float = 0.0   # of `seconds`: finding and loading the snapshot
     seconds: float = 0.0
 
@@ -51,7 +53,7 @@ def restore(clients: KafkaClients, app_id: str, operator: str, unit: int, store:
     snapshot = latest_manifest(clients, app_id, operator, unit, timeout)
     if snapshot is not None and snapshot.batch > target:
         _ahead(reread_marker, "the newest snapshot", snapshot.batch, target, operator, unit)
-    report = RestoreReport("changelog", target)
+    report = RestoreReport("changelog", target, snapshot_offset=snapshot.changelog_offset if snapshot else 0)
     if local.changelog_offset is not None and (snapshot is None or snapshot.changelog_offset <= local.changelog_offset):
         report.source, start = "local copy", local.changelog_offset
     elif snapshot is not None:
@@ -95,6 +97,7 @@ def _read_tail(reader: partition.Reader, topic: str, operator: str, unit: int, s
                    operator, unit)
         store.load(changes)
         report.changelog_records += len(changes)
+        faults.maybe_fail("state.mid_restore", unit)
 
     return partition.read_to_end(reader, topic, unit, start, take, timeout)
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from txstream import faults
 from txstream.kafka.config import KafkaClients
 from txstream.state import partition
 from txstream.state.changelog import HeaderReader, check_operator, snapshot_topic, writer_header
@@ -100,6 +101,7 @@ def write_snapshot(clients: KafkaClients, producer: Any, app_id: str, operator: 
         manifest = Manifest(operator, version.unit, version.batch, changelog_offset, keys, chunks,
                             first[0] if first else -1)
         produce(MANIFEST, manifest.to_bytes())
+        faults.maybe_fail("state.before_snapshot_commit", version.unit)
         producer.commit_transaction(timeout)
         return manifest
     except BaseException:

@@ -41,6 +41,8 @@ LATE = "_txs_late"        # a late row, as JSON (null on partial rows)
 LATE_MS = "_txs_late_ms"  # its event time
 EVENTS = "_txs_events"    # the latest event time of a group's rows in the batch
 FIRST = "_txs_first"      # deduplication: the key's first row, (order..., row)
+# A snapshot when the changelog has grown this many records past the newest one (docs/state.md).
+SNAPSHOT_EVERY = int(os.environ.get("TXSTREAM_STATE_SNAPSHOT_EVERY", 200_000))
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
                                                             spec.timeout_s)[unit],
                          timeout=spec.timeout_s)
         restored_s = time.perf_counter() - started
+        snapshot_s = _snapshot_if_due(spec, unit, store, report)
         merger = _Merger(spec, store)
         late = [(row[LATE].encode(), row[LATE_MS]) for row in rows if row.get(LATE) is not None]
         partials = [row for row in rows if row.get(LATE) is None]
@@ -144,13 +147,37 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         events = max((e for e in (_ms(row.get(EVENTS)) for row in partials) if e is not None), default=None)
         write_state(spec.side_dir, spec.batch_id, {
             "changes": dict(store.changes()), "late": late, "events": events, "rows_in": len(rows),
-            "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s},
+            "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
+                        "snapshot_seconds": snapshot_s},
             "keys": store.approximate_count()})
         store.abort()
     finally:
         store.close()
     if out:
         yield pa.RecordBatch.from_pylist(out, schema=spec.out_schema)
+
+
+def _snapshot_if_due(spec: MergeSpec, unit: int, store: StateStore, report: Any) -> float:
+    """Write a snapshot of the state just restored (the state after the marker's batch) when the
+    changelog has grown SNAPSHOT_EVERY records past the newest snapshot: a restore then reads
+    that snapshot and a tail shorter than that. Its own transactional.id: the unit's producer
+    stays the publisher's. Returns the seconds it took (0: none was due)."""
+    if report.changelog_to - report.snapshot_offset < SNAPSHOT_EVERY or store.version.changelog_offset is None:
+        return 0.0
+    from confluent_kafka import Producer
+
+    from txstream.state.snapshot import write_snapshot
+
+    started = time.perf_counter()
+    producer = Producer(spec.clients.producer(**{
+        "transactional.id": f"{spec.app_id}-{spec.operator}-snapshot-{unit}", "enable.idempotence": True}))
+    try:
+        producer.init_transactions(spec.timeout_s)
+        write_snapshot(spec.clients, producer, spec.app_id, spec.operator, store, store.version.changelog_offset,
+                       spec.timeout_s)
+    finally:
+        producer.flush(1)
+    return time.perf_counter() - started
 
 
 class _Merger:

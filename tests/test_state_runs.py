@@ -20,6 +20,7 @@ from tests.support.kafka import avro_bytes, produce, read_all
 from tests.support.seeding import ORDER
 from txstream.errors import TransformError
 from txstream.serde.avro import AvroCodec, load_schema
+from txstream.tools.verify import audit
 
 TOTAL = AvroCodec(load_schema("schemas/customer_running_total.avsc"))
 WINDOW = AvroCodec(load_schema("schemas/currency_window.avsc"))
@@ -79,6 +80,9 @@ def test_running_totals_across_batches_and_a_restart(bootstrap_servers, make_top
     assert again.exit_code == 0, again.lines
     _same_totals(_check_running_totals(read_all(bootstrap_servers, sink), first + second),
                  _expected_totals(first + second))
+    report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=app)
+    assert report.clean and report.wide.state_batches == driver.totals["batches"] + again.totals["batches"], \
+        report.table()
 
 
 def _window_expectation(data, delay_s: int, size_s: int = 60):
@@ -105,6 +109,12 @@ def test_windows_in_append_mode_emit_each_closed_window_once_and_route_late_orde
     _seed(bootstrap_servers, source, late)  # all behind the watermark now: a minute of event time has passed
     again = run_processor(OrdersPerCurrency, inputs=[source], output=sink, dead_letter=dlq, app_id=app)
     assert again.exit_code == 0, again.lines
+    # A batch with no records closed what the last batch's event times let the watermark pass.
+    assert any(b["records_in"] == 0 and b.get("watermark_ms") for b in driver.events.batches()), driver.lines
+    assert sum(b.get("late", 0) for b in again.events.batches()) == len(late)
+    registry = again.telemetry.registry
+    assert registry.get_sample_value("txstream_late_records_total", {"app": app}) == len(late)
+    assert registry.get_sample_value("txstream_watermark_timestamp_seconds", {"app": app}) > EPOCH.timestamp()
     emitted = Counter()
     got = {}
     for r in read_all(bootstrap_servers, sink):
@@ -124,6 +134,22 @@ def test_windows_in_append_mode_emit_each_closed_window_once_and_route_late_orde
     assert len(dead) == len(late)
     assert {r.headers["txstream.dlq.stage"] for r in dead} == {b"late"}
     assert all(json.loads(r.value)["created_at"] for r in dead)
+
+    # The audit: each window once, none early, rows merged + late = rows read in every batch.
+    report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=app)
+    assert report.clean, report.table()
+    assert len(report.wide.emissions) == len(got) and report.wide.state_batches >= 3
+    assert report.wide.state_reconciled == report.wide.state_batches, report.table()
+    # A window published again (what a second commit of its unit would leave) is caught.
+    from confluent_kafka import Producer
+
+    copy = read_all(bootstrap_servers, sink)[0]
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    producer.produce(sink, copy.value, copy.key, headers=[
+        (k, v if k != "txstream.publication" else b"another") for k, v in copy.headers.items()])
+    assert producer.flush(30) == 0
+    report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=app)
+    assert not report.clean and any("emitted 2 times" in p for p in report.wide.problems), report.table()
 
 
 def test_deduplication_keeps_each_id_once_across_batches(bootstrap_servers, make_topic, run_processor) -> None:

@@ -48,6 +48,16 @@ def _stage_seconds(row: dict) -> dict[str, float]:
             "init_transactions": float(row["init_s"])}
 
 
+def _state_fields(report: BatchReport) -> dict[str, Any]:
+    """A stateful batch's fields of its JSON event (docs/state.md); none for other batches."""
+    if not any("rows_merged" in r and (r.get("state_keys") or r.get("rows_merged")) for r in report.rows) \
+            and report.watermark_ms is None:
+        return {}
+    return {"watermark_ms": report.watermark_ms, "late": sum(int(r.get("late") or 0) for r in report.rows),
+            "rows_merged": sum(int(r.get("rows_merged") or 0) for r in report.rows),
+            "state_keys": sum(int(r.get("state_keys") or 0) for r in report.rows)}
+
+
 def failed_task_attempts(spark, job_group: str) -> int:
     """Task attempts Spark re-ran in the job group's stages (its own task retries)."""
     tracker = spark.sparkContext.statusTracker()
@@ -121,6 +131,19 @@ class Telemetry:
         self.dead_letters = Counter("txstream_dead_letters", "Input records set aside in the dead-letter topic",
                                     ["app", "topic", "partition", "stage"], registry=r)
         self.batches = Counter("txstream_batches", "Batches published", ["app", "guarantee"], registry=r)
+        # State across batches (docs/state.md).
+        self.state_keys = Gauge("txstream_state_keys", "Keys a state unit held after its last batch", ["app", "unit"],
+                                registry=r)
+        self.late = Counter("txstream_late_records", "Rows behind the watermark (dead-lettered at stage late, or "
+                            "counted only without a dead-letter topic)", ["app"], registry=r)
+        self.restore_seconds = Gauge("txstream_state_restore_seconds", "How long a state unit's last restore took",
+                                     ["app", "unit"], registry=r)
+        self.restored = Counter("txstream_state_restored_records", "Changelog records state restores read", ["app"],
+                                registry=r)
+        self.watermark = Gauge("txstream_watermark_timestamp_seconds", "The last batch's watermark (Unix time)",
+                               ["app"], registry=r)
+        self.watermark_delay = Gauge("txstream_watermark_delay_seconds", "Wall-clock time minus the last batch's "
+                                     "watermark, when the batch finished", ["app"], registry=r)
         self.batch_seconds = Histogram("txstream_batch_duration_seconds", "Wall time of a batch, plan to results",
                                        ["app"], buckets=BATCH_BUCKETS, registry=r)
         self.stage_seconds = Histogram("txstream_stage_duration_seconds", "Time per stage per task "
@@ -267,6 +290,9 @@ class Telemetry:
             self.transactions.labels(app, "aborted").inc(aborted)
         if fenced:
             self.fenced.labels(app).inc(fenced)
+        if report.watermark_ms is not None:
+            self.watermark.labels(app).set(report.watermark_ms / 1000)
+            self.watermark_delay.labels(app).set(time.time() - report.watermark_ms / 1000)
         retried = self._spark_retries(spark, report.batch_id)
         lags = self._lags(marks, positions)
         self.cap.labels(app).set(cap)
@@ -280,7 +306,7 @@ class Telemetry:
                        transactions_committed=committed, transactions_aborted=aborted, fenced_producers=fenced,
                        task_retries=retried, lag=sum(lags.values()) if lags else None,
                        lag_by_partition=lags or None, log_end_lag_by_partition=self._log_end_lags or None,
-                       batch_cap=cap, totals=dict(totals))
+                       batch_cap=cap, totals=dict(totals), **_state_fields(report))
             for topic, partition, count in dead:
                 self._emit("dead_letter", None, topic=topic, partition=partition, stage="decode", count=count,
                            batch=report.batch_id)
@@ -313,6 +339,13 @@ class Telemetry:
             status = row["status"]
             self.task_results.labels(app, status).inc()
             committed += status == COMMITTED and g == EXACTLY_ONCE
+            if status == COMMITTED and int(row["index"]) >= 0 and (row.get("rows_merged") or row.get("state_keys")):
+                unit = str(row["index"])
+                self.state_keys.labels(app, unit).set(int(row.get("state_keys") or 0))
+                self.restore_seconds.labels(app, unit).set(float(row.get("restore_s") or 0.0))
+                self.restored.labels(app).inc(int(row.get("restore_records") or 0))
+            if row.get("late"):
+                self.late.labels(app).inc(int(row["late"]))
             if status in (COMMITTED, ACKED):
                 self._observe_stages(row, slowest, publisher=True)
         for plan in report.plans:

@@ -20,6 +20,8 @@ class BatchReport:
     # The driver's own time before Spark ran the batch: committed and end offsets, planning, and
     # building and checking the job's DataFrame (None: not measured).
     driver_s: float | None = None
+    # A stateful batch's watermark (epoch ms; None: none).
+    watermark_ms: int | None = None
 
     @property
     def statuses(self) -> dict[str, int]:
@@ -47,6 +49,14 @@ class BatchReport:
         others = {s: n for s, n in self.statuses.items() if s not in (COMMITTED, ACKED, EMPTY)}
         if others:
             parts.append(" ".join(f"{s}={n}" for s, n in sorted(others.items())))
+        late = sum(int(r.get("late") or 0) for r in self.rows)
+        if late or self.watermark_ms is not None:
+            parts.append(f"late {late}")
+        if self.watermark_ms is not None:
+            from datetime import datetime, timezone
+
+            at = datetime.fromtimestamp(self.watermark_ms / 1000, tz=timezone.utc)
+            parts.append(f"watermark {at.isoformat(timespec='seconds').replace('+00:00', 'Z')}")
         if lag is not None:
             parts.append(f"lag {lag}")
         return "  ".join(parts)

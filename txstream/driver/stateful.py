@@ -224,6 +224,24 @@ class StatefulBatches(WideBatches):
             self._checked_shape = True
         return out
 
+    def _closing_facts(self, batch: WideBatch, markers: dict) -> dict:
+        """The batch's state facts, for `txstream verify`: the operator, its mode, the watermark,
+        and per unit that published the batch the rows it merged and the rows that were late."""
+        done = {i: m for i, m in markers.items() if m.done_through == batch.batch_id and m.merged >= 0}
+        d = self.description
+        # A hopping window counts a row in each window that holds it: its rows merged exceed the rows read.
+        hopping = bool(d.window and d.window["slide_ms"] < d.window["size_ms"])
+        return {"state": {"operator": d.operator, "kind": d.kind, "output_mode": d.output_mode,
+                          "watermark_ms": batch.watermark_ms, "rows_once": not hopping,
+                          "unit_merged": {str(i): m.merged for i, m in sorted(done.items())},
+                          "unit_late": {str(i): m.late for i, m in sorted(done.items())}}}
+
+    def run_batch(self, plans: list[PartitionPlan], planned_at: float | None = None) -> Any:
+        watermark = self.current.watermark_ms if self.current is not None and self.current.plans == plans else None
+        report = super().run_batch(plans, planned_at)
+        report.watermark_ms = watermark
+        return report
+
     def _unit_frame(self, batch: WideBatch, out: Any) -> Any:
         """The merged output is partitioned by unit already: each task publishes its unit."""
         spec = UnitSpec(publish=self.specs.publish, batch_id=batch.batch_id, units=batch.units,

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 from txstream.errors import TransformError
 from txstream.state import aggregates as aggs
 from txstream.state.operator import AGGREGATE, DEDUP, WINDOW, Aggregate, OperatorDescription
-from txstream.task.state_merge import EVENTS, FIRST, LATE, LATE_MS, ROUTE, MergeSpec, merge_unit
+from txstream.task.state_merge import EVENTS, FIRST, LATE, LATE_MS, ROUTE, ROWS, MergeSpec, merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,
              "secs": 1000, "minute": 60_000, "minutes": 60_000, "min": 60_000, "mins": 60_000,
@@ -286,7 +286,7 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
     with _ours():
         ontime, late = _late_split(source, watermark, context.watermark_ms)
         events = F.max(F.col(watermark[0])).alias(EVENTS) if watermark else F.lit(None).cast("timestamp").alias(EVENTS)
-        grouped = ontime.groupBy(*cols).agg(*partials, events)
+        grouped = ontime.groupBy(*cols).agg(*partials, events, F.count(F.lit(1)).alias(ROWS))
         grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{n}`") for n in group_names]))
         if late is not None:
             grouped = grouped.unionByName(late, allowMissingColumns=True)
@@ -326,7 +326,7 @@ def _dedup_frame(context: BatchContext, description: OperatorDescription, source
     order = [F.col(c).alias(f"o{i}") for i, c in enumerate(("partition", "offset")) if c in source.columns]
     first = F.min(F.struct(*order, F.struct(*[F.col(f"`{c}`") for c in source.columns]).alias("row"))).alias(FIRST)
     events = F.max(F.col(watermark[0])).alias(EVENTS) if watermark else F.lit(None).cast("timestamp").alias(EVENTS)
-    grouped = ontime.groupBy(*[F.col(f"`{c}`") for c in subset]).agg(first, events)
+    grouped = ontime.groupBy(*[F.col(f"`{c}`") for c in subset]).agg(first, events, F.count(F.lit(1)).alias(ROWS))
     grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{c}`") for c in subset]))
     if late is not None:
         grouped = grouped.unionByName(late, allowMissingColumns=True)

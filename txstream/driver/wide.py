@@ -23,7 +23,7 @@ import functools
 import hashlib
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -99,6 +99,7 @@ class WideBatch:
     plans: list[PartitionPlan]
     recovered: bool   # re-running a logged plan found pending at start or after a failure
     watermark_ms: int | None = None   # a stateful batch's (driver/stateful.py)
+    facts: dict = field(default_factory=dict)   # more for the batch's record (`txstream verify` reads it)
 
     def share(self, end: int) -> PlanShare:
         """This batch's share of the plan log for a partition ending at `end`."""
@@ -364,6 +365,7 @@ class WideBatches:
         if s.guarantee == EXACTLY_ONCE:
             markers = read_markers(s.clients, s.app_id, batch.units)
             published = {i: m.rows for i, m in markers.items() if m.done_through == batch.batch_id}
+            batch.facts.update(self._closing_facts(batch, markers))
             self._close(batch, read["dead"], records=None, unit_records=published)
         elif s.guarantee != AT_MOST_ONCE:
             self._publish_dead_plain(batch, read["dead"])
@@ -418,11 +420,16 @@ class WideBatches:
         return self._commit(offsets, f"close batch {batch.batch_id}", dead=dead, records=records, batch=batch,
                             unit_records=unit_records)
 
+    def _closing_facts(self, batch: WideBatch, markers: dict) -> dict:
+        """What a protocol adds to the batch's record from the units' markers (stateful: more)."""
+        return {}
+
     def _batch_record(self, batch: WideBatch, unit_records: dict[int, int], dead: int) -> bytes:
         return json.dumps({
             "batch": batch.batch_id, "plan": batch.plan_id, "time_ms": batch.timestamp_ms, "mode": self.mode,
             "units": batch.units, "ranges": [[p.topic, p.partition, p.start, p.end] for p in batch.plans],
             "unit_records": {str(k): v for k, v in sorted(unit_records.items())}, "dead_letters": dead,
+            **batch.facts,
         }, separators=(",", ":")).encode()
 
     def _commit(self, offsets: list[TopicPartition], what: str, dead: list[tuple] = (),

@@ -39,6 +39,17 @@ class RecordCollector:
     fixed_headers: list[tuple[str, bytes]] | None = None
     # Topics a row's `topic` may not name (the run's inputs: PublishSpec.refused_topics).
     refused_topics: frozenset[str] = frozenset()
+    # Headers of each output row in turn, after the lineage (a stateful unit's state keys:
+    # task/units.py); None: none.
+    row_headers: list[list[tuple[str, bytes]]] | None = None
+    _row_at: int = 0
+
+    def _next_row_headers(self, n: int) -> list[list[tuple[str, bytes]]] | None:
+        if self.row_headers is None:
+            return None
+        taken = self.row_headers[self._row_at:self._row_at + n]
+        self._row_at += n
+        return taken if len(taken) == n else None
 
     def __post_init__(self) -> None:
         topic, partition = self.source
@@ -59,11 +70,16 @@ class RecordCollector:
                 if "key" in names else [None] * n)
         sent = self.sent
         offsets = _source_offsets(batch)
+        extra = self._next_row_headers(n)
         if not {"topic", "partition", "headers"} & set(names) and self.default_topic is not None:
             # The common shape (one topic, Kafka's partitioner, no headers of its own): one pass.
             topic = self.default_topic
             if not self.lineage:
                 sent.extend([(topic, v, k, -1, None) for v, k in zip(values, keys, strict=False)])
+            elif self.fixed_headers is not None and extra is not None:
+                fixed, seq = self.fixed_headers, headers.PUBLICATION_SEQ
+                sent.extend([(topic, v, k, -1, [*fixed, (seq, s), *e])
+                             for v, k, s, e in zip(values, keys, _positions(len(sent), n), extra, strict=False)])
             elif self.fixed_headers is not None:
                 fixed, seq = self.fixed_headers, headers.PUBLICATION_SEQ
                 sent.extend([(topic, v, k, -1, [*fixed, (seq, s)])
@@ -92,6 +108,8 @@ class RecordCollector:
                 record_headers.append((headers.LINEAGE, headers.lineage_value(
                     source_topic, source_partition, offsets[i] if offsets is not None else None,
                     self.publication, len(sent))))
+            if extra is not None:
+                record_headers += extra[i]
             partition = partitions[i] if partitions is not None and partitions[i] is not None else -1
             sent.append((topic, values[i], keys[i], partition, record_headers))
         self._produce_from(len(sent) - n)

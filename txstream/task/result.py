@@ -13,6 +13,8 @@ RESULT_SCHEMA = pa.schema([
     ("read_s", pa.float64()), ("upstream_s", pa.float64()), ("produce_s", pa.float64()), ("commit_s", pa.float64()),
     ("init_s", pa.float64()), ("attempts", pa.int32()), ("message", pa.string()),
     ("transactional_id", pa.string()), ("largest_record", pa.int64()),
+    ("rows_merged", pa.int64()), ("late", pa.int64()), ("state_keys", pa.int64()),
+    ("restore_s", pa.float64()), ("restore_records", pa.int64()),
 ])
 
 
@@ -40,6 +42,13 @@ class TaskResult:
     message: str = ""
     transactional_id: str = ""   # the producer that published it (exactly-once)
     largest_record: int = 0      # bytes of the range's largest input record (key + value)
+    # A stateful unit's (task/state_merge.py): input rows merged into its state, rows behind the
+    # watermark, keys held after the batch (before its deletions), and its restore.
+    rows_merged: int = 0
+    late: int = 0
+    state_keys: int = 0
+    restore_s: float = 0.0
+    restore_records: int = 0
 
     def to_batch(self) -> pa.RecordBatch:
         return results_batch([self])

@@ -41,6 +41,7 @@ LATE = "_txs_late"        # a late row, as JSON (null on partial rows)
 LATE_MS = "_txs_late_ms"  # its event time
 EVENTS = "_txs_events"    # the latest event time of a group's rows in the batch
 FIRST = "_txs_first"      # deduplication: the key's first row, (order..., row)
+ROWS = "_txs_rows"        # how many input rows a partial row merges
 # A snapshot when the changelog has grown this many records past the newest one (docs/state.md).
 SNAPSHOT_EVERY = int(os.environ.get("TXSTREAM_STATE_SNAPSHOT_EVERY", 200_000))
 
@@ -144,9 +145,11 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         late = [(row[LATE].encode(), row[LATE_MS]) for row in rows if row.get(LATE) is not None]
         partials = [row for row in rows if row.get(LATE) is None]
         out = merger.run(partials)
+        emitted = merger.emitted
         events = max((e for e in (_ms(row.get(EVENTS)) for row in partials) if e is not None), default=None)
         write_state(spec.side_dir, spec.batch_id, {
-            "changes": dict(store.changes()), "late": late, "events": events, "rows_in": len(rows),
+            "changes": dict(store.changes()), "late": late, "events": events, "emitted": emitted,
+            "rows": sum(int(row.get(ROWS) or 0) for row in partials),
             "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
                         "snapshot_seconds": snapshot_s},
             "keys": store.approximate_count()})
@@ -192,6 +195,7 @@ class _Merger:
         self.mode = d.output_mode
         self.fields = spec.out_schema
         self.watermark = spec.watermark_ms
+        self.emitted: list[bytes] = []   # the state key of each row emitted, in order
 
     def run(self, partials: list[dict]) -> list[dict]:
         if self.spec.description.kind == DEDUP:
@@ -213,16 +217,20 @@ class _Merger:
         out: list[dict] = []
         if self.mode == "complete":
             for key, value in self.store.scan():
-                out.append(self._row(key, self.codec.decode(value)))
+                out.append(self._emit(key, self.codec.decode(value)))
         elif self.mode == "update":
-            out.extend(self._row(key, state) for key, state in sorted(changed.items()))
+            out.extend(self._emit(key, state) for key, state in sorted(changed.items()))
         if self.windowed and self.watermark is not None and self.mode != "complete":
             # Windows the watermark closed: emitted now in append mode, and their state deleted.
             for key, value in list(self.store.scan(end=window_prefix(self.watermark + 1))):
                 if self.mode == "append":
-                    out.append(self._row(key, self.codec.decode(value)))
+                    out.append(self._emit(key, self.codec.decode(value)))
                 self.store.delete(key)
         return out
+
+    def _emit(self, key: bytes, state: dict) -> dict:
+        self.emitted.append(key)
+        return self._row(key, state)
 
     def _row(self, key: bytes, state: dict) -> dict:
         values, window = decode_key(key, self.windowed)
@@ -251,6 +259,7 @@ class _Merger:
             first = row[FIRST]["row"]
             event = _ms(first.get(event_column)) if event_column else None
             self.store.put(key, self.codec.encode({"t": None if event is None else event + delay}))
+            self.emitted.append(key)
             out.append(first)
         if self.watermark is not None and event_column:
             for key, value in list(self.store.scan()):

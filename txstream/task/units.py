@@ -56,6 +56,8 @@ class Marker:
     content: str = ""       # digest of what routed the records (topic and key)
     values: str = ""        # digest of the values
     events: int | None = None   # a stateful unit: the latest event time it has seen (ms), for the watermark
+    merged: int = -1            # a stateful unit: input rows its batch merged into the state
+    late: int = -1              # ... and rows behind the watermark
 
     @property
     def done_through(self) -> int:
@@ -64,7 +66,9 @@ class Marker:
 
     def metadata(self) -> str:
         text = f"p={self.plan_id};r={self.rows};h={self.content};v={self.values}"
-        return text if self.events is None else f"{text};x={self.events}"
+        if self.events is not None:
+            text += f";x={self.events}"
+        return text if self.merged < 0 else f"{text};m={self.merged};l={self.late}"
 
     @staticmethod
     def parse(offset: int | None, metadata: str | None) -> Marker:
@@ -75,9 +79,10 @@ class Marker:
             rows = -1
         try:
             events = int(fields["x"]) if "x" in fields else None
+            merged, late = int(fields.get("m", -1)), int(fields.get("l", -1))
         except ValueError:
-            events = None
-        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""), events)
+            events, merged, late = None, -1, -1
+        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""), events, merged, late)
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,10 @@ def publish_unit(spec: UnitSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[
         merged = take_state(spec.publish.read.side_dir, spec.batch_id)
         if merged is None:
             raise TaskError(f"unit {unit} of batch {spec.batch_id}: the state merge of this task left no result")
-        result.records_in = merged.get("rows_in", 0)
+        if not merged.get("skip"):
+            restored = merged["restore"]
+            result.rows_merged, result.late, result.state_keys = merged["rows"], len(merged["late"]), merged["keys"]
+            result.restore_s, result.restore_records = restored["seconds"], restored["records"]
     if merged is not None and merged.get("skip"):
         result.status = ALREADY_DONE   # the merge found the unit's marker at the batch: published before
     elif not pending and not (merged and (merged["changes"] or merged["late"])):
@@ -225,6 +233,8 @@ class _UnitTransaction(Transaction):
         started = time.perf_counter()
         if self.collector is None:
             self.collector = _collector(self.spec, self.unit, producer)
+            if self.merged is not None:
+                self._state_keys()
             for batch in self.batches:
                 self.result.records_out += self.collector.add_batch(batch)
                 faults.maybe_fail("publish.mid_produce", self.unit)
@@ -240,19 +250,31 @@ class _UnitTransaction(Transaction):
                 producer, self.merged["changes"], self.spec.batch_id)
         self.result.produce_s += time.perf_counter() - started
 
+    def _state_keys(self) -> None:
+        """Each output row names the state key it was emitted for (`txstream.state.key`), which
+        `verify` audits (each closed window once, ...): the merge emitted the rows in that order
+        and the transform's rest kept them one for one, else (it filtered) no row names one."""
+        keys = self.merged.get("emitted") or []
+        if len(keys) != sum(b.num_rows for b in self.batches):
+            return
+        self.collector.row_headers = [[(headers.STATE_KEY, key)] for key in keys]
+
     def _late_records(self) -> None:
         """Records behind the watermark: to the dead-letter topic in this transaction, or only
         counted when there is none (docs/state.md, "Late records")."""
         late, dead_topic = self.merged["late"], self.spec.publish.dead_letter_topic
-        self.result.dead_letters += len(late)
         if not dead_topic:
             return
         watermark = self.spec.state.watermark_ms
         said = headers.iso_ms(watermark) if watermark is not None else "none"
-        for value, event_ms in late:
-            record = (None, value, [(headers.DLQ_WATERMARK, said.encode())], event_ms, None, "late",
-                      f"event time {headers.iso_ms(event_ms)} is behind the watermark {said}")
-            self.collector.add_dead_letter(dead_topic, record, self.spec.app_id)
+        collector, app = self.collector, self.spec.app_id.encode()
+        first = len(collector.sent)
+        # The unit's wide lineage, as its output records carry it: `verify` counts them in the unit.
+        collector.add_records([(dead_topic, value, None, -1, [
+            *collector.fixed_headers, (headers.PUBLICATION_SEQ, str(first + i).encode()),
+            (headers.DLQ_STAGE, b"late"), (headers.DLQ_APP_ID, app), (headers.DLQ_WATERMARK, said.encode()),
+            (headers.DLQ_ERROR, f"event time {headers.iso_ms(event_ms)} is behind the watermark {said}".encode())])
+            for i, (value, event_ms) in enumerate(late)])
 
     def offsets(self) -> tuple[list, Any]:
         from confluent_kafka import TopicPartition
@@ -261,7 +283,11 @@ class _UnitTransaction(Transaction):
         events = self.events
         if self.merged is not None and self.merged.get("events") is not None:
             events = max(events or self.merged["events"], self.merged["events"])
-        marker = Marker(spec.batch_id + 1, spec.plan_id, len(sent), *content_hash(sent), events=events)
+        merged = late = -1
+        if self.merged is not None:
+            merged, late = self.merged["rows"], len(self.merged["late"])
+        marker = Marker(spec.batch_id + 1, spec.plan_id, len(sent), *content_hash(sent), events=events,
+                        merged=merged, late=late)
         return ([TopicPartition(markers_name(spec.app_id), self.unit, marker.offset, metadata=marker.metadata())],
                 spec.markers_metadata)
 

@@ -53,6 +53,10 @@ class WideAudit:
     batches: dict[tuple[str | None, int], list[dict]] = field(default_factory=dict)
     units: dict[tuple[str | None, int, int], UnitSeen] = field(default_factory=dict)
     records: int = 0
+    # Stateful output (docs/state.md): (app, batch, unit, state key) of each output record naming one.
+    emissions: list[tuple[str | None, int, int, bytes]] = field(default_factory=list)
+    state_batches: int = 0             # batches whose state facts were checked
+    state_reconciled: int = 0          # ... whose rows merged + late + dead letters = rows read
     problems: list[str] = field(default_factory=list)
     problem_count: int = 0
     pending_batches: list[str] = field(default_factory=list)
@@ -84,7 +88,9 @@ class WideAudit:
         """The apps the wide output names."""
         return {app for app, _, _ in self.units if app is not None}
 
-    def add(self, lineage: WideLineage, value: bytes | None) -> None:
+    def add(self, lineage: WideLineage, value: bytes | None, state_key: bytes | None = None) -> None:
+        if state_key is not None:
+            self.emissions.append((lineage.app, lineage.batch, lineage.unit, state_key))
         seen = self.units.setdefault((lineage.app, lineage.batch, lineage.unit), UnitSeen())
         self.records += 1
         seen.records += 1
@@ -145,6 +151,61 @@ class WideAudit:
             closed = sum(v for r in records for v in r["unit_records"].values())
             if (app, batch) not in by_batch and closed:
                 self._problem(f"{_name(app, batch)}: closed with {closed} record(s), none in the output")
+        self._state(visible, dead_offsets, default_app)
+
+    def _state(self, visible: dict[tuple[str, int], set[int]], dead_offsets: dict[tuple[str, int], set[int]],
+               default_app: str | None) -> None:
+        """Stateful apps (their batch records carry `state`): each window or deduplicated key
+        emitted once in append mode, and not before the watermark closed its window; in update
+        mode a key at most once per batch and never after its window closed; per batch, the rows
+        merged, the late rows and the undecodable records add up to no more than the rows read."""
+        from txstream.state.keys import decode_key
+
+        facts = {(app or default_app, batch): r["state"] for (app, batch), rs in self.batches.items()
+                 for r in rs if r.get("state")}
+        if not facts:
+            return
+        seen: dict[tuple, list[int]] = {}
+        for app, batch, _unit, key in self.emissions:
+            state = facts.get((app or default_app, batch))
+            if state is None:
+                continue
+            mode, windowed = state["output_mode"], state["kind"] == "window"
+            slot = (app, key) if mode == "append" else (app, key, batch)
+            seen.setdefault(slot, []).append(batch)
+            watermark = state.get("watermark_ms")
+            if windowed and watermark is not None:
+                _values, (_start, end) = decode_key(key, windowed=True)
+                if mode == "append" and end > watermark:
+                    self._problem(f"{_name(app, batch)}: a window ending at {end} emitted before the watermark "
+                                  f"({watermark}) closed it")
+                elif mode == "update" and end <= watermark:
+                    self._problem(f"{_name(app, batch)}: a window ending at {end} updated after the watermark "
+                                  f"({watermark}) closed it")
+        for slot, batches in seen.items():
+            if len(batches) > 1:
+                what = "emitted" if len(slot) == 2 else "updated"
+                self._problem(f"{_name(slot[0], batches[0])}: state key {slot[1][:60]!r} {what} {len(batches)} times "
+                              f"(batches {sorted(batches)[:5]})")
+        for (app, batch), state in sorted(facts.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+            record = next(r for r in self.batches.get((app, batch), self.batches.get((None, batch), [])) if r.get("state"))
+            read = 0
+            for topic, partition, start, end in record["ranges"]:
+                if end > self.audited_end.get((topic, partition), end):
+                    read = -1
+                    break
+                offsets = visible.get((topic, partition), set())
+                read += sum(1 for o in offsets if start <= o < end)
+            if read < 0 or not state.get("rows_once", True):
+                continue
+            self.state_batches += 1
+            accounted = (sum(state["unit_merged"].values()) + sum(state["unit_late"].values())
+                         + int(record.get("dead_letters", 0)))
+            if accounted > read:
+                self._problem(f"{_name(app, batch)}: {accounted} rows merged, late or dead-lettered, more than the "
+                              f"{read} record(s) the batch read: rows counted twice")
+            elif accounted == read:
+                self.state_reconciled += 1
 
     def _reconcile(self, name: str, records: list[dict], units: dict[int, UnitSeen],
                    visible: dict[tuple[str, int], set[int]], dead_offsets: dict[tuple[str, int], set[int]]) -> None:
@@ -205,6 +266,10 @@ class WideAudit:
                 out.append(f"wide output: in {self.filtered_batches} batch(es) the {self.count_field} add up to "
                            f"{self.filtered_records} fewer than the input records: the transform filters them out "
                            "(not a duplicate, and not a loss verify can see)")
+        if self.state_batches:
+            out.append(f"state: {len(self.emissions)} emission(s) named their state key; {self.state_batches} "
+                       f"batch(es) checked, {self.state_reconciled} with rows merged + late + dead-lettered = rows "
+                       "read (fewer: the transform filters before its stateful operator)")
         if self.replays:
             out.append(f"wide output: {len(self.replays)} replayed batch(es) (input read again after an offsets "
                        f"reset: not duplicates): {'; '.join(self.replays[:5])}")
@@ -221,6 +286,8 @@ class WideAudit:
                 "pending_batches": self.pending_batches, "reconciled_batches": self.reconciled_batches,
                 "filtered_batches": self.filtered_batches, "filtered_records": self.filtered_records,
                 "replays": self.replays, "problems": self.problems, "problem_count": self.problem_count,
+                "state_emissions": len(self.emissions), "state_batches": self.state_batches,
+                "state_reconciled": self.state_reconciled,
                 "clean": self.clean}
 
 

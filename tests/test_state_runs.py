@@ -15,6 +15,7 @@ import pytest
 from processors.orders_per_currency import OrdersPerCurrency
 from processors.running_totals import RunningTotals
 from processors.sample_orders import EPOCH, orders
+from processors.sliding_orders import SlidingOrders
 from processors.unique_orders import UniqueOrders
 from tests.support.kafka import avro_bytes, produce, read_all
 from tests.support.seeding import ORDER
@@ -109,9 +110,10 @@ def test_windows_in_append_mode_emit_each_closed_window_once_and_route_late_orde
     _seed(bootstrap_servers, source, late)  # all behind the watermark now: a minute of event time has passed
     again = run_processor(OrdersPerCurrency, inputs=[source], output=sink, dead_letter=dlq, app_id=app)
     assert again.exit_code == 0, again.lines
-    # A batch with no records closed what the last batch's event times let the watermark pass.
-    assert any(b["records_in"] == 0 and b.get("watermark_ms") for b in driver.events.batches()), driver.lines
-    assert sum(b.get("late", 0) for b in again.events.batches()) == len(late)
+    # The final watermark is the newest event time less the delay: every window it closes was closed.
+    newest_ms = round(max(o["created_at"] for o in data).timestamp() * 1000)
+    assert max(b.get("watermark_ms") or 0 for b in again.events.batches) == newest_ms - 30_000
+    assert sum(b.get("late", 0) for b in again.events.batches) == len(late)
     registry = again.telemetry.registry
     assert registry.get_sample_value("txstream_late_records_total", {"app": app}) == len(late)
     assert registry.get_sample_value("txstream_watermark_timestamp_seconds", {"app": app}) > EPOCH.timestamp()
@@ -207,3 +209,35 @@ def test_state_show_and_reset_on_the_engines_own_state(bootstrap_servers, make_t
     assert run_processor(RunningTotals, inputs=[source], output=sink, dead_letter=dlq, app_id=app).exit_code == 0
     after_reset = read_all(bootstrap_servers, sink)
     _same_totals(_check_running_totals(after_reset, second), _expected_totals(second))
+
+
+def test_sliding_windows_close_in_a_batch_with_no_records(bootstrap_servers, make_topic, run_processor) -> None:
+    """5-minute windows sliding every minute: each order counts in five windows. The last batch
+    with records advances the watermark; a batch with no records follows and emits what it closed."""
+    source, sink, dlq = make_topic("sl-in", partitions=1), make_topic("sl-out", partitions=2), make_topic("sl-dlq")
+    data = list(orders(12_000))          # 37 ms apart: 7.4 minutes of event time
+    _seed(bootstrap_servers, source, data)
+    driver = run_processor(SlidingOrders, inputs=[source], output=sink, dead_letter=dlq,
+                           max_records_per_partition=4000)
+    assert driver.exit_code == 0, driver.lines
+    batches = driver.events.batches
+    newest_ms = round(max(o["created_at"] for o in data).timestamp() * 1000)
+    assert batches[-1]["records_in"] == 0 and batches[-1]["watermark_ms"] == newest_ms - 30_000, batches[-1]
+    assert batches[-1]["records_out"] > 0   # the windows the last records' watermark closed
+    watermark = EPOCH + timedelta(milliseconds=newest_ms - 30_000 - EPOCH.timestamp() * 1000)
+    want: Counter = Counter()
+    for o in data:
+        first = int((o["created_at"] - EPOCH).total_seconds() // 60)
+        for start in range(first - 4, first + 1):
+            window_start = EPOCH + timedelta(minutes=start)
+            if window_start + timedelta(minutes=5) <= watermark:
+                want[(window_start, o["currency"])] += 1
+    got = Counter()
+    for r in read_all(bootstrap_servers, sink):
+        v = WINDOW.decode(r.value)
+        assert v["end"] - v["start"] == timedelta(minutes=5)
+        assert (v["start"], v["currency"]) not in got, "a window emitted twice"
+        got[(v["start"], v["currency"])] = v["orders"]
+    assert got == want
+    report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=driver.settings.app_id)
+    assert report.clean, report.table()

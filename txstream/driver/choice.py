@@ -66,9 +66,15 @@ def _stateful(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: A
     units = s.output_units or inputs or 1
     topic = s.input_topics[0]
     dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
-    description = describe_operator(s, units, jobs, dry)
+    description, frame = describe_operator(s, units, jobs, dry)
     if description is None:
         return None
+    from txstream.driver.determinism import check_deterministic
+
+    # A unit's replay must merge the same partials: the state, like the output, depends on it.
+    for part in check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
+                                    s.allow_nondeterministic):
+        echo(f"warning: not deterministic (allowed): {part}")
     protocol = StatefulBatches(s, specs, jobs, admin, inputs, echo, description)
     echo(protocol.describe())
     return protocol

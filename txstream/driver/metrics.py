@@ -55,7 +55,8 @@ def _state_fields(report: BatchReport) -> dict[str, Any]:
         return {}
     return {"watermark_ms": report.watermark_ms, "late": sum(int(r.get("late") or 0) for r in report.rows),
             "rows_merged": sum(int(r.get("rows_merged") or 0) for r in report.rows),
-            "state_keys": sum(int(r.get("state_keys") or 0) for r in report.rows)}
+            "state_keys": sum(int(r.get("state_keys") or 0) for r in report.rows),
+            "restored_records": sum(int(r.get("restore_records") or 0) for r in report.rows)}
 
 
 def failed_task_attempts(spark, job_group: str) -> int:

@@ -48,19 +48,20 @@ class StateChangedError(UserError):
 
 
 def describe_operator(settings: RunSettings, units: int, jobs: SparkJobs,
-                      plans: list[PartitionPlan]) -> OperatorDescription | None:
-    """The transform's stateful operator, run once over `plans` (empty ranges) at start; None
-    when it has none and no output mode was asked for."""
+                      plans: list[PartitionPlan]) -> tuple[OperatorDescription | None, Any]:
+    """The transform's stateful operator, run once over `plans` (empty ranges) at start, and the
+    transform's output as Spark alone would compute it (for the determinism check); None when
+    it has none and no output mode was asked for."""
     context = BatchContext(settings.app_id, units, settings.output_mode or "append")
     with recording(context) as recorded:
-        jobs.output_frame(0, plans)
+        frame = jobs.output_frame(0, plans)
     if recorded.description is None and settings.output_mode is None:
-        return None
+        return None, frame
     if recorded.description is None:
         raise TransformError(
             f"output_mode is {settings.output_mode!r} but the transform has no stateful operator (groupBy().agg(), "
             "dropDuplicates or dropDuplicatesWithinWatermark): remove output_mode for a per-batch transform")
-    return recorded.description
+    return recorded.description, frame
 
 
 class StatefulBatches(WideBatches):

@@ -15,10 +15,12 @@ changelog, at the next batch's restore: it never holds a change Kafka did not co
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -30,7 +32,7 @@ from txstream.state.errors import StateStoreError
 from txstream.state.keys import decode_key, encode_key, window_prefix
 from txstream.state.operator import DEDUP, WINDOW, OperatorDescription
 from txstream.state.restore import restore
-from txstream.state.store import StateStore
+from txstream.state.store import StateStore, StoreVersion
 from txstream.state.stores import open_store
 from txstream.task import worker_heap
 from txstream.task.sidefile import run_directory, write_state
@@ -104,18 +106,58 @@ def _typed(value: Any, typ: pa.DataType) -> Any:
     return value
 
 
-def _store(spec: MergeSpec, unit: int) -> StateStore:
+def _store(spec: MergeSpec, unit: int) -> tuple[StateStore, Path | None]:
     """The unit's local copy (RocksDB in the executor's local directory, which every Python worker
-    of the executor opens in turn); a memory store when another process holds it."""
+    of the executor opens in turn) and its directory; a memory store (and None) when another
+    process holds it."""
     if spec.store_kind == "rocksdb":
         # Named by the state's epoch: a copy from before a `txstream state reset` is never opened.
         path = run_directory(f"txstream-state-{spec.app_id}") / f"{spec.operator}-{spec.description.epoch}-{unit}"
         os.makedirs(path.parent, exist_ok=True)
         try:
-            return open_store("rocksdb", str(path), unit)
+            return open_store("rocksdb", str(path), unit), path
         except StateStoreError:
             pass   # a speculative copy of the unit holds it: restore into memory instead
-    return open_store("memory", None, unit)
+    return open_store("memory", None, unit), None
+
+
+def _pending_file(path: Path) -> Path:
+    return path.with_name(path.name + ".pending")
+
+
+def _take_pending(spec: MergeSpec, unit: int, store: StateStore, path: Path | None, marker: Any) -> bool:
+    """The changes this executor merged for the unit's last batch, applied to the local copy if
+    that batch committed (its marker says so) on top of the very state they were merged into: the
+    copy then need not read its own batch back from the changelog. Returns whether it did."""
+    if path is None:
+        return False
+    pending = _pending_file(path)
+    try:
+        with open(pending, "rb") as src:
+            saved = pickle.load(src)
+    except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+        return False
+    finally:
+        pending.unlink(missing_ok=True)
+    if saved["base"] != store.version.batch or marker.done_through != saved["batch"]:
+        return False   # the batch did not commit, or the copy moved since: restore reads the changelog
+    from txstream.state.changelog import changelog_end
+
+    # Every record of the committed batch lies below the changelog's end now, and no later batch
+    # of this unit committed (the marker names this one): the copy covers up to the end.
+    end = changelog_end(spec.clients, spec.app_id, spec.operator, unit, spec.timeout_s)
+    store.load(saved["changes"].items(), StoreVersion(unit, saved["batch"], end))
+    return True
+
+
+def _save_pending(spec: MergeSpec, path: Path | None, store: StateStore) -> None:
+    if path is None or not store.changes():
+        return
+    pending = _pending_file(path)
+    with open(pending.with_suffix(".tmp"), "wb") as out:
+        pickle.dump({"batch": spec.batch_id, "base": store.version.batch, "changes": dict(store.changes())}, out,
+                    protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(pending.with_suffix(".tmp"), pending)
 
 
 def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -132,9 +174,10 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         # Published by an earlier attempt: its state is in the changelog already, nothing to merge.
         write_state(spec.side_dir, spec.batch_id, {"skip": True})
         return
-    store = _store(spec, unit)
+    store, path = _store(spec, unit)
     try:
         started = time.perf_counter()
+        _take_pending(spec, unit, store, path, marker)
         report = restore(spec.clients, spec.app_id, spec.operator, unit, store, marker,
                          reread_marker=lambda: read_markers(spec.clients, spec.app_id, spec.description.units,
                                                             spec.timeout_s)[unit],
@@ -153,6 +196,7 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
             "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
                         "snapshot_seconds": snapshot_s},
             "keys": store.approximate_count()})
+        _save_pending(spec, path, store)
         store.abort()
     finally:
         store.close()

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     printed = -1
     try:
         while query.isActive:
-            query.awaitTermination(1)
+            query.awaitTermination(0.2)   # its batch lines tell the harness when all input was read
             for progress in query.recentProgress:
                 if progress.get("batchId", -1) <= printed:
                     continue

@@ -31,6 +31,9 @@ order rotates each round):
   `suppress(untilWindowCloses)`: final results, as append mode.
 - `kafka-streams-windowed-update` (not run unless named): the same without suppress, Spark's update
   mode; its check is on the last value of each (window, currency).
+- `kafka-streams-windowed-1t` (not run unless named): `kafka-streams-windowed` with one stream
+  thread: its consumer fetches every input partition at once, so its tasks stay closer in event
+  time than two threads' (which start and run apart), and it drops fewer orders as late (below).
 
 The input (`seed_windowed`): the throughput benchmark's orders (benchmarks/common.py make_order,
 same seed), but order i's created_at is 2026-01-01T00:00:00Z + i x `--event-ms-per-record` (2 ms: 500
@@ -105,10 +108,12 @@ CONTENDERS = {
     "spark-ss-windowed": "Spark SS withWatermark + window, Kafka sink (at-least-once)",
     "kafka-streams-windowed": "Kafka Streams exactly_once_v2, windowed aggregate + suppress",
     "kafka-streams-windowed-update": "Kafka Streams exactly_once_v2, windowed aggregate, no suppress (update)",
+    "kafka-streams-windowed-1t": "Kafka Streams exactly_once_v2, windowed aggregate + suppress, 1 stream thread",
 }
 DEFAULT_CONTENDERS = ["txstream-windowed", "spark-ss-windowed", "kafka-streams-windowed"]
 BASELINE = "txstream-windowed"
-EXACTLY_ONCE = {"txstream-windowed", "kafka-streams-windowed", "kafka-streams-windowed-update"}
+EXACTLY_ONCE = {"txstream-windowed", "kafka-streams-windowed", "kafka-streams-windowed-update",
+                "kafka-streams-windowed-1t"}
 SELF_EXITING = {"txstream-windowed"}      # the others run until the harness stops them
 UPDATE_MODE = {"kafka-streams-windowed-update"}
 KSTREAMS_MAIN = "txstream.bench.kstreams.CurrencyWindows"
@@ -308,8 +313,8 @@ def _command(contender: str, ctx: dict, out: str, dlq: str, app_id: str, workdir
         return ["java", "-Xmx512m", jvm_collector(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                 "-cp", f"{JAR}:{LIB}/*", KSTREAMS_MAIN, "--bootstrap-servers", ctx["bootstrap"],
                 "--input", ctx["source"], "--output", out, "--application-id", app_id, "--state-dir", workdir,
-                "--threads", str(THREADS), "--input-schema", str(ORDER_SCHEMA_PATH),
-                "--output-schema", str(WINDOW_SCHEMA_PATH),
+                "--threads", "1" if contender.endswith("-1t") else str(THREADS),
+                "--input-schema", str(ORDER_SCHEMA_PATH), "--output-schema", str(WINDOW_SCHEMA_PATH),
                 "--suppress", "false" if contender in UPDATE_MODE else "true",
                 "--max-partition-fetch-bytes", str(args.kstreams_fetch_bytes)]
     if contender == "txstream-windowed":

@@ -82,3 +82,12 @@ def test_update_mode_is_checked_on_each_windows_last_value():
                _out(W1, "EUR", 2, 7.0), _out(W2, "EUR", 1, 1.0)]
     assert check_windows(updates, must, may, True, True, SCHEMA)["ok"]
     assert not check_windows(updates[:1] + updates[2:], must, may, True, True, SCHEMA)["ok"]
+
+
+def test_txstream_contender_is_unavailable_without_its_processor(monkeypatch):
+    from benchmarks import windowed
+
+    assert windowed.txstream_available() is None   # this tree has the processor and the engine
+    monkeypatch.setattr(windowed, "PROCESSOR", "processors/no_such_processor.py:Nope")
+    why = windowed.txstream_available()
+    assert why and "processors/no_such_processor.py is not in this tree" in why

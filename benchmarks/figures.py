@@ -2,8 +2,8 @@
 
 Everything between `<!-- bench:start -->` and `<!-- bench:end -->` in docs/performance.md is
 replaced by figures taken from the newest JSON of each kind under benchmarks/results/ (throughput,
-first output, latency at each rate, each sweep, and the wide groupBy benchmark of `python -m
-benchmarks.wide`; a full run is preferred over a `--quick` one), with links to the files, so no
+first output, latency at each rate, each sweep, the wide groupBy benchmark of `python -m
+benchmarks.wide` and the windowed count of `python -m benchmarks --windowed`; a full run is preferred over a `--quick` one), with links to the files, so no
 figure is typed by hand. A page without the markers is left alone (each benchmark calls this at
 the end of its run). `--check` exits 1 when the section is not what the files say; `--page` and
 `--results` point it at other files (e.g. a copy of the page and a scratch results directory).
@@ -25,7 +25,8 @@ PAGE = REPO / "docs" / "performance.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # The order of the section; latency has one kind per rate ("latency@2000", "latency@20000"),
 # in ascending rate, where "latency" stands.
-KINDS = ["throughput", "first-output", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size", "wide"]
+KINDS = ["throughput", "first-output", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size", "wide",
+         "windowed"]
 
 
 def is_wide(results: dict, path: Path | None = None) -> bool:
@@ -246,6 +247,58 @@ def wide_section(path: Path, results: dict, base: Path) -> list[str]:
     return lines
 
 
+def windowed_check(entry: dict) -> str:
+    """The windowed runs' output check in a cell: exact, or what was wrong (older files: '-')."""
+    if "exact_runs" not in entry:
+        return "-"
+    late = entry.get("late_records")
+    note = f", {late:,.0f} late records" if late else ""
+    if entry["exact_runs"] == entry["ok_runs"]:
+        return f"exact{note}"
+    why = "; ".join(p or "?" for p in entry.get("problems") or [])[:200].replace("|", "/")
+    return f"NOT exact{note}: {why}"
+
+
+def windowed_section(path: Path, results: dict, base: Path) -> list[str]:
+    """benchmarks/windowed.py: a windowed count per currency per minute under a 30 s watermark,
+    txstream exactly-once next to Spark SS's own windowed aggregation and Kafka Streams."""
+    args = results.get("args") or {}
+    inp = results.get("input") or {}
+    labels = results.get("contenders") or {}
+    quick = " (a `--quick` smoke run)" if args.get("quick") else ""
+    lines = [f"**Windowed count** (orders per currency per 1-minute window, 30 s watermark, append mode, "
+             f"`python -m benchmarks --windowed`){quick}: {inp.get('records', args.get('records', 0)):,} orders in "
+             f"{inp.get('partitions', args.get('partitions'))} partitions, {inp.get('event_span_s', 0):,.0f} s of event "
+             f"time, {inp.get('closed_windows', 0)} (window, currency) results closed by the final watermark, "
+             f"{args.get('runs')} round(s), median; {_machine(results)}; {_link(path, base)}.", "",
+             "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MB "
+             "| other work (cores) | txstream vs: records/s | steady | CPU per record | output check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    unavailable = results.get("unavailable") or {}
+    for name, entry in (results.get("summary") or {}).items():
+        label = labels.get(name, name)
+        if name in unavailable:
+            lines.append(f"| {label} | unavailable: {str(unavailable[name]).replace('|', '/')[:160]} | | | | | | | | | |")
+            continue
+        if not entry.get("ok_runs"):
+            why = "; ".join(p or "?" for p in entry.get("problems") or [])[:200].replace("|", "/")
+            lines.append(f"| {label} | failed: {why} | | | | | | | | | |")
+            continue
+        base_row = name == "txstream-windowed"
+        lines.append(f"| {label} | {_n(entry.get('records_per_s'))} | {_n(entry.get('steady_records_per_s'))} | "
+                     f"{_n(entry.get('first_output_s'), '.1f')} | {_n(entry.get('cpu_s_per_m'), ',.0f')} | "
+                     f"{_n(entry.get('peak_rss_mb'))} | {_n(entry.get('foreign_cores'), '.2f')} | "
+                     + " | ".join("1 (baseline)" if base_row else _x(entry.get(f"txstream_vs_{k}"))
+                                  for k in ("records_per_s", "steady_records_per_s", "cpu_s_per_m"))
+                     + f" | {windowed_check(entry)} |")
+    lines += ["", "records/s over wall time (start-up included; Spark SS and Kafka Streams, which run until stopped: "
+              "to the moment their output held every closed window); steady = from the first window emitted to the "
+              "last, start-up left out; txstream vs: txstream's figure / the other's (records/s: > 1 is faster; CPU "
+              "per record: > 1 uses more). Every run's windows are checked against the input's exact counts and "
+              "sums (output check); a run that did not finish shows as failed."]
+    return lines
+
+
 SWEEP_TITLES = {"batch": "Records per batch", "partitions": "Partitions", "record-size": "Record size"}
 
 
@@ -328,6 +381,8 @@ def section(directory: Path = RESULTS, base: Path = PAGE.parent) -> str:
                 out += latency_section(path, results, base)
             elif kind == "wide":
                 out += wide_section(path, results, base)
+            elif kind == "windowed":
+                out += windowed_section(path, results, base)
             elif kind == "first-output":
                 out += first_output_section(path, results, base)
             else:

@@ -11,6 +11,7 @@ import resource
 import shutil
 import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -584,6 +585,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "upstream exactly-once processor does (latency still counts from each record's produce)")
     ap.add_argument("--no-warmup-run", action="store_true",
                     help="throughput table: no uncounted run of the first contender before the rounds")
+    ap.add_argument("--windowed", action="store_true",
+                    help="the windowed count per currency per minute instead (benchmarks/windowed.py; "
+                         "`python -m benchmarks --windowed --help` lists its options)")
     ap.add_argument("--sweep", choices=SWEEPS, default=None,
                     help="side-by-side runs over one parameter: batch (records per batch / transaction), "
                          "partitions, record-size; own results files")
@@ -706,6 +710,11 @@ def seed(ctx: dict, topic: str, records: int, partitions: int, value_size: int |
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--windowed" in argv:   # its own runs, options and files (benchmarks/windowed.py)
+        from benchmarks import windowed
+
+        return windowed.main([a for a in argv if a != "--windowed"])
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     from benchmarks import report

@@ -26,6 +26,9 @@ final class StreamsApp {
 
     static final long STARTED = System.nanoTime();
 
+    /** The running client, for a contender's counts line (e.g. CurrencyWindows' dropped records). */
+    static volatile KafkaStreams current;
+
     static double seconds() {
         return (System.nanoTime() - STARTED) / 1e9;
     }
@@ -62,6 +65,7 @@ final class StreamsApp {
 
     static void run(Topology topology, Properties props, Supplier<String> counts) throws InterruptedException {
         KafkaStreams streams = new KafkaStreams(topology, props);
+        current = streams;
         CountDownLatch finished = new CountDownLatch(1);
         AtomicBoolean stopping = new AtomicBoolean(false);
         AtomicBoolean failed = new AtomicBoolean(false);

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -243,5 +243,46 @@ def test_sliding_windows_close_in_a_batch_with_no_records(bootstrap_servers, mak
         assert (v["start"], v["currency"]) not in got, "a window emitted twice"
         got[(v["start"], v["currency"])] = v["orders"]
     assert got == want
+    report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=driver.settings.app_id)
+    assert report.clean, report.table()
+
+
+def test_session_windows_merge_across_batches(bootstrap_servers, make_topic, run_processor) -> None:
+    """Orders no more than 30 s apart are one session, also when batches cut a session in two;
+    each session is emitted once, when the watermark (10 s behind) passes its end."""
+    from processors.customer_sessions import CustomerSessions
+
+    source, sink, dlq = make_topic("cs-in", partitions=1), make_topic("cs-out", partitions=2), make_topic("cs-dlq")
+    seconds = {"a": [0, 10, 20, 35, 100, 110], "b": [5, 60, 70, 200], "c": [1, 29, 58, 87, 116]}
+    base = list(orders(1))[0]
+    data = sorted(({**base, "id": f"{c}-{t}", "customer_id": c, "amount": 1.0 + t,
+                    "created_at": EPOCH + timedelta(seconds=t)} for c, ts in seconds.items() for t in ts),
+                  key=lambda o: o["created_at"])
+    data.append({**base, "id": "z", "customer_id": "z", "amount": 1.0, "created_at": EPOCH + timedelta(seconds=400)})
+    _seed(bootstrap_servers, source, data)
+    driver = run_processor(CustomerSessions, inputs=[source], output=sink, dead_letter=dlq,
+                           max_records_per_partition=3)   # batches of 3 orders: sessions span batches
+    assert driver.exit_code == 0, driver.lines
+    assert any("sessions" in m or "session" in m for m in driver.events.messages() if m.startswith("protocol"))
+    want = set()
+    for c, ts in seconds.items():
+        start = prev = ts[0]
+        count, amount = 1, 1.0 + ts[0]
+        for t in ts[1:] + [None]:
+            if t is not None and t < prev + 30:
+                prev, count, amount = t, count + 1, amount + 1.0 + t
+                continue
+            want.add((c, start * 1000, (prev + 30) * 1000, count, amount))
+            if t is not None:
+                start = prev = t
+                count, amount = 1, 1.0 + t
+    epoch_ms = round(EPOCH.timestamp() * 1000)
+    got = []
+    for r in read_all(bootstrap_servers, sink):
+        v = json.loads(r.value)
+        start = round(datetime.fromisoformat(v["start"]).timestamp() * 1000) - epoch_ms
+        end = round(datetime.fromisoformat(v["end"]).timestamp() * 1000) - epoch_ms
+        got.append((v["customer_id"], start, end, v["orders"], v["amount"]))
+    assert sorted(got) == sorted(want)    # the last order's session ("z") is still open
     report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=driver.settings.app_id)
     assert report.clean, report.table()

@@ -81,7 +81,8 @@ class StatefulBatches(WideBatches):
 
     def describe(self) -> str:
         d = self.description
-        what = {"aggregate": "running aggregates", "window": "windowed aggregates", "dedup": "deduplication"}[d.kind]
+        what = {"aggregate": "running aggregates", "window": "windowed aggregates", "session": "session windows",
+                "dedup": "deduplication"}[d.kind]
         watermark = f", watermark {d.watermark['column']} - {d.watermark['delay_ms']} ms" if d.watermark else ""
         return (f"protocol: stateful, {what} in {d.output_mode} mode{watermark}, {self.units} state units "
                 f"(changelog {changelog_topic(self.settings.app_id, self.operator)}; docs/state.md)")
@@ -231,7 +232,7 @@ class StatefulBatches(WideBatches):
         done = {i: m for i, m in markers.items() if m.done_through == batch.batch_id and m.merged >= 0}
         d = self.description
         # A hopping window counts a row in each window that holds it: its rows merged exceed the rows read.
-        hopping = bool(d.window and d.window["slide_ms"] < d.window["size_ms"])
+        hopping = bool(d.window and d.window.get("slide_ms", 0) < d.window.get("size_ms", 0))
         return {"state": {"operator": d.operator, "kind": d.kind, "output_mode": d.output_mode,
                           "watermark_ms": batch.watermark_ms, "rows_once": not hopping,
                           "unit_merged": {str(i): m.merged for i, m in sorted(done.items())},

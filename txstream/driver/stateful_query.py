@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 from txstream.errors import TransformError
 from txstream.state import aggregates as aggs
-from txstream.state.operator import AGGREGATE, DEDUP, WINDOW, Aggregate, OperatorDescription
+from txstream.state.operator import AGGREGATE, DEDUP, SESSION, WINDOW, Aggregate, OperatorDescription
 from txstream.task.state_merge import EVENTS, FIRST, LATE, LATE_MS, ROUTE, ROWS, MergeSpec, merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,
@@ -194,16 +194,18 @@ def _second_operator(recorded: Recorded) -> None:
                              "(docs/state.md, 'What is refused')")
 
 
-def _window_of(cols: list) -> tuple[int, str, int, int] | None:
-    """(index, time column, size ms, slide ms) of the `window(...)` among the grouping columns."""
+def _window_of(cols: list) -> tuple[int, str, dict[str, Any]] | None:
+    """(index, kind, spec) of the `window(...)` or `session_window(...)` among the grouping
+    columns: spec {"column", "size_ms", "slide_ms"} or {"column", "gap_ms"}."""
     for i, col in enumerate(cols):
         text = str(col)
-        if "session_window(" in text:
-            raise TransformError("session_window is not supported with state across batches yet "
-                                 "(docs/state.md, 'What is refused'); use window(col, size[, slide])")
+        match = re.search(r"session_window\((.+?), '([^']+)'\)", text)
+        if match:
+            return i, SESSION, {"column": match[1].strip("`"), "gap_ms": duration_ms(match[2])}
         match = re.search(r"window\((.+?), '([^']+)', '([^']+)', '([^']+)'\)", text)
         if match:
-            return i, match[1].strip("`"), duration_ms(match[2]), duration_ms(match[3])
+            return i, WINDOW, {"column": match[1].strip("`"), "size_ms": duration_ms(match[2]),
+                               "slide_ms": duration_ms(match[3])}
     return None
 
 
@@ -272,14 +274,14 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
                              "an aggregation: each result is emitted once, when its window closes. Set output_mode = "
                              "'update' or 'complete' for totals so far, or 'per-batch' to aggregate each batch alone "
                              "(docs/state.md)")
-    kind = WINDOW if window is not None else AGGREGATE
+    kind = window[1] if window is not None else AGGREGATE
     if window is not None and window[0] != 0:
-        raise TransformError("put window(...) first among the groupBy columns")
+        raise TransformError("put window(...) or session_window(...) first among the groupBy columns")
     description = OperatorDescription(
         "agg", kind, context.units, context.output_mode, [n for n in group_names[1 if window else 0:]],
-        aggregates, {"column": window[1], "size_ms": window[2], "slide_ms": window[3]} if window else None,
+        aggregates, window[2] if window else None,
         {"column": watermark[0], "delay_ms": watermark[1]} if watermark else None,
-        aggs.state_schema(aggregates))
+        aggs.session_schema(aggregates) if kind == SESSION else aggs.state_schema(aggregates))
     recorded.description = description
     if context.merge_spec is None:   # describing only (at start): the real aggregation's shape will do
         return real
@@ -287,7 +289,10 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
         ontime, late = _late_split(source, watermark, context.watermark_ms)
         events = F.max(F.col(watermark[0])).alias(EVENTS) if watermark else F.lit(None).cast("timestamp").alias(EVENTS)
         grouped = ontime.groupBy(*cols).agg(*partials, events, F.count(F.lit(1)).alias(ROWS))
-        grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{n}`") for n in group_names]))
+        # A group's sessions live in one state key (they merge across batches): routed by the
+        # group alone; a fixed window is its own key, routed with it.
+        routed = group_names[1:] if kind == SESSION else group_names
+        grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{n}`") for n in routed]) if routed else F.lit(0))
         if late is not None:
             grouped = grouped.unionByName(late, allowMissingColumns=True)
     spec = context.merge_spec(description, group_names, tuple(f"_txs_p{i}" for i in range(len(partials))),

@@ -68,6 +68,31 @@ def state_schema(aggregates: list[Aggregate], event_time: bool = False) -> dict[
     return {"type": "record", "name": "State", "namespace": "txstream.state", "fields": fields}
 
 
+def session_schema(aggregates: list[Aggregate]) -> dict[str, Any]:
+    """A group's open sessions, each its start and end (epoch ms) and its aggregates' state."""
+    session = state_schema(aggregates)
+    session = {"type": "record", "name": "Session", "fields": [
+        {"name": "start", "type": "long"}, {"name": "end", "type": "long"}, *session["fields"]]}
+    return {"type": "record", "name": "Sessions", "namespace": "txstream.state",
+            "fields": [{"name": "sessions", "type": {"type": "array", "items": session}, "default": []}]}
+
+
+def merge_states(aggregates: list[Aggregate], one: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Two accumulators of the same aggregates as one (two sessions that a batch joined)."""
+    partials: list[Any] = []
+    for i, agg in enumerate(aggregates):
+        name = f"a{i}"
+        if agg.function == "avg":
+            partials += [other[name], other[f"{name}n"]]
+        elif agg.function in ("count_distinct", "collect_set"):
+            partials.append([json.loads(v) for v in other[name] or []])
+        elif agg.function == "count":
+            partials.append(other[name])
+        else:
+            partials.append(_loads(other[name]))
+    return merge(aggregates, one, partials)
+
+
 def empty(aggregates: list[Aggregate]) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for i, agg in enumerate(aggregates):

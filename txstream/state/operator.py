@@ -16,6 +16,7 @@ from typing import Any
 
 AGGREGATE = "aggregate"     # groupBy().agg() without a window: running aggregates
 WINDOW = "window"           # groupBy(window(...), ...).agg()
+SESSION = "session"         # groupBy(session_window(...), ...).agg()
 DEDUP = "dedup"             # dropDuplicates / dropDuplicatesWithinWatermark
 
 STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}

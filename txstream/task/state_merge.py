@@ -30,7 +30,7 @@ from txstream.state import aggregates as aggs
 from txstream.state.codec import StateCodec
 from txstream.state.errors import StateStoreError
 from txstream.state.keys import decode_key, encode_key, window_prefix
-from txstream.state.operator import DEDUP, WINDOW, OperatorDescription
+from txstream.state.operator import DEDUP, SESSION, WINDOW, OperatorDescription
 from txstream.state.restore import restore
 from txstream.state.store import StateStore, StoreVersion
 from txstream.state.stores import open_store
@@ -244,6 +244,8 @@ class _Merger:
     def run(self, partials: list[dict]) -> list[dict]:
         if self.spec.description.kind == DEDUP:
             return self._deduplicate(partials)
+        if self.spec.description.kind == SESSION:
+            return self._sessions(partials)
         changed: dict[bytes, dict] = {}
         group_names = self.spec.group_names
         value_names = group_names[1:] if self.windowed else group_names
@@ -276,11 +278,12 @@ class _Merger:
         self.emitted.append(key)
         return self._row(key, state)
 
-    def _row(self, key: bytes, state: dict) -> dict:
-        values, window = decode_key(key, self.windowed)
+    def _row(self, key: bytes, state: dict, windowed: bool | None = None) -> dict:
+        windowed = self.windowed if windowed is None else windowed
+        values, window = decode_key(key, windowed)
         names = self.spec.group_names
         row: dict[str, Any] = {}
-        if self.windowed:
+        if windowed:
             row[names[0]] = {"start": window[0] * 1000, "end": window[1] * 1000}
             names = names[1:]
         for name, value in zip(names, values, strict=True):
@@ -288,6 +291,59 @@ class _Merger:
             row[name] = value * 1000 if pa.types.is_timestamp(typ) and isinstance(value, int) else _typed(value, typ)
         for agg, value in zip(self.aggregates, aggs.final(self.aggregates, state), strict=True):
             row[agg.name] = _typed(value, self.fields.field(agg.name).type)
+        return row
+
+    def _sessions(self, partials: list[dict]) -> list[dict]:
+        """Session windows: each group's open sessions in one state key. A batch's sessions (Spark
+        cut them within the batch) merge with every open session they overlap; a session is
+        closed once the watermark passes its end (last event + gap)."""
+        names, window = self.spec.group_names[1:], self.spec.group_names[0]
+        by_key: dict[bytes, list[dict]] = {}
+        for row in partials:
+            by_key.setdefault(encode_key([row[n] for n in names]), []).append(row)
+        changed: list[tuple[bytes, dict]] = []
+        for key, rows in sorted(by_key.items()):
+            stored = self.store.get(key)
+            sessions = self.codec.decode(stored)["sessions"] if stored is not None else []
+            for row in sorted(rows, key=lambda r: _ms(r[window]["start"])):
+                start, end = _ms(row[window]["start"]), _ms(row[window]["end"])
+                state = aggs.merge(self.aggregates, aggs.empty(self.aggregates),
+                                   [_plain(row[n]) for n in self.spec.partial_names])
+                joined = [s for s in sessions if s["start"] < end and start < s["end"]]
+                for other in joined:
+                    state = aggs.merge_states(self.aggregates, state, other)
+                    start, end = min(start, other["start"]), max(end, other["end"])
+                sessions = [s for s in sessions if s not in joined] + [{**state, "start": start, "end": end}]
+            sessions.sort(key=lambda s: s["start"])
+            self.store.put(key, self.codec.encode({"sessions": sessions}))
+            changed += [(key, s) for s in sessions if any(
+                _ms(r[window]["start"]) >= s["start"] and _ms(r[window]["end"]) <= s["end"] for r in rows)]
+        out: list[dict] = []
+        if self.mode == "update":
+            out += [self._session_row(key, s) for key, s in changed]
+        for key, value in list(self.store.scan()):
+            sessions = self.codec.decode(value)["sessions"]
+            if self.mode == "complete":
+                out += [self._session_row(key, s) for s in sessions]
+                continue
+            if self.watermark is None:
+                continue
+            closed = [s for s in sessions if s["end"] <= self.watermark]
+            if not closed:
+                continue
+            if self.mode == "append":
+                out += [self._session_row(key, s) for s in closed]
+            kept = [s for s in sessions if s["end"] > self.watermark]
+            if kept:
+                self.store.put(key, self.codec.encode({"sessions": kept}))
+            else:
+                self.store.delete(key)
+        return out
+
+    def _session_row(self, key: bytes, session: dict) -> dict:
+        values, _ = decode_key(key, False)
+        self.emitted.append(encode_key(values, (session["start"], session["end"])))
+        row = self._row(encode_key(values, (session["start"], session["end"])), session, windowed=True)
         return row
 
     def _deduplicate(self, partials: list[dict]) -> list[dict]:

@@ -170,7 +170,7 @@ class WideAudit:
             state = facts.get((app or default_app, batch))
             if state is None:
                 continue
-            mode, windowed = state["output_mode"], state["kind"] == "window"
+            mode, windowed = state["output_mode"], state["kind"] in ("window", "session")
             slot = (app, key) if mode == "append" else (app, key, batch)
             seen.setdefault(slot, []).append(batch)
             watermark = state.get("watermark_ms")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -286,3 +286,38 @@ def test_session_windows_merge_across_batches(bootstrap_servers, make_topic, run
     assert sorted(got) == sorted(want)    # the last order's session ("z") is still open
     report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=driver.settings.app_id)
     assert report.clean, report.table()
+
+
+def test_an_idle_streams_watermark_follows_the_clock_when_asked(bootstrap_servers, make_topic, spark) -> None:
+    """watermark_idle_s: once the input is quiet that long, the watermark follows wall-clock time
+    less the delay, and the window the last orders were in closes without a newer order."""
+    from tests.support.running import DriverThread, resolve_settings
+    from tests.support.waiting import wait_until
+
+    source, sink, dlq = make_topic("id-in", partitions=1), make_topic("id-out", partitions=1), make_topic("id-dlq")
+    now = datetime.now(timezone.utc) - timedelta(seconds=8)
+    data = [dict(o, created_at=now) for o in orders(20)]
+    _seed(bootstrap_servers, source, data)
+    from pyspark.sql import functions as F
+
+    class FiveSecondWindows(OrdersPerCurrency):
+        def transform(self, batch):
+            w = (batch.select("value.created_at", "value.currency", "value.amount")
+                 .withWatermark("created_at", "1 second")
+                 .groupBy(F.window("created_at", "5 seconds"), "currency")
+                 .agg(F.count("*").alias("orders"), F.sum("amount").alias("amount")))
+            return w.select(F.col("currency").cast("binary").alias("key"), F.struct(
+                F.col("window.start").alias("start"), F.col("window.end").alias("end"), "currency", "orders",
+                "amount").alias("value"))
+
+    settings = resolve_settings(FiveSecondWindows, bootstrap_servers, inputs=[source], output=sink, dead_letter=dlq,
+                                watermark_idle_s=1.0)
+    thread = DriverThread(settings, spark).start()
+    try:
+        # `now`'s 5-second window has ended (5 s ago); the clock's watermark passes it 1 s later.
+        assert wait_until(lambda: read_all(bootstrap_servers, sink, timeout=10, settle=0.5), 90,
+                          "the quiet window emitted", every=1.0), thread.lines[-5:]
+    finally:
+        assert thread.stop() == 0, thread.outcome
+    got = [WINDOW.decode(r.value) for r in read_all(bootstrap_servers, sink)]
+    assert sum(v["orders"] for v in got) == len(data) and all(v["end"] <= datetime.now(timezone.utc) for v in got)

@@ -47,6 +47,9 @@ class Processor:
     # Streaming (None: its default, append, when the transform is stateful); "per-batch": each
     # batch aggregated (or deduplicated) alone.
     output_mode: ClassVar[str | None] = None
+    # Opt-in: after this many seconds without input the watermark follows wall-clock time less
+    # the delay, so quiet windows close (event times must be near wall-clock time).
+    watermark_idle_s: ClassVar[float | None] = None
     # Output (a row's `topic`, output_topic or dead_letter_topic) that names an input topic feeds
     # the run its own output: refused unless set, since the usual cause is a transform that kept
     # the input's `topic` column.

@@ -66,6 +66,9 @@ class RunSettings:
     # append | update | complete: state across batches; per-batch: an aggregation sees its batch
     # alone; None: Structured Streaming's default (append) for a stateful transform (docs/state.md)
     output_mode: str | None = None
+    # Seconds without input after which the watermark follows wall-clock time (less the delay),
+    # so an idle stream's windows close; None: only event time moves it (docs/state.md).
+    watermark_idle_s: float | None = None
     allow_output_to_input_topics: bool = False   # a topic both read and written: a loop, accepted knowingly
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
@@ -210,6 +213,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     extra["allow_nondeterministic"] = bool(extra.get("allow_nondeterministic")) or cls.allow_nondeterministic
     check_wide_settings(extra["wide_mode"], extra["output_units"])
     extra["output_mode"] = extra.get("output_mode") or cls.output_mode
+    extra["watermark_idle_s"] = extra.get("watermark_idle_s") or cls.watermark_idle_s
     if extra["output_mode"] is not None and extra["output_mode"] not in OUTPUT_MODES:
         raise SettingsError(f"output mode must be one of {', '.join(OUTPUT_MODES)}, got {extra['output_mode']!r}")
     extra["task_slots"] = extra.get("task_slots") or cls.task_slots

@@ -75,6 +75,10 @@ def main() -> None:
 @click.option("--output-mode", type=click.Choice(["append", "update", "complete", "per-batch"]), default=None,
               help="How an aggregation or deduplication emits: as Structured Streaming's output modes, with state "
                    "across batches, or per batch alone (docs/state.md) [default: the processor's, else append].")
+@click.option("--watermark-idle", "watermark_idle_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="After this long without input, the watermark follows wall-clock time less its "
+                                      "delay, so an idle stream's windows close (docs/state.md) [default: the "
+                                      "processor's watermark_idle_s, else never].")
 @click.option("--output-units", type=click.IntRange(min=1), default=None,
               help="K, the output units of a wide transform [default: the number of input partitions].")
 @click.option("--task-slots", type=click.IntRange(min=1), default=None,
@@ -100,7 +104,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
         metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str, spark_logs: bool,
-        wide_mode: str | None, output_mode: str | None, output_units: int | None,
+        wide_mode: str | None, output_mode: str | None, watermark_idle_s: float | None, output_units: int | None,
         allow_nondeterministic: bool | None,
         task_slots: int | None, producers_per_slot: int | None, first_batch_records: int | None,
         timeout: float) -> None:
@@ -131,7 +135,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             until_caught_up=until_caught_up, max_batches=max_batches, quiet=quiet,
             batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
             metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
-            wide_mode=wide_mode, output_mode=output_mode, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
+            wide_mode=wide_mode, output_mode=output_mode,
+            watermark_idle_s=watermark_idle_s, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
             task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records)
         # Human lines are for the terminal (stderr); JSON events are the run's output, for a pipe.
         as_json = log_format != "human"

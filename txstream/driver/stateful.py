@@ -20,6 +20,7 @@ A batch runs as a wide batch (plan log, K units, close). What it adds:
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from dataclasses import replace
 from typing import Any, Callable
@@ -74,6 +75,7 @@ class StatefulBatches(WideBatches):
         self.description = description
         self.store_kind = "rocksdb"
         self._checked_shape = False
+        self._idle_since: float | None = None   # monotonic: when planning last found no input
 
     @property
     def operator(self) -> str:
@@ -169,7 +171,8 @@ class StatefulBatches(WideBatches):
 
     # -- planning ---------------------------------------------------------------------------------
 
-    def _next_watermark(self, log: dict[tuple[str, int], LoggedPartition], markers: dict) -> int | None:
+    def _next_watermark(self, log: dict[tuple[str, int], LoggedPartition], markers: dict,
+                        clock: bool = True) -> int | None:
         watermark = self.description.watermark
         if watermark is None:
             return None
@@ -177,6 +180,10 @@ class StatefulBatches(WideBatches):
         events = max((m.events for m in markers.values() if m.events is not None), default=None)
         candidate = events - watermark["delay_ms"] if events is not None else None
         known = [w for w in (last, candidate) if w is not None]
+        idle_s = self.settings.watermark_idle_s
+        if clock and idle_s is not None and self._idle_since is not None and time.monotonic() - self._idle_since >= idle_s:
+            # Opt-in: an idle stream's watermark follows wall-clock time, so quiet windows close.
+            known.append(int(time.time() * 1000) - watermark["delay_ms"])
         return max(known) if known else None
 
     def owes_batch(self, owned: list[TopicPartition]) -> bool:
@@ -187,12 +194,22 @@ class StatefulBatches(WideBatches):
             return False
         log = self.read_log(owned)
         markers = read_markers(self.settings.clients, self.settings.app_id, self.units)
-        last, following = last_watermark(log), self._next_watermark(log, markers)
-        return following is not None and (last is None or following > last)
+        last = last_watermark(log)
+        by_events = self._next_watermark(log, markers, clock=False)
+        if by_events is not None and (last is None or by_events > last):
+            return True
+        # Wall-clock time (opt-in, idle stream): a batch with no records each watermark_idle_s at most.
+        by_clock = self._next_watermark(log, markers)
+        step = (self.settings.watermark_idle_s or 0) * 1000
+        return by_clock is not None and by_clock != by_events and (last is None or by_clock >= last + step)
 
     def next_plans(self, planner: Planner, owned: list[TopicPartition],
                    committed: dict[tuple[str, int], int | None], cap: int) -> list[PartitionPlan]:
         plans = super().next_plans(planner, owned, committed, cap)
+        if plans and any(p.size for p in plans):
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = time.monotonic()
         if plans or not self.owes_batch(owned):
             return plans
         log = self.read_log(owned)

@@ -321,3 +321,31 @@ def test_an_idle_streams_watermark_follows_the_clock_when_asked(bootstrap_server
         assert thread.stop() == 0, thread.outcome
     got = [WINDOW.decode(r.value) for r in read_all(bootstrap_servers, sink)]
     assert sum(v["orders"] for v in got) == len(data) and all(v["end"] <= datetime.now(timezone.utc) for v in got)
+
+
+def test_distinct_customers_exact_and_approximate(bootstrap_servers, make_topic, run_processor) -> None:
+    """count(DISTINCT) keeps the values seen; approx_count_distinct keeps a mergeable sketch: both
+    over all batches, in update mode."""
+    from pyspark.sql import functions as F
+
+    class DistinctCustomers(RunningTotals):
+        output_value_schema = None
+
+        def transform(self, batch):
+            per_currency = (batch.groupBy(F.col("value.currency").alias("currency"))
+                            .agg(F.countDistinct("value.customer_id").alias("exact"),
+                                 F.approx_count_distinct("value.customer_id").alias("approx")))
+            return per_currency.select(F.col("currency").cast("binary").alias("key"),
+                                       F.to_json(F.struct("exact", "approx")).alias("value"))
+
+    source, sink, dlq = make_topic("dc-in", partitions=2), make_topic("dc-out", partitions=1), make_topic("dc-dlq")
+    data = list(orders(3000))
+    _seed(bootstrap_servers, source, data)
+    driver = run_processor(DistinctCustomers, inputs=[source], output=sink, dead_letter=dlq,
+                           max_records_per_partition=400)
+    assert driver.exit_code == 0, driver.lines
+    last = {r.key.decode(): json.loads(r.value) for r in read_all(bootstrap_servers, sink)}
+    for currency in {o["currency"] for o in data}:
+        exact = len({o["customer_id"] for o in data if o["currency"] == currency})
+        assert last[currency]["exact"] == exact
+        assert last[currency]["approx"] == pytest.approx(exact, rel=0.05)

@@ -259,6 +259,8 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
             partials.append(F.count(column).alias(p))
         elif agg.function == "count_distinct":
             partials.append(F.collect_set(column).alias(p))
+        elif agg.function == "approx_count_distinct":
+            partials.append(F.hll_sketch_agg(column, aggs.SKETCH_LG_K).alias(p))
         elif agg.function == "avg":
             partials.append(F.sum(column.cast("double")).alias(p))
             partials.append(F.count(column).alias(f"_txs_p{len(partials)}"))

@@ -20,7 +20,6 @@ WHY_NOT = {
     "Last": "it keeps whichever row comes last, and across batches that depends on how they were cut",
     "CollectList": "its order follows the shuffle and it grows without bound",
     "CollectSet": "its order follows the shuffle and it grows without bound",
-    "HyperLogLogPlusPlus": "Spark's sketch is not exposed to merge across batches (use count_distinct)",
     "Percentile": "an exact percentile needs every row ever seen",
     "ApproximatePercentile": "its digest is not exposed to merge across batches",
     "StddevSamp": "not merged yet (keep sum, sum of squares and count and derive it)",
@@ -32,7 +31,7 @@ WHY_NOT = {
 
 def refusal(spark_class: str, distinct: bool) -> str | None:
     """Why an aggregate cannot be kept across batches; None when it can."""
-    if spark_class == "Count" or (spark_class in SPARK_FUNCTIONS and not distinct):
+    if spark_class in ("Count", "HyperLogLogPlusPlus") or (spark_class in SPARK_FUNCTIONS and not distinct):
         return None
     if distinct:
         return "only count(DISTINCT ...) is kept across batches among DISTINCT aggregates"
@@ -42,6 +41,8 @@ def refusal(spark_class: str, distinct: bool) -> str | None:
 def function_name(spark_class: str, distinct: bool) -> str:
     if spark_class == "Count" and distinct:
         return "count_distinct"
+    if spark_class == "HyperLogLogPlusPlus":
+        return "approx_count_distinct"
     return SPARK_FUNCTIONS[spark_class]
 
 
@@ -61,6 +62,8 @@ def state_schema(aggregates: list[Aggregate], event_time: bool = False) -> dict[
             fields.append({"name": f"a{i}n", "type": "long", "default": 0})
         elif agg.function in ("count_distinct", "collect_set"):
             fields.append({"name": f"a{i}", "type": {"type": "array", "items": "string"}, "default": []})
+        elif agg.function == "approx_count_distinct":
+            fields.append({"name": f"a{i}", "type": _nullable("bytes"), "default": None})   # an HLL sketch
         else:   # sum, min, max
             fields.append({"name": f"a{i}", "type": _nullable("string"), "default": None})
     if event_time:
@@ -86,7 +89,7 @@ def merge_states(aggregates: list[Aggregate], one: dict[str, Any], other: dict[s
             partials += [other[name], other[f"{name}n"]]
         elif agg.function in ("count_distinct", "collect_set"):
             partials.append([json.loads(v) for v in other[name] or []])
-        elif agg.function == "count":
+        elif agg.function in ("count", "approx_count_distinct"):
             partials.append(other[name])
         else:
             partials.append(_loads(other[name]))
@@ -105,6 +108,31 @@ def empty(aggregates: list[Aggregate]) -> dict[str, Any]:
         else:
             row[f"a{i}"] = None
     return row
+
+
+# approx_count_distinct: Spark computes a batch's Apache DataSketches HLL sketch per group
+# (hll_sketch_agg); the state keeps the union, whose estimate is emitted. Spark's own HLL++ is not
+# exposed to merge, and DataSketches' is the same library on both sides.
+SKETCH_LG_K = 12   # 4,096 buckets: about 1.6% relative error
+
+
+def _union(current: bytes | None, sketch: bytes) -> bytes:
+    from datasketches import hll_sketch, hll_union
+
+    if current is None:
+        return sketch
+    union = hll_union(SKETCH_LG_K)
+    union.update(hll_sketch.deserialize(current))
+    union.update(hll_sketch.deserialize(sketch))
+    return bytes(union.get_result().serialize_compact())
+
+
+def _estimate(sketch: bytes | None) -> int:
+    if sketch is None:
+        return 0
+    from datasketches import hll_sketch
+
+    return round(hll_sketch.deserialize(sketch).get_estimate())
 
 
 def _loads(text: str | None) -> Any:
@@ -131,6 +159,9 @@ def merge(aggregates: list[Aggregate], state: dict[str, Any], partials: list[Any
             if value is not None:
                 out[name] = (out[name] or 0.0) + value
             out[f"{name}n"] = (out[f"{name}n"] or 0) + (count or 0)
+        elif agg.function == "approx_count_distinct":
+            if value is not None:
+                out[name] = _union(out[name], bytes(value))
         elif agg.function in ("count_distinct", "collect_set"):
             if value:
                 seen = set(out[name] or [])
@@ -167,6 +198,8 @@ def final(aggregates: list[Aggregate], state: dict[str, Any]) -> list[Any]:
             values.append(state[name] / n if n and state[name] is not None else None)
         elif agg.function == "count_distinct":
             values.append(len(state[name] or []))
+        elif agg.function == "approx_count_distinct":
+            values.append(_estimate(state[name]))
         elif agg.function == "collect_set":
             values.append([json.loads(v) for v in state[name] or []])
         else:

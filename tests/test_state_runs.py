@@ -146,6 +146,7 @@ def test_windows_in_append_mode_emit_each_closed_window_once_and_route_late_orde
     assert report.clean, report.table()
     assert len(report.wide.emissions) == len(got) and report.wide.state_batches >= 3
     assert report.wide.state_reconciled == report.wide.state_batches, report.table()
+    assert report.wide.changelogs_checked == 1
     # A window published again (what a second commit of its unit would leave) is caught.
     from confluent_kafka import Producer
 

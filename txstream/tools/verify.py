@@ -32,7 +32,7 @@ from txstream.kafka import headers as hdr
 from txstream.kafka.config import KafkaClients, as_clients
 from txstream.kafka.offsets import admin_client, cluster_topics, committed_offsets, list_offsets, watermarks
 from txstream.kafka.scan import scan
-from txstream.tools.verify_wide import MARKERS_SUFFIX, WideAudit
+from txstream.tools.verify_wide import MARKERS_SUFFIX, WideAudit, changelog_problems
 
 SAMPLES = 20  # offsets listed per partition and problem kind; counts are always complete
 # Big fetches: an audit reads whole topics.
@@ -441,6 +441,13 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
     if wide.records or wide.batches:
         wide.finish(visible, dead_offsets, {k: r.end for k, r in rows.items()}, app_id)
         report.wide = wide
+        operators = {(r["state"]["operator"], int(r["units"])) for (a, _b), rs in wide.batches.items()
+                     if a == app_id for r in rs if r.get("state")}
+        for operator, units in sorted(operators):
+            _read_units, problems = changelog_problems(clients, app_id, operator, units, timeout)
+            wide.changelogs_checked += 1
+            for problem in problems:
+                wide.problem(problem)
 
     for key, row in rows.items():
         row.duplicates = len(dup[key]) + repeated_without_offset[key]

@@ -57,6 +57,7 @@ class WideAudit:
     emissions: list[tuple[str | None, int, int, bytes]] = field(default_factory=list)
     state_batches: int = 0             # batches whose state facts were checked
     state_reconciled: int = 0          # ... whose rows merged + late + dead letters = rows read
+    changelogs_checked: int = 0        # stateful operators whose changelog was checked against the markers
     problems: list[str] = field(default_factory=list)
     problem_count: int = 0
     pending_batches: list[str] = field(default_factory=list)
@@ -110,6 +111,9 @@ class WideAudit:
         """Only the batch records `keep(app, batch, record)` accepts (those inside the snapshot)."""
         self.batches = {k: kept for k, records in self.batches.items()
                         if (kept := [r for r in records if keep(k[0], k[1], r)])}
+
+    def problem(self, text: str) -> None:
+        self._problem(text)
 
     def _problem(self, text: str) -> None:
         self.problem_count += 1
@@ -269,7 +273,8 @@ class WideAudit:
         if self.state_batches:
             out.append(f"state: {len(self.emissions)} emission(s) named their state key; {self.state_batches} "
                        f"batch(es) checked, {self.state_reconciled} with rows merged + late + dead-lettered = rows "
-                       "read (fewer: the transform filters before its stateful operator)")
+                       "read (fewer: the transform filters before its stateful operator); "
+                       f"{self.changelogs_checked} changelog(s) checked against the markers")
         if self.replays:
             out.append(f"wide output: {len(self.replays)} replayed batch(es) (input read again after an offsets "
                        f"reset: not duplicates): {'; '.join(self.replays[:5])}")
@@ -289,6 +294,35 @@ class WideAudit:
                 "state_emissions": len(self.emissions), "state_batches": self.state_batches,
                 "state_reconciled": self.state_reconciled,
                 "clean": self.clean}
+
+
+def changelog_problems(clients: Any, app: str, operator: str, units: int, timeout: float) -> tuple[int, list[str]]:
+    """The changelog consistent with the markers (docs/state.md, "The invariant"): no unit's
+    changelog holds a record of a batch its marker does not name as published. Returns the
+    records read and the problems."""
+    from txstream.state import partition
+    from txstream.state.changelog import HeaderReader, changelog_topic
+    from txstream.task.units import read_markers
+
+    topic = changelog_topic(app, operator)
+    markers = read_markers(clients, app, units, timeout)
+    problems: list[str] = []
+    seen = {"records": 0}
+    with partition.reader(clients, app) as reader:
+        for unit in range(units):
+            headers, newest = HeaderReader(operator, unit, topic), [0]
+
+            def take(records: list, headers: HeaderReader = headers, newest: list = newest) -> None:
+                seen["records"] += len(records)
+                newest[0] = max([newest[0], *(headers.batch_of(r) for r in records)])
+
+            low, _high = partition.bounds(reader, topic, unit, timeout)
+            partition.read_to_end(reader, topic, unit, low, take, timeout)
+            done = markers[unit].done_through
+            if newest[0] > done:
+                problems.append(f"{topic}[{unit}] holds records of batch {newest[0]}, but unit {unit}'s marker says "
+                                f"it published batch {done} last: state ahead of its marker")
+    return seen["records"], problems
 
 
 def _name(app: str | None, batch: int) -> str:

@@ -17,20 +17,21 @@ from tests.chaos import harness as h
 from tests.support.kafka import read_all
 from tests.support.running import App
 from tests.support.seeding import seed_numbered
-from tests.support.state_processors import EVENT_MS, running_totals_check, windows_check
+from tests.support.state_processors import EVENT_MS, dedup_check, running_totals_check, windows_check
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.chaos
 PARTITIONS = 4
 TOTALS = "tests/support/state_processors.py:BucketRunningTotals"
 WINDOWS = "tests/support/state_processors.py:BucketWindows"
+PROCESSORS = {"windows": WINDOWS, "dedup": "tests/support/state_processors.py:NumberDedup"}
 EXTRA = ["--output-units", "3", "-X", "consumer.session.timeout.ms=6000"]
 FAULTS = ("driver.after_plan_log=kill@2,publish.before_commit=kill@4,publish.after_commit=kill@9,"
           "driver.before_close=kill@5,publish.mid_produce=raise@14")
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("processor", ["totals", "windows", "restore-and-snapshot"])
+@pytest.mark.parametrize("processor", ["totals", "windows", "dedup", "restore-and-snapshot"])
 def test_state_kills_at_each_dangerous_point(bootstrap_servers, make_topic, processor) -> None:
     """Each fault fires once, on its n-th occurrence over all runs. `restore-and-snapshot`: a
     snapshot is due every 10 changelog records, and runs are killed in the middle of a
@@ -38,17 +39,19 @@ def test_state_kills_at_each_dangerous_point(bootstrap_servers, make_topic, proc
     records = h.scale(24_000, 200_000)
     source, sink, dlq = make_topic("sc-in", PARTITIONS), make_topic("sc-out", 3), make_topic("sc-dlq")
     seed_numbered(bootstrap_servers, source, PARTITIONS, records)
+    if processor == "dedup":   # every number again, a little later in each partition: retried sends
+        seed_numbered(bootstrap_servers, source, PARTITIONS, records)
     faults, env = FAULTS, {}
     if processor == "restore-and-snapshot":
         faults = "state.before_snapshot_commit=kill@2,state.mid_restore=kill@6,publish.after_commit=kill@12"
         env = {"TXSTREAM_STATE_SNAPSHOT_EVERY": "10"}
-    app = App(bootstrap_servers, source, sink, PARTITIONS, processor=WINDOWS if processor == "windows" else TOTALS,
+    app = App(bootstrap_servers, source, sink, PARTITIONS, processor=PROCESSORS.get(processor, TOTALS),
               cap=h.scale(1_000, 5_000), extra=[*EXTRA, "--dead-letter-topic", dlq], faults=faults, env_extra=env)
     began = time.monotonic()
     try:
         codes = app.until_done(8)
         assert codes.count(0) == 1 and len(codes) >= 4, f"exit codes {codes}: not every kill fired"
-        _check(bootstrap_servers, app, dlq, records, "windows" if processor == "windows" else "totals",
+        _check(bootstrap_servers, app, dlq, records, processor if processor in PROCESSORS else "totals",
                f"{processor} faults (exits {codes})", began)
         app.passed()
     finally:
@@ -96,6 +99,9 @@ def _check(bootstrap: str, app: App, dlq: str, records: int, processor: str, wha
     if processor == "totals":
         problems = running_totals_check(out, range(records))
         late = []
+    elif processor == "dedup":
+        late = read_all(bootstrap, dlq, timeout=120)
+        problems = dedup_check(out, late, range(records))
     else:
         late = read_all(bootstrap, dlq, timeout=120)
         assert all(r.headers["txstream.dlq.stage"] == b"late" for r in late)

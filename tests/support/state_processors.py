@@ -44,6 +44,28 @@ class BucketWindows(Processor):
             F.unix_millis(F.col("window.start")).alias("start"), "bucket", "count", "sum")).alias("value"))
 
 
+class NumberDedup(Processor):
+    """Each number once, whatever copies of it the input holds (dropDuplicatesWithinWatermark on
+    n, event time n * 10 ms, a 1-hour watermark: every copy arrives within it, batches later)."""
+
+    output_mode = "append"
+
+    def transform(self, batch):
+        rows = batch.select(_n().alias("n")).select("n", F.timestamp_millis(F.col("n") * EVENT_MS).alias("ts"))
+        unique = rows.withWatermark("ts", "1 hour").dropDuplicatesWithinWatermark(["n"])
+        return unique.select(F.col("n").cast("string").alias("key"), F.col("n").cast("string").alias("value"))
+
+
+def dedup_check(records: list, late: list, numbers: range) -> list[str]:
+    """Problems with a NumberDedup output: every number exactly once, in the output or (late) in
+    the dead-letter topic."""
+    seen = Counter(int(r.value) for r in records)
+    late_numbers = Counter(json.loads(r.value)["n"] for r in late)
+    problems = [f"{n} emitted {c} times" for n, c in seen.items() if c > 1]
+    problems += [f"{n} missing" for n in numbers if n not in seen and n not in late_numbers][:20]
+    return problems
+
+
 def running_totals_check(records: list, numbers: range) -> list[str]:
     """Problems with a BucketRunningTotals output: per bucket, the updates a read_committed reader
     sees must strictly increase and the last must equal the exact total."""

@@ -20,22 +20,33 @@ from txstream.task.spec import PartitionPlan
 def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pacing: Pacing, admin: Any,
                     topic_partitions: dict[str, int], echo: Callable[[str], None]) -> BatchProtocol:
     """Refuse an unpublishable output before anything is read (the transform's output checked),
-    and choose the protocol from the physical plan, said in the run's first lines."""
+    and choose the protocol from the physical plan, said in the run's first lines. The transform
+    is applied while its stateful calls are recorded (driver/stateful_query.py): a stateful
+    operator, or an output mode, chooses the stateful protocol."""
     s = settings
     s.processor.batch_timestamp = datetime.now(timezone.utc)
-    if s.output_mode != "per-batch":
-        stateful = _stateful(settings, specs, jobs, admin, topic_partitions, echo)
-        if stateful is not None:
-            return stateful
-    first = first_job(jobs, s, topic_partitions)
-    if first is not None:
-        frame = first.out
+    topic = s.input_topics[0]
+    # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even for
+    # groupBy, and the check below would miss a wide transform.
+    dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
+
+    def build(recorded: Any = None) -> tuple[Any, Any]:
+        first = first_job(jobs, s, topic_partitions)
+        if first is not None:
+            return first, first.out
+        if recorded is not None:
+            recorded.description = None   # what a failed first job recorded: the dry frame records again
+        return None, jobs.output_frame(0, dry)
+
+    if s.output_mode == "per-batch":
+        first, frame = build()
     else:
-        topic = s.input_topics[0]
-        # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even
-        # for groupBy, and the check below would miss a wide transform.
-        dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
-        frame = jobs.output_frame(0, dry)
+        from txstream.driver.stateful import describe_operator
+
+        units = s.output_units or sum(topic_partitions.values()) or 1
+        description, (first, frame) = describe_operator(s, units, build)
+        if description is not None:
+            return _stateful(settings, specs, jobs, admin, topic_partitions, echo, description, frame)
     parts = wide_parts(frame)
     protocol: BatchProtocol
     if not parts:
@@ -56,25 +67,17 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
 
 
 def _stateful(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: Any,
-              topic_partitions: dict[str, int], echo: Callable[[str], None]) -> BatchProtocol | None:
-    """State across batches (docs/state.md): the wide protocol whose units keep the state; None
-    when the transform has no stateful operator and no output mode asks for one."""
-    from txstream.driver.stateful import StatefulBatches, describe_operator
+              topic_partitions: dict[str, int], echo: Callable[[str], None], description: Any,
+              frame: Any) -> BatchProtocol:
+    """State across batches (docs/state.md): the wide protocol whose units keep the state."""
+    from txstream.driver.determinism import check_deterministic
+    from txstream.driver.stateful import StatefulBatches
 
     s = settings
-    inputs = sum(topic_partitions.values())
-    units = s.output_units or inputs or 1
-    topic = s.input_topics[0]
-    dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
-    description, frame = describe_operator(s, units, jobs, dry)
-    if description is None:
-        return None
-    from txstream.driver.determinism import check_deterministic
-
     # A unit's replay must merge the same partials: the state, like the output, depends on it.
     for part in check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
                                     s.allow_nondeterministic):
         echo(f"warning: not deterministic (allowed): {part}")
-    protocol = StatefulBatches(s, specs, jobs, admin, inputs, echo, description)
+    protocol = StatefulBatches(s, specs, jobs, admin, sum(topic_partitions.values()), echo, description)
     echo(protocol.describe())
     return protocol

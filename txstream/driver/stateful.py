@@ -48,21 +48,21 @@ class StateChangedError(UserError):
     """The transform's stateful operator differs from the one whose state is kept."""
 
 
-def describe_operator(settings: RunSettings, units: int, jobs: SparkJobs,
-                      plans: list[PartitionPlan]) -> tuple[OperatorDescription | None, Any]:
-    """The transform's stateful operator, run once over `plans` (empty ranges) at start, and the
-    transform's output as Spark alone would compute it (for the determinism check); None when
-    it has none and no output mode was asked for."""
+def describe_operator(settings: RunSettings, units: int, build: Callable[[], Any]) -> tuple[OperatorDescription | None, Any]:
+    """The transform's stateful operator, recorded while `build()` applies the transform at start
+    (the run's first job or a dry frame: the transform is applied no more often than without
+    state), and what `build()` returned (its frame is what Spark alone would compute, for the
+    determinism check); None when it has none and no output mode was asked for."""
     context = BatchContext(settings.app_id, units, settings.output_mode or "append")
     with recording(context) as recorded:
-        frame = jobs.output_frame(0, plans)
+        built = build(recorded)
     if recorded.description is None and settings.output_mode is None:
-        return None, frame
+        return None, built
     if recorded.description is None:
         raise TransformError(
             f"output_mode is {settings.output_mode!r} but the transform has no stateful operator (groupBy().agg(), "
             "dropDuplicates or dropDuplicatesWithinWatermark): remove output_mode for a per-batch transform")
-    return recorded.description, frame
+    return recorded.description, built
 
 
 class StatefulBatches(WideBatches):

@@ -151,9 +151,20 @@ def restore_child(bootstrap: str, app: str, keys: int, store_kind: str, workdir:
     store.load = timed("store", store.load)      # every snapshot chunk and tail fetch goes through it
     snapshot_module.snapshot_rows = timed("decode", snapshot_module.snapshot_rows)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    profiler = None
+    if os.environ.get("TXSTREAM_BENCH_PROFILE"):    # where the wall time goes, to stderr
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     started = time.perf_counter()
     report = restore(clients, app, OPERATOR, 0, store, Marker(3), timeout=600)
     seconds = time.perf_counter() - started
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     rss1 = rss_bytes()
     codec = StateCodec(STATE_SCHEMA)
@@ -176,6 +187,7 @@ def restore_child(bootstrap: str, app: str, keys: int, store_kind: str, workdir:
             "records_per_s": round(records / seconds), "store_load_s": round(spent["store"], 2),
             "chunk_decode_s": round(spent["decode"], 2), "fetch_and_python_s": round(other, 2),
             "cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
+            "keys_per_cpu_s": round(keys / max(1e-3, cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime)),
             "memory_bytes_per_key": round((rss1 - rss0) / keys, 1),
             "disk_bytes_per_key": round(disk / keys, 1) if disk else None,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
@@ -186,6 +198,8 @@ def run_child(bootstrap: str, app: str, keys: int, store_kind: str, workdir: str
                "--app", app, "--keys", str(keys), "--workdir", workdir]
     load0 = os.getloadavg()[0]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600)
+    if os.environ.get("TXSTREAM_BENCH_PROFILE"):
+        log(done.stderr[-6000:])
     lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
     if done.returncode or not lines:
         return {"store": store_kind, "keys": keys, "ok": False,
@@ -253,17 +267,17 @@ def markdown(meta: dict, sizes: list[dict]) -> str:
              f"at start, {hw.get('loadavg_at_end', [0])[0]:.2f} at end. Started {meta['started_at']}; git "
              f"{meta.get('git_at_start')}.", "",
              "| keys | store | restore s | keys/s | records/s | vs goal | store load s | chunk decode s | "
-             "fetch + Python s | CPU s | memory B/key | disk B/key | snapshot B/key (Kafka) | load before/after | check |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "fetch + Python s | CPU s | keys per CPU s | memory B/key | disk B/key | snapshot B/key (Kafka) | load before/after | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
         for r in size["runs"]:
             if not r.get("seconds"):
                 lines.append(f"| {size['keys']:,} | {r['store']} | failed: {'; '.join(r['problems'])[:300]} "
-                             "| | | | | | | | | | | | |")
+                             "| | | | | | | | | | | | | |")
                 continue
             lines.append(f"| {size['keys']:,} | {r['store']} | {r['seconds']:.1f} | {r['keys_per_s']:,} | "
                          f"{r['records_per_s']:,} | {r['keys_per_s'] / GOAL_KEYS_PER_S:.2f}x | {r['store_load_s']} | "
-                         f"{r['chunk_decode_s']} | {r['fetch_and_python_s']} | {r['cpu_s']} | "
+                         f"{r['chunk_decode_s']} | {r['fetch_and_python_s']} | {r['cpu_s']} | {r.get('keys_per_cpu_s', 0):,} | "
                          f"{r['memory_bytes_per_key']} | {r['disk_bytes_per_key'] or '-'} | "
                          f"{size['seed']['snapshot_bytes_per_key']} | {r['loadavg_before']}/{r['loadavg_after']} | "
                          f"{'exact' if r['ok'] else '; '.join(r['problems'])} |")
@@ -275,7 +289,9 @@ def markdown(meta: dict, sizes: list[dict]) -> str:
     lines += ["", "keys/s = the state's keys / restore seconds (find the snapshot, load it, read the tail); records/s "
               "counts the tail's records too. store load = the store's `load` (RocksDB: one write batch per snapshot "
               "chunk or fetch); chunk decode = Arrow IPC to key and value lists; fetch + Python = the rest (the "
-              "consumer's fetches, header checks, lists per fetch). memory = the restoring process's resident-set "
+              "consumer's fetches, header checks, lists per fetch, and waiting for a core). keys per CPU s = the state's "
+              "keys / the restoring process's CPU seconds (its librdkafka threads included, the broker's not): the "
+              "rate the restore would reach on a core of its own. memory = the restoring process's resident-set "
               "growth per key; disk = the RocksDB directory after close.", ""]
     return "\n".join(lines)
 

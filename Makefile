@@ -58,7 +58,8 @@ soak: kafka-jars spark-archive
 # (at 200,000, Spark's start-up is most of a txstream run). BENCH_ARGS goes to the throughput table
 # and wins over those (e.g. BENCH_ARGS="--records 200000 --runs 3"),
 # LATENCY_ARGS to both latency runs, SWEEP_ARGS to the three sweeps, WIDE_ARGS to the wide benchmark,
-# WINDOWED_ARGS to the windowed count (1,000,000 orders, 2 rounds; issue 52's first benchmark).
+# WINDOWED_ARGS to the windowed count (1,000,000 orders, 2 rounds; issue 52's first benchmark),
+# RESTORE_ARGS to the state restore (1 and 10 million keys into each store; 50 million extrapolated).
 # About an hour and a half on the 2-core machine the results come from.
 bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --records 1000000 --runs 2 $(BENCH_ARGS)
@@ -72,6 +73,7 @@ bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --sweep record-size $(SWEEP_ARGS)
 	$(PY) -m benchmarks.wide $(WIDE_ARGS)
 	$(PY) -m benchmarks --windowed --records 1000000 $(WINDOWED_ARGS)
+	$(PY) -m benchmarks.restore $(RESTORE_ARGS)
 
 # The same steps at smoke sizes, to check the plumbing (files named -quick; docs/performance.md
 # prefers a full run's files when there are any): 20000 records and 1 run per table and sweep point, two points per
@@ -89,6 +91,7 @@ bench-quick: kafka-jars spark-archive
 	$(PY) -m benchmarks --sweep record-size --quick --value-sizes 100,10000 --max-input-mb 30 $(SWEEP_ARGS)
 	$(PY) -m benchmarks.wide --quick $(WIDE_ARGS)
 	$(PY) -m benchmarks --windowed --quick $(WINDOWED_ARGS)
+	$(PY) -m benchmarks.restore --quick $(RESTORE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -3,7 +3,8 @@
 Everything between `<!-- bench:start -->` and `<!-- bench:end -->` in docs/performance.md is
 replaced by figures taken from the newest JSON of each kind under benchmarks/results/ (throughput,
 first output, latency at each rate, each sweep, the wide groupBy benchmark of `python -m
-benchmarks.wide` and the windowed count of `python -m benchmarks --windowed`; a full run is preferred over a `--quick` one), with links to the files, so no
+benchmarks.wide`, the windowed count of `python -m benchmarks --windowed` and the state restore of
+`python -m benchmarks.restore`; a full run is preferred over a `--quick` one), with links to the files, so no
 figure is typed by hand. A page without the markers is left alone (each benchmark calls this at
 the end of its run). `--check` exits 1 when the section is not what the files say; `--page` and
 `--results` point it at other files (e.g. a copy of the page and a scratch results directory).
@@ -26,7 +27,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # The order of the section; latency has one kind per rate ("latency@2000", "latency@20000"),
 # in ascending rate, where "latency" stands.
 KINDS = ["throughput", "first-output", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size", "wide",
-         "windowed"]
+         "windowed", "restore"]
 
 
 def is_wide(results: dict, path: Path | None = None) -> bool:
@@ -299,6 +300,43 @@ def windowed_section(path: Path, results: dict, base: Path) -> list[str]:
     return lines
 
 
+def restore_section(path: Path, results: dict, base: Path) -> list[str]:
+    """benchmarks/restore.py: a unit's state restored from Kafka (snapshot + a 10% tail) into the
+    memory and RocksDB stores, at each size measured; larger sizes extrapolated, and said so."""
+    args = results.get("args") or {}
+    quick = " (a `--quick` smoke run)" if args.get("quick") else ""
+    sizes = results.get("sizes") or []
+    counts = ", ".join(f"{s['keys']:,}" for s in sizes)
+    lines = [f"**State restore** (snapshot + a changelog tail of 10%, `python -m benchmarks.restore`){quick}: "
+             f"(string key, count, sum), {counts} keys; goal "
+             f"{results.get('goal_keys_per_s', 500_000):,} keys/s; {_machine(results)}; {_link(path, base)}.", "",
+             "| keys | store | restore s | keys/s | keys per CPU s | of which: store load s | chunk decode s "
+             "| fetch + Python s | memory B/key | disk B/key | snapshot in Kafka B/key | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        for r in size.get("runs", []):
+            if not r.get("seconds"):
+                why = "; ".join(r.get("problems") or ["?"])[:200].replace("|", "/")
+                lines.append(f"| {size['keys']:,} | {r['store']} | failed: {why} | | | | | | | | | |")
+                continue
+            lines.append(f"| {size['keys']:,} | {r['store']} | {r['seconds']:.1f} | {_n(r['keys_per_s'])} | "
+                         f"{_n(r.get('keys_per_cpu_s'))} | {r['store_load_s']:.1f} | {r['chunk_decode_s']:.1f} | "
+                         f"{r['fetch_and_python_s']:.1f} | {_n(r.get('memory_bytes_per_key'))} | "
+                         f"{_n(r.get('disk_bytes_per_key'), '.1f')} | "
+                         f"{_n(size.get('seed', {}).get('snapshot_bytes_per_key'), '.1f')} | "
+                         + ("exact" if r.get("ok") else "; ".join(r.get("problems") or [])[:200].replace("|", "/"))
+                         + " |")
+    extra = results.get("extrapolated") or {}
+    if extra:
+        lines += ["", "Not run here, extrapolated from the largest size's keys/s: "
+                  + "; ".join(f"{int(n):,} keys " + ", ".join(f"{k} ~{v:,.0f} s" for k, v in sorted(by.items()))
+                              for n, by in extra.items()) + "."]
+    lines += ["", "keys/s = the state's keys / restore seconds (finding the snapshot, loading it, reading the tail); "
+              "keys per CPU s: the same over the restoring process's CPU seconds, the rate on a core of its own. "
+              "memory = the restoring process's resident-set growth per key; disk = the RocksDB directory after close."]
+    return lines
+
+
 SWEEP_TITLES = {"batch": "Records per batch", "partitions": "Partitions", "record-size": "Record size"}
 
 
@@ -383,6 +421,8 @@ def section(directory: Path = RESULTS, base: Path = PAGE.parent) -> str:
                 out += wide_section(path, results, base)
             elif kind == "windowed":
                 out += windowed_section(path, results, base)
+            elif kind == "restore":
+                out += restore_section(path, results, base)
             elif kind == "first-output":
                 out += first_output_section(path, results, base)
             else:

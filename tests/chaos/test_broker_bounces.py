@@ -207,7 +207,7 @@ def test_wide_broker_bounces(cluster):
 @pytest.mark.timeout(1800)
 def test_state_broker_bounces(cluster):
     """A stateful app (running totals per bucket, update mode, 3 state units, a snapshot due every
-    200 changelog records) through SIGKILL and clean bounces of the input's leader, a unit's
+    30 changelog records) through SIGKILL and clean bounces of the input's leader, a unit's
     transaction coordinator and the remaining node: its state topics are replicated on all three
     brokers, and per bucket the updates a read_committed reader sees strictly increase and the last
     equals the exact total."""
@@ -226,7 +226,7 @@ def test_state_broker_bounces(cluster):
     seed_numbered(bootstrap, source, PARTITIONS, seeded)
     app = App(bootstrap, source, sink, PARTITIONS, cap=h.scale(1_500, 10_000),
               processor="tests/support/state_processors.py:BucketRunningTotals",
-              env_extra={"TXSTREAM_STATE_SNAPSHOT_EVERY": "200"},
+              env_extra={"TXSTREAM_STATE_SNAPSHOT_EVERY": "30"},
               extra=["--output-units", "3", "-X", "producer.message.timeout.ms=55000",
                      "-X", "consumer.session.timeout.ms=30000", "--batch-timeout", "120"])
     feeder = h.Feeder(bootstrap, source, PARTITIONS, h.scale(150, 1_000), first=seeded)

@@ -202,3 +202,83 @@ def test_wide_broker_bounces(cluster):
     finally:
         feeder.stop_event.set()
         app.destroy_all()
+
+
+@pytest.mark.timeout(1800)
+def test_state_broker_bounces(cluster):
+    """A stateful app (running totals per bucket, update mode, 3 state units, a snapshot due every
+    30 changelog records) through SIGKILL and clean bounces of the input's leader, a unit's
+    transaction coordinator and the remaining node: its state topics are replicated on all three
+    brokers, and per bucket the updates a read_committed reader sees strictly increase and the last
+    equals the exact total."""
+    from tests.support.kafka import read_all
+    from tests.support.state_processors import running_totals_check
+    from txstream.state.changelog import changelog_topic, snapshot_topic
+    from txstream.state.operator import state_topic
+
+    bootstrap = cluster.bootstrap_servers
+    seeded = h.scale(6_000, 60_000)
+    suffix = f"{int(time.time())}"
+    source, sink = f"sb-in-{suffix}", f"sb-out-{suffix}"
+    _topics(cluster, source)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(sink, 3, 3, config=TOPIC_CONFIG)])[sink].result(60)
+    seed_numbered(bootstrap, source, PARTITIONS, seeded)
+    app = App(bootstrap, source, sink, PARTITIONS, cap=h.scale(1_500, 10_000),
+              processor="tests/support/state_processors.py:BucketRunningTotals",
+              env_extra={"TXSTREAM_STATE_SNAPSHOT_EVERY": "30"},
+              extra=["--output-units", "3", "-X", "producer.message.timeout.ms=55000",
+                     "-X", "consumer.session.timeout.ms=30000", "--batch-timeout", "120"])
+    feeder = h.Feeder(bootstrap, source, PARTITIONS, h.scale(150, 1_000), first=seeded)
+    bounces, exits, restarts = [], [], []
+    began = time.monotonic()
+    try:
+        feeder.start()
+        run = app.start(until_caught_up=False)
+
+        def progress(after: str) -> None:
+            nonlocal run
+            run = app.wait_restarting(run, app.progressed_since(app.baseline()), 300, f"progress after {after}",
+                                      exits=exits)
+
+        progress("start")
+        state_topics = [changelog_topic(app.app_id, "agg"), snapshot_topic(app.app_id, "agg"), state_topic(app.app_id)]
+        metadata = admin.list_topics(timeout=30).topics
+        replicas = {t: {len(p.replicas) for p in metadata[t].partitions.values()} if t in metadata else None
+                    for t in state_topics}
+        assert replicas == {t: {3} for t in state_topics}, f"state topics' replication: {replicas}"
+        leader = leader_of(cluster, source, 0)
+        coordinator = transaction_coordinator(cluster, f"{app.app_id}-unit-0")
+        changelog_leader = leader_of(cluster, state_topics[0], 0)
+        order = [(leader, "leader", True), (coordinator, "unit-0 coordinator", False)]
+        order += [(n.node_id, "the remaining node", True) for n in cluster.nodes if n.node_id not in (leader, coordinator)]
+        for node_id, role, hard in order:
+            took = _bounce(cluster, node_id, hard, restarts)
+            also = " and changelog[0] leader" if node_id == changelog_leader else ""
+            bounces.append(f"{'SIGKILL' if hard else 'clean'} bounce of node {node_id} ({role}{also}) {took:.0f}s")
+            print(bounces[-1], flush=True)
+            progress(bounces[-1])
+        feeder.finish()
+        assert not feeder.errors, feeder.errors
+        total = feeder.next
+        target = sum(h.end_offsets(bootstrap, source, PARTITIONS).values())
+        run = app.wait_restarting(run, lambda: (app.committed_total() or 0) >= target, 600,
+                                  f"the run to catch up to {target}", every=0.5, exits=exits)
+        assert run.terminate() == 0, run.tail(120)
+        out = read_all(bootstrap, sink, timeout=300)
+        # The totals of what the input holds (a feeder's retry through a bounce may have written a
+        # record twice: that copy counts too).
+        numbers = [int(r.key[1:]) for r in read_all(bootstrap, source, timeout=120)]
+        assert len(numbers) == target and set(numbers) == set(range(total)), (len(numbers), target, total)
+        problems = running_totals_check(out, numbers)
+        snapshots = read_all(bootstrap, state_topics[1], timeout=60)
+        manifests = sum(1 for r in snapshots if r.key == b"manifest")
+        print(f"state broker bounces: {len(numbers)} records in ({len(numbers) - total} written twice), {len(out)} updates out, {len(problems)} problems, "
+              f"{manifests} snapshot manifests, {len(bounces)} bounces, run exits {exits or 'none'}, "
+              f"{time.monotonic() - began:.0f}s", flush=True)
+        assert not problems, f"running totals after the bounces ({bounces}): {problems[:8]}"
+        assert manifests, "no snapshot was written: the bounces did not cover a snapshot"
+        assert not exits, f"the stateful run did not ride out the bounces: {exits} ({bounces})\n{app.log_text()[-4000:]}"
+    finally:
+        feeder.stop_event.set()
+        app.destroy_all()

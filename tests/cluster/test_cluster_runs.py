@@ -61,6 +61,25 @@ class SlowPass(Processor):
 ''',
 }
 PROCESSOR = "clusterapp.processor:SlowPass"
+# tests/support/state_processors.py:BucketRunningTotals, shipped from the app's directory as the
+# other processors are (the hosts' Python workers import only what txstream ships).
+APP_FILES["clusterapp/totals.py"] = '''
+from pyspark.sql import functions as F
+
+from txstream import Processor
+
+
+class BucketRunningTotals(Processor):
+    output_mode = "update"
+
+    def transform(self, batch):
+        n = F.expr("cast(substring(cast(key as string), 2) as long)")
+        return (batch.select(n.alias("n")).withColumn("bucket", F.col("n") % 37)
+                .groupBy("bucket").agg(F.count("*").alias("count"), F.sum("n").alias("sum"))
+                .select(F.col("bucket").cast("string").alias("key"),
+                        F.to_json(F.struct("count", "sum")).alias("value")))
+'''
+TOTALS = "clusterapp.totals:BucketRunningTotals"
 
 
 @pytest.fixture
@@ -78,7 +97,8 @@ def _conf_args(conf: dict[str, str]) -> list[str]:
 
 def cluster_app(cluster: SparkStandalone, bootstrap: str, source: str, sink: str, app_dir: Path, *,
                 python: str = GOOD_ENV, cap: int = 100_000, conf: dict[str, str] | None = None,
-                env: dict[str, str] | None = None, dead_letter: str | None = None) -> App:
+                env: dict[str, str] | None = None, dead_letter: str | None = None,
+                processor: str = PROCESSOR, extra: list[str] | None = None) -> App:
     """`txstream run --master spark://...` from the project directory, its event log kept."""
     events = app_dir.parent / "events"
     events.mkdir(exist_ok=True)
@@ -86,8 +106,8 @@ def cluster_app(cluster: SparkStandalone, bootstrap: str, source: str, sink: str
                 "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
                 "spark.eventLog.compress": "false", **(conf or {})}
     master = settings.pop("spark.master")
-    extra = _conf_args(settings) + (["--dead-letter-topic", dead_letter] if dead_letter else [])
-    return App(bootstrap, source, sink, PARTITIONS, processor=PROCESSOR, cap=cap, master=master, extra=extra,
+    args = _conf_args(settings) + (["--dead-letter-topic", dead_letter] if dead_letter else []) + (extra or [])
+    return App(bootstrap, source, sink, PARTITIONS, processor=processor, cap=cap, master=master, extra=args,
                  env_extra=env or {}, cwd=app_dir)
 
 
@@ -292,3 +312,91 @@ def test_executors_killed_mid_batch_and_a_host_lost(spark_standalone, hosts_kafk
         app.destroy_all()
         spark_standalone.restart_worker(1)
 
+
+
+def unit_hosts(app_dir: Path, app_id: str, units: int) -> dict[int, dict[int, str]]:
+    """{batch: {unit: host}}: where each unit's task (merge and publisher, the batch job's stage
+    of `units` tasks) last succeeded, from Spark's event log (job groups name the batch)."""
+    stages: dict[int, int] = {}   # stage id -> batch
+    prefix = f"txstream-{app_id}-batch-"
+    for log in (app_dir.parent / "events").rglob("*"):
+        if not log.is_file() or log.name.startswith("appstatus"):
+            continue
+        for line in log.read_text().splitlines():
+            if '"SparkListenerJobStart"' not in line:
+                continue
+            event = json.loads(line)
+            group = (event.get("Properties") or {}).get("spark.jobGroup.id", "")
+            if group.startswith(prefix):
+                for info in event["Stage Infos"]:
+                    if info["Number of Tasks"] == units:
+                        stages[info["Stage ID"]] = int(group[len(prefix):])
+    hosts: dict[int, dict[int, str]] = defaultdict(dict)
+    for a in sorted(task_attempts(app_dir), key=lambda a: (a["stage"], a["attempt"])):
+        if a["stage"] in stages and a["end"] == "Success":
+            hosts[stages[a["stage"]]][a["index"]] = a["host"]
+    return dict(hosts)
+
+
+def state_copies(host, app_id: str) -> set[int]:
+    """The units whose local copy of the state (task/state_merge.py `_store`: RocksDB in the
+    executor's local directory) is on `host`."""
+    found = host.run(["find", "/tmp", "-maxdepth", "7", "-type", "d", "-name", "agg-*",
+                      "-path", f"*/txstream-state-{app_id}/*"],
+                     capture_output=True, text=True).stdout.split()
+    return {int(path.rsplit("-", 1)[1]) for path in found}
+
+
+def test_state_restored_on_the_other_host_when_its_host_is_lost(spark_standalone, hosts_kafka, hosts_topic,
+                                                                app_dir):
+    """Running totals (3 state units, RocksDB copies in the executors' local directories, a
+    snapshot due every 20 changelog records) on both hosts; once a batch has run units on w2,
+    every process of w2's host is killed: its executor, its Python workers and its copies of the
+    state are gone. The next batches run those units on w1, which restores them from Kafka (the
+    newest snapshot and the changelog's tail), and per bucket the updates a read_committed reader
+    sees strictly increase and the last equals the exact total. Takes w2 down (restarted after).
+    (The batch events carry no per-unit restore: where the units ran comes from Spark's event log.)"""
+    from tests.support.state_processors import running_totals_check
+    from txstream.state.changelog import snapshot_topic
+
+    units = 3
+    source, sink = hosts_topic("st-in", PARTITIONS), hosts_topic("st-out", units)
+    records = h.scale(8_000, 80_000)
+    seed_numbered(hosts_kafka, source, PARTITIONS, records)
+    app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(150, 1_000),
+                      processor=TOTALS, extra=["--output-units", str(units)],
+                      # No locality wait: the units' tasks go to both hosts, not all to the one that
+                      # holds most of the shuffle's map output.
+                      conf={"spark.executorEnv.TXSTREAM_STATE_SNAPSHOT_EVERY": "20", "spark.locality.wait": "0"})
+    w1, w2 = spark_standalone.host(0).address, spark_standalone.host(1).address
+    try:
+        run = app.start(until_caught_up=True)
+        _started(spark_standalone, app, run)
+        held: set[int] = set()
+        wait_until(lambda: held.update(state_copies(spark_standalone.host(1), app.app_id)) or held, 240,
+                   "a unit's copy of the state on w2", run=run)
+        spark_standalone.kill_host(1)
+        killed_after = max(b["batch"] for b in app.events().batches)
+        code = run.wait(600)
+        log = app.log_text()
+        assert code == 0, log[-5000:]
+        where = unit_hosts(app_dir, app.app_id, units)
+        before = [b for b in where if b <= killed_after]
+        after = [b for b in where if b > killed_after + 1]   # the batch in flight at the kill may have finished on w2
+        on_w2 = {u for b in before for u, host in where[b].items() if host == w2}
+        assert held <= on_w2, f"w2 held copies of units {held}, but the event log has {where}"
+        assert after and all(set(where[b].values()) == {w1} for b in after), where
+        moved = {u for u in held if any(u in where[b] for b in after)}
+        assert moved, f"none of w2's units {held} ran on w1 after the loss: {where}"
+        out = read_all(hosts_kafka, sink, timeout=120)
+        problems = running_totals_check(out, range(records))
+        manifests = sum(1 for r in read_all(hosts_kafka, snapshot_topic(app.app_id, "agg"), timeout=30)
+                        if r.key == b"manifest")
+        print(f"state across a lost host: {records} records, {len(where)} batches, units {sorted(moved)} of w2's "
+              f"restored on w1 after batch {killed_after}, {manifests} snapshots, {len(out)} updates, "
+              f"{len(problems)} problems", flush=True)
+        assert not problems, problems[:8]
+        assert manifests, "no snapshot was written: the restore on w1 read the changelog alone"
+    finally:
+        app.destroy_all()
+        spark_standalone.restart_worker(1)

@@ -373,8 +373,10 @@ def test_state_restored_on_the_other_host_when_its_host_is_lost(spark_standalone
         run = app.start(until_caught_up=True)
         _started(spark_standalone, app, run)
         held: set[int] = set()
-        wait_until(lambda: held.update(state_copies(spark_standalone.host(1), app.app_id)) or held, 240,
-                   "a unit's copy of the state on w2", run=run)
+        # A copy appears while its batch runs: wait for that batch's event too, so that the
+        # event log's hosts of the batches up to the kill include it.
+        wait_until(lambda: (held.update(state_copies(spark_standalone.host(1), app.app_id)) or held)
+                   and app.events().batches, 240, "a unit's copy of the state on w2 and a batch done", run=run)
         spark_standalone.kill_host(1)
         killed_after = max(b["batch"] for b in app.events().batches)
         code = run.wait(600)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.support.secret_scan import files_holding, wrapped
 from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +28,8 @@ X_SASL = [arg for key, value in SASL.items() for arg in ("-X", f"{key}={value}")
 UNREACHABLE = "127.0.0.1:1"
 
 
-def txstream(*args: str, stdin: str = "", timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def txstream(*args: str, stdin: str = "", timeout: float = 180, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_vars}
     env.pop("TXSTREAM_BOOTSTRAP_SERVERS", None)
     return subprocess.run([sys.executable, "-m", "txstream.cli", *args], input=stdin, capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -151,10 +152,20 @@ def test_run_through_the_sasl_listener_with_dash_x(sasl_cluster: LocalKafkaClust
         future.result(30)
     lines = "".join(json.dumps({"n": i}) + "\n" for i in range(20))
     assert txstream("produce", source, "--bootstrap-servers", sasl, *X_SASL, stdin=lines).returncode == 0
+    # Everything the run writes lands under tmp_path: Spark's event log, its local directories
+    # (the tasks' side files), the temporary files of every process.
+    written = tmp_path / "written"
+    (written / "events").mkdir(parents=True)
     proc = txstream("run", "processors.passthrough:PassThrough", "--input", source, "--output", sink,
                     "--app-id", f"sasl-run-{uuid.uuid4().hex[:6]}", "--master", "local[1]",
-                    "--bootstrap-servers", sasl, *X_SASL, "--until-caught-up", timeout=600)
+                    "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir=file://{written}/events",
+                    "--conf", f"spark.local.dir={written}/local", "--log-format", "json",
+                    "--bootstrap-servers", sasl, *X_SASL, "--until-caught-up", timeout=600, TMPDIR=str(written))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # No credential in anything the run wrote or printed, in the clear or wrapped (issue 54).
+    assert list((written / "events").iterdir()), "Spark wrote no event log"
+    assert files_holding(written, PASSWORD) == {}
+    assert wrapped((proc.stdout + proc.stderr).encode(), PASSWORD.encode()) is None, proc.stderr[-3000:]
     proc = txstream("verify", "--input", source, "--output", sink, "--one-to-one", "--bootstrap-servers", sasl,
                     *X_SASL, "--timeout", "20")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -12,6 +12,7 @@ Properties are librdkafka's. `producer.`/`consumer.` prefixes target one side, a
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -49,15 +50,28 @@ QUICK_REFETCH = {"fetch.queue.backoff.ms": 10}
 # back off exponentially to retry.backoff.max.ms when the broker is away. The user's own value wins.
 QUICK_STABLE_RETRY = {"retry.backoff.ms": 10}
 
+# Property names whose values are credentials (librdkafka's, the Java clients' and the schema
+# registry client's): shown as REDACTED wherever txstream shows a configuration. Spark's own
+# spark.redaction.regex default, widened to Kafka's names (docs/security.md).
+SECRET_NAME = re.compile(r"(?i)password|secret|token|jaas|user\.info|key\.pem|passphrase|^ssl_key$|oauthbearer\.config")
+REDACTED = "*********(redacted)"
+
+
+def redacted(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """`properties` with every credential's value replaced by REDACTED."""
+    return {k: REDACTED if SECRET_NAME.search(k) else v for k, v in properties.items()}
+
+
 # Properties that only make sense on the consumer side and that librdkafka refuses (rather than
 # ignores) on a producer or admin client.
 _CONSUMER_ONLY = ("auto.offset.reset", "isolation.level", "group.id", "group.protocol",
                   "group.instance.id", "enable.auto.commit", "partition.assignment.strategy")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class KafkaClients:
-    """Where Kafka is and how to reach it. Picklable: it travels to tasks inside task specs."""
+    """Where Kafka is and how to reach it. Picklable: it travels to tasks inside the closures of
+    their Spark jobs, never in a job's properties (task/spec.py). Its repr redacts credentials."""
 
     bootstrap_servers: str
     common: Mapping[str, Any] = field(default_factory=dict)         # every client
@@ -80,6 +94,10 @@ class KafkaClients:
                     common[key] = value
         common.pop("bootstrap.servers", None)
         return cls(bootstrap_servers, common, producer, consumer)
+
+    def __repr__(self) -> str:
+        return (f"KafkaClients({self.bootstrap_servers!r}, common={redacted(self.common)}, "
+                f"producer_only={redacted(self.producer_only)}, consumer_only={redacted(self.consumer_only)})")
 
     def _base(self) -> dict[str, Any]:
         return {"bootstrap.servers": self.bootstrap_servers, "logger": LOG, **FAST_FIRST_CONNECT}

@@ -8,6 +8,9 @@ A narrow batch's job is built once and run batch after batch, so its closures ho
 instead of a spec, and each batch's `PublishSpec` travels as a Spark local property of the job
 that runs it (`encode`, `resolve`): Spark hands a job's local properties to each of its tasks,
 retries and speculative copies included, so a task always reads the spec of the job it belongs to.
+Local properties are written to Spark's event log and shown by its UI, so the property carries the
+spec without its `KafkaClients` (credentials): those stay in the closure's `FromJob`, which Spark
+ships to tasks over its own connections and never logs (docs/security.md).
 """
 from __future__ import annotations
 
@@ -188,14 +191,22 @@ _last: tuple[str, Any] | None = None   # per Python worker: the last property de
 
 @dataclass(frozen=True)
 class FromJob:
-    """Stands in a task's closure for the batch's spec: "read" (its ReadSpec) or "publish"."""
+    """Stands in a task's closure for the batch's spec: "read" (its ReadSpec) or "publish", with
+    the run's `KafkaClients`, which the job's property leaves out."""
 
     part: str
+    clients: KafkaClients
+
+
+# What the local property holds in place of the clients (never a client configuration).
+_CLIENTS_IN_CLOSURE = KafkaClients("(in the task's closure)")
 
 
 def encode(spec: PublishSpec) -> str:
-    """The local property's value for a batch's PublishSpec (text: local properties are strings)."""
-    return base64.b64encode(zlib.compress(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), 1)).decode("ascii")
+    """The local property's value for a batch's PublishSpec, without its clients (text: local
+    properties are strings)."""
+    bare = replace(spec, read=replace(spec.read, clients=_CLIENTS_IN_CLOSURE))
+    return base64.b64encode(zlib.compress(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL), 1)).decode("ascii")
 
 
 def resolve(spec: Any) -> Any:
@@ -211,6 +222,7 @@ def resolve(spec: Any) -> Any:
         raise InfrastructureError(f"the task's Spark job carries no {JOB_SPEC_PROPERTY} property: a txstream "
                                   "batch job was run without its batch's spec")
     if _last is None or _last[0] != text:
-        _last = (text, pickle.loads(zlib.decompress(base64.b64decode(text))))
+        bare = pickle.loads(zlib.decompress(base64.b64decode(text)))
+        _last = (text, replace(bare, read=replace(bare.read, clients=spec.clients)))
     publish = _last[1]
     return publish.read if spec.part == "read" else publish

@@ -7,9 +7,7 @@ on the command line or in a properties file; without them they fail quickly and 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,22 +15,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.support.commands import exercise, txstream
 from tests.support.secret_scan import files_holding, wrapped
 from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
-ROOT = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "alice", "alice-secret"
 SASL = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
         "sasl.username": USER, "sasl.password": PASSWORD}
 X_SASL = [arg for key, value in SASL.items() for arg in ("-X", f"{key}={value}")]
 UNREACHABLE = "127.0.0.1:1"
-
-
-def txstream(*args: str, stdin: str = "", timeout: float = 180, **env_vars: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_vars}
-    env.pop("TXSTREAM_BOOTSTRAP_SERVERS", None)
-    return subprocess.run([sys.executable, "-m", "txstream.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 def assert_one_clear_line(proc: subprocess.CompletedProcess, where: str) -> None:
@@ -61,25 +52,6 @@ def topics(sasl_cluster: LocalKafkaCluster) -> tuple[str, str]:
     for future in admin.create_topics([NewTopic(n, 2) for n in names]).values():
         future.result(30)
     return names
-
-
-def exercise(sasl: str, topic: str, output: str, client_args: list[str]) -> None:
-    """produce, consume, offsets show and verify through the SASL listener with `client_args`."""
-    lines = "".join(json.dumps({"n": i}) + "\n" for i in range(5))
-    proc = txstream("produce", topic, "--bootstrap-servers", sasl, *client_args, "--timeout", "30", stdin=lines)
-    assert proc.returncode == 0, proc.stderr
-    assert "produced 5 records" in proc.stderr
-    proc = txstream("consume", topic, "--bootstrap-servers", sasl, *client_args, "--timeout", "30")
-    assert proc.returncode == 0, proc.stderr
-    assert '{"n": 0}' in [json.loads(line)["value"] for line in proc.stdout.splitlines()]
-    proc = txstream("offsets", "show", "--app-id", "sasl-app", "--topic", topic, "--bootstrap-servers", sasl,
-                    *client_args, "--timeout", "20")
-    assert proc.returncode == 0, proc.stderr
-    assert "LAST-STABLE-OFFSET" in proc.stdout and topic in proc.stdout
-    proc = txstream("verify", "--input", topic, "--output", output, "--bootstrap-servers", sasl, *client_args,
-                    "--timeout", "20")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "CLEAN" in proc.stdout
 
 
 def test_commands_work_with_dash_x(sasl_cluster: LocalKafkaCluster, topics: tuple[str, str]) -> None:

@@ -51,14 +51,33 @@ def kafka() -> None:
 @click.option("--advertise", default=None,
               help="Address the brokers tell clients to connect to [default: --listen; this host's name "
                    "when listening on 0.0.0.0].")
-def kafka_up(port: int | None, data_dir: str | None, brokers: int, listen: str, advertise: str | None) -> None:
-    """Start a local Kafka cluster in the background and print its bootstrap address (stdout)."""
+@click.option("--tls", is_flag=True,
+              help="Add a TLS listener on PORT+200 with a throwaway CA (client certificates accepted).")
+@click.option("--scram-user", "scram_users", multiple=True, metavar="NAME:PASSWORD",
+              help="A SASL/SCRAM-SHA-512 user of the secured listener on PORT+200 (repeatable).")
+def kafka_up(port: int | None, data_dir: str | None, brokers: int, listen: str, advertise: str | None,
+             tls: bool, scram_users: tuple[str, ...]) -> None:
+    """Start a local Kafka cluster in the background and print its bootstrap address (stdout).
+
+    With --tls or --scram-user it also gets a secured listener; the client settings for it are
+    written to a properties file (its path is printed) to pass as --command-config."""
+    users = {}
+    for item in scram_users:
+        name, sep, password = item.partition(":")
+        if not sep or not name or not password:
+            raise click.BadParameter(f"expected NAME:PASSWORD, got {item!r}", param_hint="--scram-user")
+        users[name] = password
     cluster = local_broker.LocalKafkaCluster(port=port or default_port(), data_dir=data_dir or "", brokers=brokers,
-                                             listen=listen, advertise=advertise or "")
+                                             listen=listen, advertise=advertise or "", tls=tls,
+                                             scram_users=users or None)
     try:
         bootstrap = cluster.start(progress=_progress)
     except local_broker.BrokerError as exc:
         raise click.ClickException(str(exc)) from None
+    if cluster.secured:
+        path = cluster.write_client_properties()
+        _progress(f"Secured listener ({cluster.secured_protocol}): {cluster.secured_bootstrap_servers}; its client "
+                  f"settings: --command-config {path}")
     click.echo(bootstrap)
 
 

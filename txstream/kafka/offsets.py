@@ -114,10 +114,13 @@ def _client_said(admin: AdminClient, fallback: str) -> str:
 def unreachable(where: str, said: str, timeout: float | None = None) -> KafkaUnreachable:
     """The one line a user reads when no broker answers: where, what the client said, what to do."""
     within = f" within {timeout:g}s" if timeout is not None else ""
-    return KafkaUnreachable(
-        f"Cannot reach Kafka at {where}{within}: {said}. Is a broker running there? "
-        "`txstream kafka up` starts a local one; a secured cluster needs its client settings "
-        "(-X key=value or --command-config FILE).")
+    if "SSL handshake failed" in said:
+        hint = ("The brokers' certificate was not accepted: ssl.ca.location must name the CA that signed it "
+                "(-X key=value or --command-config FILE).")
+    else:
+        hint = ("Is a broker running there? `txstream kafka up` starts a local one; a secured cluster needs its "
+                "client settings (-X key=value or --command-config FILE).")
+    return KafkaUnreachable(f"Cannot reach Kafka at {where}{within}: {said}. {hint}")
 
 
 def _where(admin: AdminClient) -> str:

@@ -24,6 +24,7 @@ from txstream.errors import BrokerError
 from txstream.local import processes
 from txstream.local.maven import Artifact, MavenError, resolve
 from txstream.local.paths import cache_dir
+from txstream.local.tls import TlsMaterial, make_tls_material
 
 # 4.4.0's kafka-tools artifacts are not on Maven Central (checked 2026-11); 4.3.1 is complete.
 KAFKA_VERSION = os.environ.get("TXSTREAM_KAFKA_VERSION", "4.3.1")
@@ -169,9 +170,12 @@ class LocalKafkaCluster:
     Broker i listens on `port + i`, its controller on `port + 100 + i`. With three nodes the
     internal topics use replication 3 and min ISR 2, as Kafka's transactions system test does.
 
-    `sasl_users` ({user: password}) adds a SASL_PLAINTEXT listener with those PLAIN users on
-    `port + 200 + i` (`sasl_bootstrap_servers`), for testing clients against a secured
-    listener; inter-broker and controller traffic stay PLAINTEXT, and there is no authorizer.
+    A secured listener on `port + 200 + i` (`secured_bootstrap_servers`) when any of these is set:
+    `sasl_users` ({user: password}, SASL/PLAIN), `scram_users` (SASL/SCRAM-SHA-512 and -256,
+    the users created through Kafka's admin API once the cluster is up), `tls` (TLS with a
+    throwaway CA, local/tls.py; client certificates accepted, not required). Its protocol is
+    SASL_SSL, SASL_PLAINTEXT or SSL accordingly; `client_properties()` says how to reach it.
+    Inter-broker and controller traffic stay PLAINTEXT on localhost, and there is no authorizer.
     """
 
     port: int = 9092
@@ -182,6 +186,8 @@ class LocalKafkaCluster:
     cluster_id: str = ""
     die_with_parent: bool = False  # tests: the JVMs die when the test process dies
     sasl_users: dict[str, str] | None = None
+    scram_users: dict[str, str] | None = None
+    tls: bool = False
     listen: str = "localhost"
     advertise: str = ""
     overrides: dict[str, str] = field(default_factory=dict)   # broker properties, after txstream's
@@ -205,11 +211,60 @@ class LocalKafkaCluster:
         return ",".join(f"{self.advertised_host}:{n.port}" for n in self.nodes)
 
     @property
-    def sasl_bootstrap_servers(self) -> str | None:
-        """The SASL_PLAINTEXT (PLAIN) listeners, when `sasl_users` is set."""
-        if not self.sasl_users:
+    def secured(self) -> bool:
+        return bool(self.sasl_users or self.scram_users or self.tls)
+
+    @property
+    def secured_protocol(self) -> str | None:
+        if not self.secured:
             return None
-        return ",".join(f"{self.advertised_host}:{self._sasl_port(n)}" for n in self.nodes)
+        sasl = bool(self.sasl_users or self.scram_users)
+        return ("SASL_SSL" if self.tls else "SASL_PLAINTEXT") if sasl else "SSL"
+
+    @property
+    def secured_bootstrap_servers(self) -> str | None:
+        """The secured listeners, when there are any."""
+        if not self.secured:
+            return None
+        return ",".join(f"{self.advertised_host}:{self._secured_port(n)}" for n in self.nodes)
+
+    @property
+    def sasl_bootstrap_servers(self) -> str | None:
+        return self.secured_bootstrap_servers
+
+    @property
+    def tls_material(self) -> TlsMaterial | None:
+        """The CA and keystores of the TLS listener (made at the first start)."""
+        if not self.tls:
+            return None
+        return make_tls_material(Path(self.data_dir) / "tls", [self.advertised_host])
+
+    def client_properties(self, user: str | None = None, client_certificate: bool = False) -> dict[str, str]:
+        """What a client sets to use the secured listener as `user` (a SCRAM user before a PLAIN
+        one; the first of them without `user`), and with the CA's client certificate."""
+        if not self.secured:
+            return {}
+        props = {"security.protocol": self.secured_protocol}
+        users = {**(self.sasl_users or {}), **(self.scram_users or {})}
+        if users:
+            name = user or next(iter(users))
+            props.update({"sasl.mechanism": "SCRAM-SHA-512" if name in (self.scram_users or {}) else "PLAIN",
+                          "sasl.username": name, "sasl.password": users[name]})
+        if self.tls:
+            material = self.tls_material
+            props["ssl.ca.location"] = material.ca_pem
+            if client_certificate:
+                props.update({"ssl.keystore.location": material.client_keystore,
+                              "ssl.keystore.password": material.password})
+        return props
+
+    def write_client_properties(self, user: str | None = None) -> Path:
+        """`client_properties(user)` as a properties file only its owner reads (--command-config)."""
+        path = Path(self.data_dir) / "client.properties"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.client_properties(user).items()))
+        return path
 
     def _bind_host(self) -> str:
         """The address the client listeners bind (for checking a port is free or taken)."""
@@ -218,24 +273,41 @@ class LocalKafkaCluster:
         return "127.0.0.1" if self.listen == "localhost" else self.listen
 
     @staticmethod
-    def _sasl_port(node: Node) -> int:
+    def _secured_port(node: Node) -> int:
         return node.port + 200
 
     def _listeners(self, node: Node) -> list[str]:
         host, public = self.listen, self.advertised_host
-        if not self.sasl_users:
+        if not self.secured:
             return [f"listeners=PLAINTEXT://{host}:{node.port},CONTROLLER://localhost:{node.controller_port}",
                     f"advertised.listeners=PLAINTEXT://{public}:{node.port}",
                     "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
-        sasl = self._sasl_port(node)
-        users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
-        return [f"listeners=PLAINTEXT://{host}:{node.port},CONTROLLER://localhost:{node.controller_port},"
-                f"SASL_PLAINTEXT://{host}:{sasl}",
-                f"advertised.listeners=PLAINTEXT://{public}:{node.port},SASL_PLAINTEXT://{public}:{sasl}",
-                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-                "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
-                "listener.name.sasl_plaintext.plain.sasl.jaas.config="
-                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"]
+        port = self._secured_port(node)
+        lines = [f"listeners=PLAINTEXT://{host}:{node.port},CONTROLLER://localhost:{node.controller_port},"
+                 f"SECURED://{host}:{port}",
+                 f"advertised.listeners=PLAINTEXT://{public}:{node.port},SECURED://{public}:{port}",
+                 f"listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SECURED:{self.secured_protocol}"]
+        mechanisms = [*(["PLAIN"] if self.sasl_users else []),
+                      *(["SCRAM-SHA-512", "SCRAM-SHA-256"] if self.scram_users else [])]
+        if mechanisms:
+            lines.append(f"listener.name.secured.sasl.enabled.mechanisms={','.join(mechanisms)}")
+        if self.sasl_users:
+            users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
+            lines.append("listener.name.secured.plain.sasl.jaas.config="
+                         f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};")
+        for mechanism in mechanisms[1 if self.sasl_users else 0:]:
+            lines.append(f"listener.name.secured.{mechanism.lower()}.sasl.jaas.config="
+                         "org.apache.kafka.common.security.scram.ScramLoginModule required;")
+        if self.tls:
+            material = self.tls_material
+            lines += [f"listener.name.secured.ssl.keystore.location={material.broker_keystore}",
+                      f"listener.name.secured.ssl.keystore.password={material.password}",
+                      "listener.name.secured.ssl.keystore.type=PKCS12",
+                      f"listener.name.secured.ssl.truststore.location={material.truststore}",
+                      f"listener.name.secured.ssl.truststore.password={material.password}",
+                      "listener.name.secured.ssl.truststore.type=PKCS12",
+                      "listener.name.secured.ssl.client.auth=requested"]
+        return lines
 
     @property
     def state_file(self) -> Path:
@@ -306,7 +378,7 @@ class LocalKafkaCluster:
         for node in self.nodes:
             client_host = self._bind_host()
             for port, host in ((node.port, client_host), (node.controller_port, "127.0.0.1"),
-                               *([(self._sasl_port(node), client_host)] if self.sasl_users else [])):
+                               *([(self._secured_port(node), client_host)] if self.secured else [])):
                 if not port_is_free(port, host):
                     raise BrokerError(f"Port {port} is already in use; pick another with --port "
                                       "(or stop what listens there).")
@@ -407,13 +479,14 @@ class LocalKafkaCluster:
                 try:
                     meta = admin.list_topics(timeout=5)
                     if len(meta.brokers) == len(self.nodes):
-                        return
+                        break
                 except Exception:  # still starting; retried until the deadline
                     pass
                 if time.monotonic() > deadline:
                     raise BrokerError(f"Kafka at {self.bootstrap_servers} did not answer within "
                                       f"{timeout:.0f}s. Last lines of its log:\n{self.log_tail(self.nodes[0])}")
                 time.sleep(0.3)
+            self._create_scram_users(admin, max(5.0, deadline - time.monotonic()))
         except BrokerError:
             for node in self.nodes:
                 if node.pid:
@@ -421,6 +494,22 @@ class LocalKafkaCluster:
                     node.pid = None
             self.state_file.unlink(missing_ok=True)
             raise
+
+    def _create_scram_users(self, admin, timeout: float) -> None:
+        """The SCRAM users, through Kafka's admin API (KRaft keeps their credentials in its metadata)."""
+        if not self.scram_users:
+            return
+        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+        # One alteration per user per request: a request per mechanism.
+        for mechanism in (ScramMechanism.SCRAM_SHA_512, ScramMechanism.SCRAM_SHA_256):
+            upserts = [UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 4096), password.encode())
+                       for user, password in self.scram_users.items()]
+            try:
+                for future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
+                    future.result()
+            except Exception as exc:   # KafkaException: the cluster is unusable as asked
+                raise BrokerError(f"Creating the SCRAM users failed: {exc}") from None
 
     def log_tail(self, node: Node, lines: int = 25) -> str:
         text = _read(node.log_file) or _read(Path(node.directory) / "stdout.log")

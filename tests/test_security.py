@@ -1,0 +1,124 @@
+"""A TLS + SASL/SCRAM-SHA-512 listener (`txstream kafka up --tls --scram-user`), and every command
+through it: produce, consume, offsets, verify, and an exactly-once run killed with -9 and
+restarted; no credential in anything the run wrote or printed (docs/security.md, issue 54).
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.support.commands import exercise, txstream
+from tests.support.kafka import committed_or_none
+from tests.support.running import App
+from tests.support.secret_scan import files_holding, wrapped
+from tests.support.waiting import wait_until
+from txstream.kafka.config import load_properties
+from txstream.local.cluster import free_port_block
+
+USER, PASSWORD = "orders-app", "scram-Pa55-" + uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A one-node cluster started by `txstream kafka up --tls --scram-user`, in a cache of its own."""
+    root = tmp_path_factory.mktemp("secured")
+    port = free_port_block(1, blocks=3)
+    env = {"TXSTREAM_CACHE_DIR": str(root / "cache")}
+    up = txstream("kafka", "up", "--port", str(port), "--data-dir", str(root / "data"), "--tls",
+                  "--scram-user", f"{USER}:{PASSWORD}", timeout=240, **env)
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        line = next(line for line in up.stderr.splitlines() if line.startswith("Secured listener"))
+        yield {"plain": up.stdout.strip(), "secured": line.split(": ")[1].split(";")[0],
+               "config": line.rsplit("--command-config ", 1)[1].strip(), "line": line, "env": env}
+    finally:
+        txstream("kafka", "down", "--port", str(port), timeout=120, **env)
+
+
+def _topics(plain: str, *names: str, partitions: int = 2) -> None:
+    admin = AdminClient({"bootstrap.servers": plain})
+    for future in admin.create_topics([NewTopic(n, partitions) for n in names]).values():
+        future.result(30)
+
+
+def test_kafka_up_writes_the_secured_listeners_client_settings(secured: dict) -> None:
+    assert "(SASL_SSL)" in secured["line"]
+    config = Path(secured["config"])
+    assert config.stat().st_mode & 0o077 == 0, "the client settings hold a password: owner only"
+    props = load_properties(config)
+    assert props["security.protocol"] == "SASL_SSL" and props["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert props["sasl.username"] == USER and Path(props["ssl.ca.location"]).exists()
+
+
+def test_commands_work_through_tls_and_scram(secured: dict) -> None:
+    topic, output = f"tls-in-{uuid.uuid4().hex[:6]}", f"tls-out-{uuid.uuid4().hex[:6]}"
+    _topics(secured["plain"], topic, output)
+    exercise(secured["secured"], topic, output, ["--command-config", secured["config"]])
+
+
+def test_a_client_certificate_is_accepted(secured: dict) -> None:
+    ca = load_properties(secured["config"])["ssl.ca.location"]
+    tls = Path(ca).parent
+    proc = txstream("offsets", "show", "--app-id", "x", "--bootstrap-servers", secured["secured"],
+                    "--command-config", secured["config"], "-X", f"ssl.keystore.location={tls / 'client.p12'}",
+                    "-X", f"ssl.keystore.password={(tls / 'password').read_text().strip()}", "--timeout", "20")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("wrong", [
+    ("ssl.ca.location", "/etc/ssl/certs/ca-certificates.crt", "ssl.ca.location"),
+    ("sasl.password", "not-the-password", "uthentication"),
+], ids=["wrong-ca", "wrong-password"])
+def test_a_wrong_setting_is_one_clear_line(secured: dict, wrong: tuple[str, str, str]) -> None:
+    key, value, named = wrong
+    proc = txstream("offsets", "show", "--app-id", "x", "--bootstrap-servers", secured["secured"],
+                    "--command-config", secured["config"], "-X", f"{key}={value}", "--timeout", "5", timeout=90)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:") and named in lines[0], proc.stderr
+    assert PASSWORD not in proc.stderr + proc.stdout
+
+
+def test_exactly_once_through_tls_and_scram_under_kill_minus_nine(secured: dict, tmp_path: Path) -> None:
+    source, sink = f"tls-run-in-{uuid.uuid4().hex[:6]}", f"tls-run-out-{uuid.uuid4().hex[:6]}"
+    _topics(secured["plain"], source, sink, partitions=4)
+    lines = "".join(json.dumps({"n": i}) + "\n" for i in range(4000))
+    proc = txstream("produce", source, "--bootstrap-servers", secured["secured"], "--command-config",
+                    secured["config"], stdin=lines)
+    assert proc.returncode == 0, proc.stderr
+    # Everything the runs write lands under `written`: Spark's event log, its local directories,
+    # every process's temporary files, the runs' logs.
+    written = tmp_path / "written"
+    (written / "events").mkdir(parents=True)
+    app = App(secured["secured"], source, sink, 4, cap=250, master="local[2]", log_dir=str(written / "logs"),
+              extra=["--command-config", secured["config"], "--conf", "spark.eventLog.enabled=true",
+                     "--conf", f"spark.eventLog.dir=file://{written}/events", "--conf",
+                     f"spark.local.dir={written}/local"],
+              env_extra={"TMPDIR": str(written)})
+    os.makedirs(app.log_dir, exist_ok=True)
+    try:
+        run = app.start(until_caught_up=False)
+
+        def some_committed() -> bool:
+            offsets = committed_or_none(secured["plain"], app.app_id, source, 4)
+            return offsets is not None and 0 < sum(v or 0 for v in offsets.values()) < 4000
+
+        assert wait_until(some_committed, 240, "a first committed batch", run=run), run.tail()
+        run.kill9()
+        assert app.until_done(3, timeout=420)[-1] == 0
+    finally:
+        app.destroy_all()
+    proc = txstream("verify", "--input", source, "--output", sink, "--one-to-one", "--bootstrap-servers",
+                    secured["secured"], "--command-config", secured["config"], "--timeout", "30")
+    assert proc.returncode == 0 and "CLEAN" in proc.stdout, proc.stdout + proc.stderr
+    keystore_password = (Path(load_properties(secured["config"])["ssl.ca.location"]).parent / "password").read_text()
+    assert list((written / "events").iterdir()), "Spark wrote no event log"
+    for secret in (PASSWORD, keystore_password.strip()):
+        assert files_holding(written, secret) == {}
+        assert wrapped(app.log_text().encode(), secret.encode()) is None

@@ -1,6 +1,11 @@
-"""A TLS + SASL/SCRAM-SHA-512 listener (`txstream kafka up --tls --scram-user`), and every command
-through it: produce, consume, offsets, verify, and an exactly-once run killed with -9 and
-restarted; no credential in anything the run wrote or printed (docs/security.md, issue 54).
+"""A TLS + SASL/SCRAM-SHA-512 listener with ACLs (`txstream kafka up --tls --scram-user --acls`),
+and every command through it: produce, consume, offsets, verify, and an exactly-once run killed
+with -9 and restarted under exactly the ACLs `txstream acls` grants, with no credential in
+anything the run wrote or printed; without any one of those ACLs the run stops at start, naming
+it (docs/security.md, issue 54).
+
+Two users: `ops` may do anything (the commands' round), `orders-app` only what `txstream acls`
+grants its app.
 """
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ from tests.support.waiting import wait_until
 from txstream.kafka.config import load_properties
 from txstream.local.cluster import free_port_block
 
+OPS, OPS_PASSWORD = "ops", "ops-Pa55-" + uuid.uuid4().hex[:8]
 USER, PASSWORD = "orders-app", "scram-Pa55-" + uuid.uuid4().hex[:8]
+PRINCIPAL = f"User:{USER}"
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +37,31 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("secured")
     port = free_port_block(1, blocks=3)
     env = {"TXSTREAM_CACHE_DIR": str(root / "cache")}
-    up = txstream("kafka", "up", "--port", str(port), "--data-dir", str(root / "data"), "--tls",
-                  "--scram-user", f"{USER}:{PASSWORD}", timeout=240, **env)
+    up = txstream("kafka", "up", "--port", str(port), "--data-dir", str(root / "data"), "--tls", "--acls",
+                  "--scram-user", f"{OPS}:{OPS_PASSWORD}", "--scram-user", f"{USER}:{PASSWORD}", timeout=240, **env)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         line = next(line for line in up.stderr.splitlines() if line.startswith("Secured listener"))
-        yield {"plain": up.stdout.strip(), "secured": line.split(": ")[1].split(";")[0],
-               "config": line.rsplit("--command-config ", 1)[1].strip(), "line": line, "env": env}
+        plain, config = up.stdout.strip(), line.rsplit("--command-config ", 1)[1].strip()
+        _grant_everything(plain, f"User:{OPS}")
+        app_config = root / "app.properties"
+        app_config.write_text(Path(config).read_text().replace(f"sasl.username={OPS}", f"sasl.username={USER}")
+                              .replace(OPS_PASSWORD, PASSWORD))
+        yield {"plain": plain, "secured": line.split(": ")[1].split(";")[0], "config": config,
+               "app_config": str(app_config), "line": line, "env": env}
     finally:
         txstream("kafka", "down", "--port", str(port), timeout=120, **env)
+
+
+def _grant_everything(plain: str, principal: str) -> None:
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": plain})
+    bindings = [AclBinding(kind, "*", ResourcePatternType.LITERAL, principal, "*", AclOperation.ALL,
+                           AclPermissionType.ALLOW)
+                for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)]
+    for future in admin.create_acls(bindings).values():
+        future.result(30)
 
 
 def _topics(plain: str, *names: str, partitions: int = 2) -> None:
@@ -53,7 +76,7 @@ def test_kafka_up_writes_the_secured_listeners_client_settings(secured: dict) ->
     assert config.stat().st_mode & 0o077 == 0, "the client settings hold a password: owner only"
     props = load_properties(config)
     assert props["security.protocol"] == "SASL_SSL" and props["sasl.mechanism"] == "SCRAM-SHA-512"
-    assert props["sasl.username"] == USER and Path(props["ssl.ca.location"]).exists()
+    assert props["sasl.username"] == OPS and Path(props["ssl.ca.location"]).exists()
 
 
 def test_commands_work_through_tls_and_scram(secured: dict) -> None:
@@ -88,6 +111,12 @@ def test_a_wrong_setting_is_one_clear_line(secured: dict, wrong: tuple[str, str,
 def test_exactly_once_through_tls_and_scram_under_kill_minus_nine(secured: dict, tmp_path: Path) -> None:
     source, sink = f"tls-run-in-{uuid.uuid4().hex[:6]}", f"tls-run-out-{uuid.uuid4().hex[:6]}"
     _topics(secured["plain"], source, sink, partitions=4)
+    app_id = f"tls-app-{uuid.uuid4().hex[:6]}"
+    acls = txstream("acls", "processors.passthrough:PassThrough", "--principal", PRINCIPAL, "--app-id", app_id,
+                    "--input", source, "--output", sink, "--protocol", "narrow", "--execute",
+                    "--bootstrap-servers", secured["plain"])
+    assert acls.returncode == 0, acls.stderr
+    assert len(acls.stdout.splitlines()) == 5 and "created" in acls.stderr
     lines = "".join(json.dumps({"n": i}) + "\n" for i in range(4000))
     proc = txstream("produce", source, "--bootstrap-servers", secured["secured"], "--command-config",
                     secured["config"], stdin=lines)
@@ -96,8 +125,8 @@ def test_exactly_once_through_tls_and_scram_under_kill_minus_nine(secured: dict,
     # every process's temporary files, the runs' logs.
     written = tmp_path / "written"
     (written / "events").mkdir(parents=True)
-    app = App(secured["secured"], source, sink, 4, cap=250, master="local[2]", log_dir=str(written / "logs"),
-              extra=["--command-config", secured["config"], "--conf", "spark.eventLog.enabled=true",
+    app = App(secured["secured"], source, sink, 4, app_id=app_id, cap=250, master="local[2]",
+              log_dir=str(written / "logs"), extra=["--command-config", secured["app_config"], "--conf", "spark.eventLog.enabled=true",
                      "--conf", f"spark.eventLog.dir=file://{written}/events", "--conf",
                      f"spark.local.dir={written}/local"],
               env_extra={"TMPDIR": str(written)})
@@ -122,3 +151,30 @@ def test_exactly_once_through_tls_and_scram_under_kill_minus_nine(secured: dict,
     for secret in (PASSWORD, keystore_password.strip()):
         assert files_holding(written, secret) == {}
         assert wrapped(app.log_text().encode(), secret.encode()) is None
+
+
+@pytest.mark.parametrize("left_out", range(4), ids=["input", "output", "group", "transactional-ids"])
+def test_a_missing_acl_stops_the_run_at_start_naming_it(secured: dict, left_out: int) -> None:
+    source, sink = f"acl-in-{uuid.uuid4().hex[:6]}", f"acl-out-{uuid.uuid4().hex[:6]}"
+    _topics(secured["plain"], source, sink)
+    produced = txstream("produce", source, "--bootstrap-servers", secured["plain"], stdin='{"n": 1}\n')
+    assert produced.returncode == 0, produced.stderr
+    app_id = f"acl-app-{uuid.uuid4().hex[:6]}"
+    from txstream.kafka import acls
+
+    needs = acls.app_needs(app_id, [source], sink, None, "exactly-once", "narrow")
+    needs = [n for n in needs if not n.name.endswith("-poison")]
+    assert [n.resource for n in needs] == ["topic", "topic", "group", "transactional-id"]
+    acls.grant(AdminClient({"bootstrap.servers": secured["plain"]}), needs[:left_out] + needs[left_out + 1:],
+               PRINCIPAL, 30)
+    proc = txstream("run", "processors.passthrough:PassThrough", "--app-id", app_id, "--input", source,
+                    "--output", sink, "--bootstrap-servers", secured["secured"], "--command-config",
+                    secured["app_config"], "--until-caught-up", timeout=300)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: The app's principal lacks 1 ACL(s)") and needs[left_out].describe() in last, \
+        proc.stderr[-3000:]
+    assert "Spark" not in proc.stderr, "stopped before Spark started"
+    assert committed_or_none(secured["plain"], app_id, source, 2) in ({0: None, 1: None}, None)
+    out = txstream("consume", sink, "--bootstrap-servers", secured["plain"], "--timeout", "5")
+    assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr

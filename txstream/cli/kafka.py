@@ -55,8 +55,11 @@ def kafka() -> None:
               help="Add a TLS listener on PORT+200 with a throwaway CA (client certificates accepted).")
 @click.option("--scram-user", "scram_users", multiple=True, metavar="NAME:PASSWORD",
               help="A SASL/SCRAM-SHA-512 user of the secured listener on PORT+200 (repeatable).")
+@click.option("--acls", "authorizer", is_flag=True,
+              help="Turn on Kafka's StandardAuthorizer: nothing is allowed without an ACL (the plaintext listener "
+                   "stays a super user, for administration).")
 def kafka_up(port: int | None, data_dir: str | None, brokers: int, listen: str, advertise: str | None,
-             tls: bool, scram_users: tuple[str, ...]) -> None:
+             tls: bool, scram_users: tuple[str, ...], authorizer: bool) -> None:
     """Start a local Kafka cluster in the background and print its bootstrap address (stdout).
 
     With --tls or --scram-user it also gets a secured listener; the client settings for it are
@@ -69,7 +72,7 @@ def kafka_up(port: int | None, data_dir: str | None, brokers: int, listen: str, 
         users[name] = password
     cluster = local_broker.LocalKafkaCluster(port=port or default_port(), data_dir=data_dir or "", brokers=brokers,
                                              listen=listen, advertise=advertise or "", tls=tls,
-                                             scram_users=users or None)
+                                             scram_users=users or None, authorizer=authorizer)
     try:
         bootstrap = cluster.start(progress=_progress)
     except local_broker.BrokerError as exc:

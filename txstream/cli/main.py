@@ -242,6 +242,7 @@ def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolati
 
 
 # Command groups that live in modules of their own.
+from txstream.cli.acls import acls  # noqa: E402
 from txstream.cli.kafka import kafka  # noqa: E402
 from txstream.cli.offsets import offsets  # noqa: E402
 from txstream.cli.state import state  # noqa: E402
@@ -255,6 +256,7 @@ main.add_command(verify)
 main.add_command(topics)
 main.add_command(status)
 main.add_command(state)
+main.add_command(acls)
 
 
 if __name__ == "__main__":  # pragma: no cover

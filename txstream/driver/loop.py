@@ -98,9 +98,13 @@ class Driver:
     def check_topics(self) -> None:
         """Inputs, the output and the dead-letter topic must exist: txstream never creates them."""
         s = self.settings
+        from txstream.kafka.acls import app_needs, check_access
         from txstream.kafka.offsets import cluster_topics
 
         known = cluster_topics(self.admin, timeout=30)  # also the reachability check: one clear line
+        # Before "does not exist": a topic the principal may not describe is not listed either.
+        check_access(self.admin, s.clients, app_needs(s.app_id, s.input_topics, s.output_topic, s.dead_letter_topic,
+                                                      s.guarantee), timeout=30)
         wanted = [("input", t) for t in s.input_topics]
         wanted += [("output", s.output_topic)] if s.output_topic else []
         wanted += [("dead-letter", s.dead_letter_topic)] if s.dead_letter_topic else []

@@ -175,7 +175,7 @@ class LocalKafkaCluster:
     the users created through Kafka's admin API once the cluster is up), `tls` (TLS with a
     throwaway CA, local/tls.py; client certificates accepted, not required). Its protocol is
     SASL_SSL, SASL_PLAINTEXT or SSL accordingly; `client_properties()` says how to reach it.
-    Inter-broker and controller traffic stay PLAINTEXT on localhost, and there is no authorizer.
+    Inter-broker and controller traffic stay PLAINTEXT on localhost. `authorizer` turns on ACLs.
     """
 
     port: int = 9092
@@ -188,6 +188,9 @@ class LocalKafkaCluster:
     sasl_users: dict[str, str] | None = None
     scram_users: dict[str, str] | None = None
     tls: bool = False
+    # KRaft's StandardAuthorizer, nothing allowed without an ACL; the plaintext listeners'
+    # principal (User:ANONYMOUS: brokers, controllers and tests' admin clients) is a super user.
+    authorizer: bool = False
     listen: str = "localhost"
     advertise: str = ""
     overrides: dict[str, str] = field(default_factory=dict)   # broker properties, after txstream's
@@ -324,6 +327,8 @@ class LocalKafkaCluster:
             f"node.id={node.node_id}",
             f"controller.quorum.voters={voters}",
             *self._listeners(node),
+            *(["authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+               "allow.everyone.if.no.acl.found=false", "super.users=User:ANONYMOUS"] if self.authorizer else []),
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             f"log.dirs={os.path.join(node.directory, 'data')}",

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.commands import exercise, txstream
-from tests.support.kafka import committed_or_none
+from tests.support.kafka import committed_or_none, produce, read_all
 from tests.support.running import App
 from tests.support.secret_scan import files_holding, wrapped
 from tests.support.waiting import wait_until
@@ -29,6 +29,8 @@ from txstream.local.cluster import free_port_block
 OPS, OPS_PASSWORD = "ops", "ops-Pa55-" + uuid.uuid4().hex[:8]
 USER, PASSWORD = "orders-app", "scram-Pa55-" + uuid.uuid4().hex[:8]
 PRINCIPAL = f"User:{USER}"
+WIDE = "tests.support.wide_processors:BucketTotals"
+STATEFUL = "tests.support.state_processors:BucketRunningTotals"
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +155,7 @@ def test_exactly_once_through_tls_and_scram_under_kill_minus_nine(secured: dict,
         assert wrapped(app.log_text().encode(), secret.encode()) is None
 
 
-@pytest.mark.parametrize("left_out", range(4), ids=["input", "output", "group", "transactional-ids"])
+@pytest.mark.parametrize("left_out", range(5), ids=["input", "output", "group", "poison-group", "transactional-ids"])
 def test_a_missing_acl_stops_the_run_at_start_naming_it(secured: dict, left_out: int) -> None:
     source, sink = f"acl-in-{uuid.uuid4().hex[:6]}", f"acl-out-{uuid.uuid4().hex[:6]}"
     _topics(secured["plain"], source, sink)
@@ -163,8 +165,7 @@ def test_a_missing_acl_stops_the_run_at_start_naming_it(secured: dict, left_out:
     from txstream.kafka import acls
 
     needs = acls.app_needs(app_id, [source], sink, None, "exactly-once", "narrow")
-    needs = [n for n in needs if not n.name.endswith("-poison")]
-    assert [n.resource for n in needs] == ["topic", "topic", "group", "transactional-id"]
+    assert [n.resource for n in needs] == ["topic", "topic", "group", "group", "transactional-id"]
     acls.grant(AdminClient({"bootstrap.servers": secured["plain"]}), needs[:left_out] + needs[left_out + 1:],
                PRINCIPAL, 30)
     proc = txstream("run", "processors.passthrough:PassThrough", "--app-id", app_id, "--input", source,
@@ -178,3 +179,42 @@ def test_a_missing_acl_stops_the_run_at_start_naming_it(secured: dict, left_out:
     assert committed_or_none(secured["plain"], app_id, source, 2) in ({0: None, 1: None}, None)
     out = txstream("consume", sink, "--bootstrap-servers", secured["plain"], "--timeout", "5")
     assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
+
+
+def _keyed_input(plain: str, records: int) -> tuple[str, str]:
+    source, sink = f"acl-in-{uuid.uuid4().hex[:6]}", f"acl-out-{uuid.uuid4().hex[:6]}"
+    _topics(plain, source, sink)
+    produce(plain, source, ((f"k{n}".encode(), b"x") for n in range(records)))
+    return source, sink
+
+
+def test_a_stateful_app_runs_under_exactly_its_acls(secured: dict) -> None:
+    source, sink = _keyed_input(secured["plain"], 200)
+    app_id = f"acl-state-{uuid.uuid4().hex[:6]}"
+    acls = txstream("acls", STATEFUL, "--principal", PRINCIPAL, "--app-id", app_id, "--input", source,
+                    "--output", sink, "--protocol", "stateful", "--execute", "--bootstrap-servers", secured["plain"])
+    assert acls.returncode == 0, acls.stderr
+    proc = txstream("run", STATEFUL, "--app-id", app_id, "--input", source, "--output", sink, "--master", "local[1]",
+                    "--bootstrap-servers", secured["secured"], "--command-config", secured["app_config"],
+                    "--until-caught-up", timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    totals = {r.key: json.loads(r.value) for r in read_all(secured["plain"], sink)}
+    assert sum(t["count"] for t in totals.values()) == 200
+
+
+def test_without_the_internal_topics_acl_a_wide_app_stops_at_start(secured: dict) -> None:
+    from txstream.kafka import acls
+
+    source, sink = _keyed_input(secured["plain"], 50)
+    app_id = f"acl-wide-{uuid.uuid4().hex[:6]}"
+    needs = acls.app_needs(app_id, [source], sink, None, "exactly-once", "wide")
+    assert needs[-1] == acls.internal_topics_need(app_id)
+    acls.grant(AdminClient({"bootstrap.servers": secured["plain"]}), needs[:-1], PRINCIPAL, 30)
+    proc = txstream("run", WIDE, "--app-id", app_id, "--input", source, "--output", sink, "--master", "local[1]",
+                    "--bootstrap-servers", secured["secured"], "--command-config", secured["app_config"],
+                    "--until-caught-up", timeout=400)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: The app's principal lacks 1 ACL(s)") and needs[-1].describe() in last, \
+        proc.stderr[-3000:]
+    assert read_all(secured["plain"], sink, timeout=10) == []

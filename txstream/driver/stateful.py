@@ -144,6 +144,7 @@ class StatefulBatches(WideBatches):
         from confluent_kafka import Producer
         from confluent_kafka.admin import NewTopic
 
+        from txstream.kafka.acls import check_internal_access, create_refused
         from txstream.kafka.offsets import cluster_topics
 
         app = self.settings.app_id
@@ -162,7 +163,8 @@ class StatefulBatches(WideBatches):
                 self.echo(f"created the state topic {name} ({partitions} partitions)")
             except Exception as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
-                    raise
+                    raise (create_refused(exc, app) or exc) from None
+        check_internal_access(self.admin, self.settings.clients, app, [name for name, _, _ in wanted], timeout=30)
         if describe:
             producer = Producer(self.settings.clients.producer(**{"enable.idempotence": True}))
             producer.produce(state_topic(app), self.description.to_json(), self.operator.encode())

@@ -204,6 +204,7 @@ class WideBatches:
     def _ensure_markers_topic(self) -> None:
         from confluent_kafka.admin import NewPartitions, NewTopic
 
+        from txstream.kafka.acls import check_internal_access, create_refused
         from txstream.kafka.offsets import cluster_topics
 
         name = markers_name(self.settings.app_id)
@@ -218,10 +219,11 @@ class WideBatches:
                           "committed offsets of its partitions; it holds one record per closed batch)")
             except Exception as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
-                    raise
+                    raise (create_refused(exc, self.settings.app_id) or exc) from None
         elif known[name] < self.units:
             admin.create_partitions([NewPartitions(name, self.units)])[name].result(30)
         _wait_for_partitions(admin, name, self.units)
+        check_internal_access(admin, self.settings.clients, self.settings.app_id, [name], timeout=30)
 
     # -- planning ---------------------------------------------------------------------------------
 

@@ -14,11 +14,11 @@ Spark starts, naming the ACL, instead of failing a batch.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from txstream.errors import UserError
 from txstream.kafka.config import KafkaClients
+from txstream.kafka.retry import retriable
 
 
 class AccessDenied(UserError):
@@ -57,11 +57,38 @@ def app_needs(app_id: str, inputs: list[str], output: str | None, dead_letter: s
         needs.append(Need("transactional-id", f"{app_id}-", ("Write", "Describe"),
                           "the transactional producers", prefixed=True))
     if protocol in ("wide", "stateful", "any"):
-        needs.append(Need("topic", f"{app_id}.", ("Create", "Read", "Write", "Describe"),
-                          "the wide and stateful protocols' own topics, created at the first start", prefixed=True))
+        needs.append(internal_topics_need(app_id))
     if protocol in ("stateful", "any"):
         needs.append(Need("group", f"{app_id}.", ("Read", "Describe"), "reading the state's topics", prefixed=True))
     return needs
+
+
+def internal_topics_need(app_id: str) -> Need:
+    return Need("topic", f"{app_id}.", ("Create", "Read", "Write", "Describe"),
+                "the wide and stateful protocols' own topics, created at the first start", prefixed=True)
+
+
+def denied(needs: list[Need]) -> AccessDenied:
+    return AccessDenied(f"The app's principal lacks {len(needs)} ACL(s) it needs: "
+                        + "; ".join(n.describe() for n in needs)
+                        + ". `txstream acls --app-id ...` prints them all (docs/security.md).")
+
+
+def create_refused(exc: BaseException, app_id: str) -> AccessDenied | None:
+    """The AccessDenied for an internal topic the principal may not create, else None."""
+    text = str(exc).upper()
+    if "TOPIC_AUTHORIZATION_FAILED" in text or "CLUSTER_AUTHORIZATION_FAILED" in text:
+        return denied([internal_topics_need(app_id)])
+    return None
+
+
+def check_internal_access(admin, clients: KafkaClients, app_id: str, topics: list[str], timeout: float) -> None:
+    """The protocol's own topics, once they exist: the principal may read, write and describe them
+    (the prefixed ACL of `internal_topics_need`), else AccessDenied naming that ACL."""
+    try:
+        check_access(admin, clients, [Need("topic", t, ("Read", "Write", "Describe"), "") for t in topics], timeout)
+    except AccessDenied:
+        raise denied([internal_topics_need(app_id)]) from None
 
 
 def kafka_acls_commands(needs: list[Need], principal: str, bootstrap: str) -> list[str]:
@@ -101,26 +128,16 @@ def check_access(admin, clients: KafkaClients, needs: list[Need], timeout: float
                                         include_authorized_operations=True, request_timeout=timeout)
         for need in topics:
             missing += _lacking(need, futures[need.name], "TOPIC_AUTHORIZATION_FAILED", KafkaException)
-    # The poison group is used rarely, and checked when it is.
-    for need in (n for n in needs if n.resource == "group" and not n.prefixed and not n.name.endswith("-poison")):
-        deadline = time.monotonic() + timeout
-        while True:   # a group coordinator still loading answers NOT_COORDINATOR for a moment
-            future = admin.describe_consumer_groups([need.name], include_authorized_operations=True,
-                                                    request_timeout=timeout)[need.name]
-            try:
-                missing += _lacking(need, future, "GROUP_AUTHORIZATION_FAILED", KafkaException)
-                break
-            except KafkaException as exc:
-                if not exc.args[0].retriable() and exc.args[0].name() != "NOT_COORDINATOR" or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    for need in (n for n in needs if n.resource == "group" and not n.prefixed):
+        # A group coordinator still loading answers NOT_COORDINATOR or LOAD_IN_PROGRESS for a moment.
+        missing += retriable(lambda need=need: _lacking(need, admin.describe_consumer_groups(
+            [need.name], include_authorized_operations=True, request_timeout=timeout)[need.name],
+            "GROUP_AUTHORIZATION_FAILED", KafkaException), timeout)
     for need in (n for n in needs if n.resource == "transactional-id"):
         if not _may_use_transactional_ids(clients, need.name, timeout):
             missing.append(need)
     if missing:
-        raise AccessDenied(f"The app's principal lacks {len(missing)} ACL(s) it needs: "
-                           + "; ".join(n.describe() for n in missing)
-                           + ". `txstream acls --app-id ...` prints them all (docs/security.md).")
+        raise denied(missing)
 
 
 def _lacking(need: Need, future, denied: str, exception_type) -> list[Need]:
@@ -129,8 +146,10 @@ def _lacking(need: Need, future, denied: str, exception_type) -> list[Need]:
     except exception_type as exc:
         if exc.args and exc.args[0].name() == denied:
             return [need]
-        if exc.args and exc.args[0].name() == "UNKNOWN_TOPIC_OR_PART":
-            return []   # not an ACL: the run says the topic does not exist
+        if exc.args and exc.args[0].name() in ("UNKNOWN_TOPIC_OR_PART", "GROUP_ID_NOT_FOUND"):
+            # Not an ACL (the principal may describe it, or it would have been refused): a topic
+            # the run says does not exist, a group its first member creates.
+            return []
         raise
     if not allowed:
         return []   # the broker did not say (no authorizer answers with every operation)

@@ -148,6 +148,10 @@ def test_exactly_once_through_tls_and_scram_under_kill_minus_nine(secured: dict,
     proc = txstream("verify", "--input", source, "--output", sink, "--one-to-one", "--bootstrap-servers",
                     secured["secured"], "--command-config", secured["config"], "--timeout", "30")
     assert proc.returncode == 0 and "CLEAN" in proc.stdout, proc.stdout + proc.stderr
+    # (an operator's principal: status also reads the output's tail, which the app only writes)
+    proc = txstream("status", "--app-id", app_id, "--output", sink, "--bootstrap-servers", secured["secured"],
+                    "--command-config", secured["config"], "--timeout", "30")
+    assert proc.returncode == 0 and source in proc.stdout, proc.stdout + proc.stderr
     keystore_password = (Path(load_properties(secured["config"])["ssl.ca.location"]).parent / "password").read_text()
     assert list((written / "events").iterdir()), "Spark wrote no event log"
     for secret in (PASSWORD, keystore_password.strip()):

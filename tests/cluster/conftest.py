@@ -84,16 +84,28 @@ def spark_standalone(simulated_hosts: SimulatedHosts, tmp_path_factory: pytest.T
         cluster.stop()
 
 
+# The broker's SASL/PLAIN user: a run through its secured listener must leave the password nowhere.
+SASL_USER, SASL_PASSWORD = "cluster-app", "cl-Pa55-" + uuid.uuid4().hex[:8]
+
+
 @pytest.fixture(scope="module")
-def hosts_kafka(simulated_hosts: SimulatedHosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A broker that listens on the bridge: reachable from the driver and from every host."""
-    cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=str(tmp_path_factory.mktemp("kafka")),
-                                listen=simulated_hosts.gateway, die_with_parent=True)
-    bootstrap = cluster.start(timeout=180)
+def hosts_kafka_cluster(simulated_hosts: SimulatedHosts,
+                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
+    """A broker that listens on the bridge: reachable from the driver and from every host, in
+    plaintext and through SASL/PLAIN (`secured_bootstrap_servers`)."""
+    cluster = LocalKafkaCluster(port=free_port_block(1, blocks=3), data_dir=str(tmp_path_factory.mktemp("kafka")),
+                                listen=simulated_hosts.gateway, die_with_parent=True,
+                                sasl_users={SASL_USER: SASL_PASSWORD})
+    cluster.start(timeout=180)
     try:
-        yield bootstrap
+        yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def hosts_kafka(hosts_kafka_cluster: LocalKafkaCluster) -> str:
+    return hosts_kafka_cluster.bootstrap_servers
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ verify`'s) is clean; the Spark event log says on which hosts the tasks really ra
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -19,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.chaos import harness as h
-from tests.cluster.conftest import GOOD_ENV, SPLIT_ENV
+from tests.cluster.conftest import GOOD_ENV, SASL_PASSWORD, SPLIT_ENV
 from tests.support.kafka import committed, read_all
-from tests.support.running import App, Run
+from tests.support.running import REPO, App, Run
+from tests.support.secret_scan import files_holding, wrapped
 from tests.support.seeding import seed_numbered
 from tests.support.spark_standalone import SparkStandalone
 from tests.support.waiting import wait_until
@@ -140,13 +142,17 @@ def _started(cluster: SparkStandalone, app: App, run: Run) -> None:
     wait_until(lambda: app.events().said("executor preflight passed"), 240, "the executor preflight", run=run)
 
 
-def test_a_package_udf_runs_on_both_hosts_exactly_once(spark_standalone, hosts_kafka, hosts_topic, app_dir):
+def test_a_package_udf_runs_on_both_hosts_exactly_once(spark_standalone, hosts_kafka, hosts_kafka_cluster,
+                                                       hosts_topic, app_dir):
     """The processor's package is shipped; the preflight passes on both hosts; the batches' tasks
-    run on both; the output is exact."""
+    run on both, through the broker's SASL listener; the output is exact; and the password is in
+    no file the run wrote on any host (event log, executor logs, work and local directories)."""
     source, sink = hosts_topic("cl-in", PARTITIONS), hosts_topic("cl-out", PARTITIONS)
     expected = seed_numbered(hosts_kafka, source, PARTITIONS, h.scale(4_000, 40_000))
     checker = h.Checker(hosts_kafka, sink, PARTITIONS)
-    app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(500, 2_000))
+    sasl = ["--bootstrap-servers", hosts_kafka_cluster.secured_bootstrap_servers,   # the last one given wins
+            *(arg for k, v in hosts_kafka_cluster.client_properties().items() for arg in ("-X", f"{k}={v}"))]
+    app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(500, 2_000), extra=sasl)
     try:
         checker.start()
         code = app.start(until_caught_up=True).wait(600)
@@ -162,6 +168,14 @@ def test_a_package_udf_runs_on_both_hosts_exactly_once(spark_standalone, hosts_k
         assert hosts == {spark_standalone.host(0).address, spark_standalone.host(1).address}, hosts
         checker.drain()
         h.verdict("package UDF on two hosts", hosts_kafka, app, expected, checker=checker)
+        assert files_holding(app_dir.parent, SASL_PASSWORD) == {}
+        assert wrapped(app.log_text().encode(), SASL_PASSWORD.encode()) is None
+        for i in (0, 1):   # each host's own /tmp: the workers' work and local directories
+            scan = spark_standalone.host(i).run(
+                [sys.executable, "-c", "import sys; from tests.support.secret_scan import files_holding; "
+                 "print(files_holding(__import__('pathlib').Path('/tmp'), sys.argv[1]))", SASL_PASSWORD],
+                capture_output=True, text=True, cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert scan.returncode == 0 and scan.stdout.strip() == "{}", scan.stdout + scan.stderr
     finally:
         checker.stop_event.set()
         app.destroy_all()

@@ -317,21 +317,29 @@ class RunBroker:
     description: str
     cluster: object | None = None
     data_dir: str | None = None
+    # With `secured`: the TLS + SCRAM-SHA-512 listener and its client settings file.
+    secured: dict | None = None
 
     @classmethod
-    def start(cls, bootstrap_servers: str | None, log, data_prefix: str, timeout: float = 180) -> RunBroker:
+    def start(cls, bootstrap_servers: str | None, log, data_prefix: str, timeout: float = 180,
+              secured: bool = False) -> RunBroker:
         if bootstrap_servers:
             return cls(bootstrap_servers, "external cluster (version not known to the harness)")
+        import secrets
         import tempfile
 
         from txstream.local.cluster import KAFKA_VERSION, LocalKafkaCluster, free_port_block
 
         data_dir = tempfile.mkdtemp(prefix=data_prefix)
-        cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=data_dir, die_with_parent=True)
+        cluster = LocalKafkaCluster(port=free_port_block(1, blocks=3), data_dir=data_dir, die_with_parent=True,
+                                    tls=secured, scram_users={"bench": secrets.token_urlsafe(12)} if secured else None)
         broker = cls("", f"Apache Kafka {KAFKA_VERSION} (local, 1 KRaft node)", cluster, data_dir)
-        log("starting a local Kafka broker ...")
+        log("starting a local Kafka broker" + (" (with a TLS + SCRAM listener)" if secured else "") + " ...")
         try:
             broker.bootstrap = cluster.start(progress=lambda m: log("  " + m), timeout=timeout)
+            if secured:
+                broker.secured = {"bootstrap": cluster.secured_bootstrap_servers,
+                                  "config": str(cluster.write_client_properties())}
         except BaseException:
             broker.stop(log)
             raise

@@ -67,7 +67,8 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
     log_path = ctx["logdir"] / f"{tag}.log"
     job = Job(bootstrap=bootstrap, input_topic=seeded.topic, output_topic=out_topic,
               partitions=partitions, group=f"bench-{tag}-{uuid.uuid4().hex[:6]}", workdir=workdir,
-              records=seeded.records, avg_value_size=seeded.avg_value_size, expected=seeded.expected_count)
+              records=seeded.records, avg_value_size=seeded.avg_value_size, expected=seeded.expected_count,
+              extra=dict(ctx.get("job_extra", {})))
     expected = contender.expected_output(job) if hasattr(contender, "expected_output") else seeded.expected_count
     copies = getattr(contender, "output_kind", "enriched") == "copy"
     topics = [out_topic] + contender.extra_topics(job)
@@ -364,7 +365,8 @@ def run_latency(contender: Contender, ctx: dict) -> dict:
     workdir = tempfile.mkdtemp(prefix=f"bench-lat-{contender.name}-")
     log_path = ctx["logdir"] / f"{tag}.log"
     job = Job(bootstrap=bootstrap, input_topic=in_topic, output_topic=out_topic, partitions=partitions,
-              group=f"bench-{tag}-{uuid.uuid4().hex[:6]}", workdir=workdir, mode="latency")
+              group=f"bench-{tag}-{uuid.uuid4().hex[:6]}", workdir=workdir, mode="latency",
+              extra=dict(ctx.get("job_extra", {})))
     topics = [in_topic, out_topic] + contender.extra_topics(job)
     create_topics(bootstrap, topics, partitions)
     ctx["topics"] += topics
@@ -745,9 +747,11 @@ def main(argv=None) -> int:
                      | {"contenders": args.contender_names},
                      "hardware": hardware(), "logs": str(logdir), "git_at_start": git_state()}
     try:
-        run_broker = RunBroker.start(args.bootstrap_servers, log, "txstream-bench-kafka-", timeout=120)
+        run_broker = RunBroker.start(args.bootstrap_servers, log, "txstream-bench-kafka-", timeout=120,
+                                     secured=any(getattr(c, "secured", False) for c in contenders))
         bootstrap, broker = run_broker.bootstrap, run_broker.description
         ctx["bootstrap"] = bootstrap
+        ctx["job_extra"] = {"secured": run_broker.secured} if run_broker.secured else {}
         ctx["broker_pids"] = run_broker.cluster.alive_pids() if run_broker.cluster is not None else []
         log(f"broker: {bootstrap}; logs of each run under {logdir}")
         # Internal topics first, so that no contender pays for their creation (see warm_up_broker).

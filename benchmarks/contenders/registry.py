@@ -27,6 +27,8 @@ def all_contenders() -> list[Contender]:
             # No lineage headers: a slot's ranges are read in one Python hand-off (task/reading.py).
             TxStream("exactly-once", name="txstream-exactly-once-nolineage",
                      label="txstream exactly-once, --no-lineage", extra_args=("--no-lineage",)),
+            TxStream("exactly-once", name="txstream-exactly-once-tls-scram",
+                     label="txstream exactly-once over TLS + SCRAM-SHA-512", secured=True),
             HandWrittenLoop(),
             Instances(HandWrittenLoop(), 2, {"--transactional-id": "-{i}"}, name="handwritten-x2",
                       label="hand-written confluent-kafka EOS loop, 2 instances"),

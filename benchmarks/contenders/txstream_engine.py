@@ -28,8 +28,10 @@ class TxStream(Contender):
 
     def __init__(self, guarantee: str, processor: str = PROCESSOR, name: str | None = None,
                  label: str | None = None, max_records_per_partition: int | None = None,
-                 extra_args: tuple[str, ...] = (), baseline: Path | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), baseline: Path | None = None, secured: bool = False) -> None:
         self.guarantee = guarantee
+        # Through the run broker's TLS + SCRAM-SHA-512 listener (what security costs: docs/security.md).
+        self.secured = secured
         # A git worktree of another commit (TXSTREAM_BENCH_BASELINE): the same run with that
         # commit's txstream, side by side with this one's, for a change's measured effect.
         self.baseline = baseline
@@ -74,6 +76,12 @@ class TxStream(Contender):
         if job.mode == "throughput":
             argv.append("--until-caught-up")
         argv += list(self.extra_args)
+        if self.secured:
+            if "secured" not in job.extra:
+                raise Unavailable("needs the harness's own local broker (its TLS + SCRAM listener)")
+            # The last --bootstrap-servers given wins.
+            argv += ["--bootstrap-servers", job.extra["secured"]["bootstrap"],
+                     "--command-config", job.extra["secured"]["config"]]
         if self.baseline is not None:
             # Its driver (and so Spark's JVM and Python workers) start in the worktree, whose
             # txstream comes first on sys.path.

@@ -164,7 +164,8 @@ class StatefulBatches(WideBatches):
             except Exception as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
                     raise (create_refused(exc, app) or exc) from None
-        check_internal_access(self.admin, self.settings.clients, app, [name for name, _, _ in wanted], timeout=30)
+        check_internal_access(self.admin, self.settings.clients, app, [name for name, _, _ in wanted],
+                              [f"{app}.state-reader"], timeout=30)
         if describe:
             producer = Producer(self.settings.clients.producer(**{"enable.idempotence": True}))
             producer.produce(state_topic(app), self.description.to_json(), self.operator.encode())

@@ -223,7 +223,7 @@ class WideBatches:
         elif known[name] < self.units:
             admin.create_partitions([NewPartitions(name, self.units)])[name].result(30)
         _wait_for_partitions(admin, name, self.units)
-        check_internal_access(admin, self.settings.clients, self.settings.app_id, [name], timeout=30)
+        check_internal_access(admin, self.settings.clients, self.settings.app_id, [name], [name], timeout=30)
 
     # -- planning ---------------------------------------------------------------------------------
 

@@ -58,14 +58,19 @@ def app_needs(app_id: str, inputs: list[str], output: str | None, dead_letter: s
                           "the transactional producers", prefixed=True))
     if protocol in ("wide", "stateful", "any"):
         needs.append(internal_topics_need(app_id))
-    if protocol in ("stateful", "any"):
-        needs.append(Need("group", f"{app_id}.", ("Read", "Describe"), "reading the state's topics", prefixed=True))
+    if protocol in ("wide", "stateful", "any"):
+        needs.append(internal_groups_need(app_id))
     return needs
 
 
 def internal_topics_need(app_id: str) -> Need:
     return Need("topic", f"{app_id}.", ("Create", "Read", "Write", "Describe"),
                 "the wide and stateful protocols' own topics, created at the first start", prefixed=True)
+
+
+def internal_groups_need(app_id: str) -> Need:
+    return Need("group", f"{app_id}.", ("Read", "Describe"),
+                "the units' markers (APP.units) and reading the state's topics", prefixed=True)
 
 
 def denied(needs: list[Need]) -> AccessDenied:
@@ -82,13 +87,18 @@ def create_refused(exc: BaseException, app_id: str) -> AccessDenied | None:
     return None
 
 
-def check_internal_access(admin, clients: KafkaClients, app_id: str, topics: list[str], timeout: float) -> None:
-    """The protocol's own topics, once they exist: the principal may read, write and describe them
-    (the prefixed ACL of `internal_topics_need`), else AccessDenied naming that ACL."""
-    try:
-        check_access(admin, clients, [Need("topic", t, ("Read", "Write", "Describe"), "") for t in topics], timeout)
-    except AccessDenied:
-        raise denied([internal_topics_need(app_id)]) from None
+def check_internal_access(admin, clients: KafkaClients, app_id: str, topics: list[str], groups: list[str],
+                          timeout: float) -> None:
+    """The protocol's own topics (once they exist) and groups: the principal may use them (the
+    prefixed ACLs of `internal_topics_need` and `internal_groups_need`), else AccessDenied naming
+    the ACL."""
+    for need, literal in ((internal_topics_need(app_id), [Need("topic", t, ("Read", "Write", "Describe"), "")
+                                                          for t in topics]),
+                          (internal_groups_need(app_id), [Need("group", g, ("Read", "Describe"), "") for g in groups])):
+        try:
+            check_access(admin, clients, literal, timeout)
+        except AccessDenied:
+            raise denied([need]) from None
 
 
 def kafka_acls_commands(needs: list[Need], principal: str, bootstrap: str) -> list[str]:

@@ -8,18 +8,9 @@ import random
 import pytest
 
 from txstream.state import aggregates as aggs
+from txstream.state import keys
 from txstream.state.codec import StateCodec
-from txstream.state.keys import (
-    EXPIRY_END,
-    decode_key,
-    decode_keys,
-    encode_key,
-    encode_keys,
-    expiring_key,
-    expiry_end,
-    expiry_key,
-    window_prefix,
-)
+from txstream.state.keys import decode_key, encode_key, window_prefix
 from txstream.state.operator import Aggregate
 
 AGGREGATES = [Aggregate("n", "count", "1"), Aggregate("total", "sum", "v"), Aggregate("low", "min", "v"),
@@ -90,22 +81,22 @@ def test_keys_encoded_column_wise_are_the_bytes_of_encode_key() -> None:
     rows = [list(row) for row in zip(*(c.to_pylist() for c in columns), strict=True)]
     for chosen in ([0], [1], [0, 1], [1, 0], [2], [3], [4], [5], list(range(6))):
         want = [encode_key([row[i] for i in chosen]) for row in rows]
-        assert encode_keys([columns[i] for i in chosen], 7) == want, chosen
+        assert keys.encode_keys([columns[i] for i in chosen], 7) == want, chosen
     starts, ends = [0, 60_000, -60_000, 0, 0, 0, 0], [60_000, 120_000, 0, 60_000, 60_000, 60_000, 60_000]
-    assert encode_keys(columns[:2], 7, (starts, ends)) == [
+    assert keys.encode_keys(columns[:2], 7, (starts, ends)) == [
         encode_key(row[:2], (s, e)) for row, s, e in zip(rows, starts, ends, strict=True)]
-    assert encode_keys([], 3) == [encode_key([])] * 3
-    values, windows = decode_keys(encode_keys(columns[:2], 7, (starts, ends)), windowed=True)
+    assert keys.encode_keys([], 3) == [encode_key([])] * 3
+    values, windows = keys.decode_keys(keys.encode_keys(columns[:2], 7, (starts, ends)), windowed=True)
     assert values == [c.to_pylist() for c in columns[:2]] and windows == (starts, ends)
 
 
 def test_the_expiry_index_sorts_first_in_expiry_order() -> None:
     groups = [encode_key([v]) for v in ("b", "a", 3)]
-    index = [expiry_key(t, k) for t, k in ((5_000, groups[0]), (-1, groups[1]), (5_001, groups[2]))]
-    assert sorted(index + groups)[:3] == sorted(index) and all(k < EXPIRY_END for k in index)
-    assert all(k >= EXPIRY_END for k in groups)
-    expired = sorted(k for k in index if k < expiry_end(5_000))   # what a watermark of 5,000 ms expires
-    assert [expiring_key(k) for k in expired] == [groups[1], groups[0]]
+    index = [keys.expiry_key(t, k) for t, k in ((5_000, groups[0]), (-1, groups[1]), (5_001, groups[2]))]
+    assert sorted(index + groups)[:3] == sorted(index) and all(k < keys.EXPIRY_END for k in index)
+    assert all(k >= keys.EXPIRY_END for k in groups)
+    expired = sorted(k for k in index if k < keys.expiry_end(5_000))   # what a watermark of 5,000 ms expires
+    assert [keys.expiring_key(k) for k in expired] == [groups[1], groups[0]]
 
 
 def test_a_state_without_the_expiry_index_is_told_apart_by_its_fingerprint() -> None:

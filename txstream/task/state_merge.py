@@ -296,9 +296,7 @@ def _arrow_column(values: list[Any], typ: pa.DataType, scale: int = 1) -> pa.Arr
     """Values the state or a key kept, as an Arrow column of `typ` (`_typed` for each value);
     `scale` turns a timestamp's integers into microseconds (keys keep milliseconds)."""
     if pa.types.is_timestamp(typ):
-        ints = [v * scale if isinstance(v, int) else v for v in values]
-        return pa.array(ints, pa.int64()).cast(typ) if all(v is None or isinstance(v, int) for v in ints) \
-            else pa.array(ints, typ)
+        return pa.array([v * scale if isinstance(v, int) else v for v in values], typ)
     if pa.types.is_date(typ) or pa.types.is_binary(typ) or pa.types.is_decimal(typ):
         return pa.array([_typed(v, typ) for v in values], typ)
     return pa.array(values, typ)

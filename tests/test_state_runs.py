@@ -183,28 +183,28 @@ class _ForgetfulUniqueOrders(UniqueOrders):
             "key", "value")
 
 
-def _dedup_state(bootstrap: str, app: str, units: int) -> tuple[dict[str, int], set[bytes], list[str]]:
-    """The dedup state each unit restores from Kafka (snapshot + changelog, as a new executor
-    would): {id: expiry ms} of its keys, its expiry index keys, and the restores' sources."""
+def _restored_state(bootstrap: str, app: str, operator: str) -> tuple[dict[bytes, bytes], set[bytes], list[str]]:
+    """The state each unit of `operator` restores from Kafka (snapshot + changelog, as a new
+    executor would): its keys and values, its expiry index keys, and the restores' sources."""
     from txstream.kafka.config import KafkaClients
-    from txstream.state.codec import StateCodec
-    from txstream.state.keys import decode_key, is_index_key
+    from txstream.state.keys import is_index_key
     from txstream.state.memory import MemoryStore
     from txstream.state.restore import restore
     from txstream.task.units import read_markers
+    from txstream.tools.state_view import read_descriptions
 
     clients = KafkaClients.from_properties(bootstrap)
+    units = read_descriptions(clients, app, 30)[operator].units
     markers = read_markers(clients, app, units)
-    codec = StateCodec(aggs.state_schema([], event_time=True))
     keys, index, sources = {}, set(), []
     for unit in range(units):
         store = MemoryStore(unit)
-        sources.append(restore(clients, app, "dedup", unit, store, markers[unit]).source)
+        sources.append(restore(clients, app, operator, unit, store, markers[unit]).source)
         for key, value in store.items():
             if is_index_key(key):
                 index.add(key)
             else:
-                keys[decode_key(key, False)[0][0]] = codec.decode(value)["t"]
+                keys[key] = value
     return keys, index, sources
 
 
@@ -219,7 +219,8 @@ def test_deduplication_forgets_exactly_the_expired_ids_across_batches_and_a_rest
     import tempfile
 
     from txstream.kafka.config import KafkaClients
-    from txstream.state.keys import expiry_key
+    from txstream.state.codec import StateCodec
+    from txstream.state.keys import decode_key, expiry_key
     from txstream.tools.state_view import show_state
 
     source, sink, dlq = make_topic("dx-in", partitions=2), make_topic("dx-out", partitions=2), make_topic("dx-dlq")
@@ -238,7 +239,9 @@ def test_deduplication_forgets_exactly_the_expired_ids_across_batches_and_a_rest
     expires = {i: event_ms[i] + 2000 for i in emitted}
     live = {i for i, t in expires.items() if t > watermark}
     assert 0 < len(live) < len(emitted) - 100, (len(live), watermark)   # the watermark forgot most ids
-    keys, index, sources = _dedup_state(bootstrap_servers, app, 2)
+    stored, index, sources = _restored_state(bootstrap_servers, app, "dedup")
+    codec = StateCodec(aggs.state_schema([], event_time=True))
+    keys = {decode_key(k, False)[0][0]: codec.decode(v)["t"] for k, v in stored.items()}
     assert keys == {i: expires[i] for i in live}
     assert index == {expiry_key(t, encode_key([i])) for i, t in keys.items()}
     assert any(s.startswith("snapshot") for s in sources), sources   # the snapshot carried the index too
@@ -341,6 +344,7 @@ def test_session_windows_merge_across_batches(bootstrap_servers, make_topic, run
     """Orders no more than 30 s apart are one session, also when batches cut a session in two;
     each session is emitted once, when the watermark (10 s behind) passes its end."""
     from processors.customer_sessions import CustomerSessions
+    from txstream.state.keys import expiry_key
 
     source, sink, dlq = make_topic("cs-in", partitions=1), make_topic("cs-out", partitions=2), make_topic("cs-dlq")
     seconds = {"a": [0, 10, 20, 35, 100, 110], "b": [5, 60, 70, 200], "c": [1, 29, 58, 87, 116]}
@@ -374,6 +378,10 @@ def test_session_windows_merge_across_batches(bootstrap_servers, make_topic, run
         end = round(datetime.fromisoformat(v["end"]).timestamp() * 1000) - epoch_ms
         got.append((v["customer_id"], start, end, v["orders"], v["amount"]))
     assert sorted(got) == sorted(want)    # the last order's session ("z") is still open
+    # Closed sessions left the state with their index entries: z's alone stays, indexed at its end.
+    stored, index, _sources = _restored_state(bootstrap_servers, driver.settings.app_id, "agg")
+    assert list(stored) == [encode_key(["z"])]
+    assert index == {expiry_key(epoch_ms + 430_000, encode_key(["z"]))}
     report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=driver.settings.app_id)
     assert report.clean, report.table()
 

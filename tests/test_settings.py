@@ -47,6 +47,17 @@ def test_first_batch_records_must_not_be_negative() -> None:
         resolve(PassThrough, bootstrap_servers="localhost:9092", first_batch_records=-1)
 
 
+def test_state_snapshot_every_is_the_option_else_the_processors_else_200000() -> None:
+    class Often(PassThrough):
+        state_snapshot_every = 50
+
+    assert resolve(PassThrough, bootstrap_servers="localhost:9092").state_snapshot_every == 200_000
+    assert resolve(Often, bootstrap_servers="localhost:9092").state_snapshot_every == 50
+    assert resolve(Often, bootstrap_servers="localhost:9092", state_snapshot_every=7).state_snapshot_every == 7
+    with pytest.raises(SettingsError, match="state_snapshot_every must be a positive"):
+        resolve(PassThrough, bootstrap_servers="localhost:9092", state_snapshot_every=-1)
+
+
 def test_consumers_refetch_quickly_unless_the_user_says_otherwise() -> None:
     """librdkafka's 1 s fetch.queue.backoff.ms stalled every big read (kafka/config.py QUICK_REFETCH)."""
     s = _resolve()

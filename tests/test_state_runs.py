@@ -6,6 +6,7 @@ append mode: every window the watermark closed is emitted once with the exact co
 none early, and the late orders are in the dead-letter topic. Deduplication: every id once."""
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
@@ -21,6 +22,8 @@ from tests.support.kafka import avro_bytes, produce, read_all
 from tests.support.seeding import ORDER
 from txstream.errors import TransformError
 from txstream.serde.avro import AvroCodec, load_schema
+from txstream.state import aggregates as aggs
+from txstream.state.keys import encode_key
 from txstream.tools.verify import audit
 
 TOTAL = AvroCodec(load_schema("schemas/customer_running_total.avsc"))
@@ -171,6 +174,95 @@ def test_deduplication_keeps_each_id_once_across_batches(bootstrap_servers, make
     assert ids == Counter(o["id"] for o in data)
 
 
+class _ForgetfulUniqueOrders(UniqueOrders):
+    """UniqueOrders with a 2-second watermark: ids are forgotten within a short run."""
+
+    def transform(self, batch):
+        orders = batch.select("key", "value", "value.id", "value.created_at")
+        return orders.withWatermark("created_at", "2 seconds").dropDuplicatesWithinWatermark(["id"]).select(
+            "key", "value")
+
+
+def _restored_state(bootstrap: str, app: str, operator: str) -> tuple[dict[bytes, bytes], set[bytes], list[str]]:
+    """The state each unit of `operator` restores from Kafka (snapshot + changelog, as a new
+    executor would): its keys and values, its expiry index keys, and the restores' sources."""
+    from txstream.kafka.config import KafkaClients
+    from txstream.state.keys import is_index_key
+    from txstream.state.memory import MemoryStore
+    from txstream.state.restore import restore
+    from txstream.task.units import read_markers
+    from txstream.tools.state_view import read_descriptions
+
+    clients = KafkaClients.from_properties(bootstrap)
+    units = read_descriptions(clients, app, 30)[operator].units
+    markers = read_markers(clients, app, units)
+    keys, index, sources = {}, set(), []
+    for unit in range(units):
+        store = MemoryStore(unit)
+        sources.append(restore(clients, app, operator, unit, store, markers[unit]).source)
+        for key, value in store.items():
+            if is_index_key(key):
+                index.add(key)
+            else:
+                keys[key] = value
+    return keys, index, sources
+
+
+def test_deduplication_forgets_exactly_the_expired_ids_across_batches_and_a_restore(
+        bootstrap_servers, make_topic, run_processor) -> None:
+    """Expiry by the index deletes the keys whose first event + delay the watermark reached, and
+    only those: the state restored from Kafka (a snapshot every 50 changelog records, and its tail)
+    holds exactly the others, each with its index entry; after the executors' copies are deleted,
+    a second run restores, emits again the retried ids it forgot and drops those it still holds."""
+    import glob
+    import shutil
+    import tempfile
+
+    from txstream.kafka.config import KafkaClients
+    from txstream.state.codec import StateCodec
+    from txstream.state.keys import decode_key, expiry_key
+    from txstream.tools.state_view import show_state
+
+    source, sink, dlq = make_topic("dx-in", partitions=2), make_topic("dx-out", partitions=2), make_topic("dx-dlq")
+    first = list(orders(800))
+    _seed(bootstrap_servers, source, first)
+    app = "test-dedup-expiry-" + source[-8:]
+    run = functools.partial(run_processor, _ForgetfulUniqueOrders, inputs=[source], output=sink, dead_letter=dlq,
+                            app_id=app, max_records_per_partition=100, output_units=2, state_snapshot_every=50)
+    driver = run()
+    assert driver.exit_code == 0, driver.lines
+    emitted = {AvroCodec(ORDER).decode(r.value)["id"] for r in read_all(bootstrap_servers, sink)}
+    late = len(read_all(bootstrap_servers, dlq))
+    assert len(emitted) + late == len(first) and len(emitted) > 700
+    watermark = show_state(KafkaClients.from_properties(bootstrap_servers), app).watermark_ms
+    event_ms = {o["id"]: int(o["created_at"].timestamp() * 1000) for o in first}
+    expires = {i: event_ms[i] + 2000 for i in emitted}
+    live = {i for i, t in expires.items() if t > watermark}
+    assert 0 < len(live) < len(emitted) - 100, (len(live), watermark)   # the watermark forgot most ids
+    stored, index, sources = _restored_state(bootstrap_servers, app, "dedup")
+    codec = StateCodec(aggs.state_schema([], event_time=True))
+    keys = {decode_key(k, False)[0][0]: codec.decode(v)["t"] for k, v in stored.items()}
+    assert keys == {i: expires[i] for i in live}
+    assert index == {expiry_key(t, encode_key([i])) for i, t in keys.items()}
+    assert any(s.startswith("snapshot") for s in sources), sources   # the snapshot carried the index too
+
+    # The executors' copies gone: the next run's units restore from Kafka.
+    copies = glob.glob(f"{tempfile.gettempdir()}/blockmgr-*/txstream-state-{app}")
+    assert copies
+    for copy in copies:
+        shutil.rmtree(copy)
+    forgotten, held = sorted(emitted - live)[:10], sorted(live)[:10]
+    later = EPOCH + timedelta(seconds=60)   # retried sends, on time
+    retried = [dict(o, created_at=later) for o in first if o["id"] in set(forgotten) | set(held)]
+    _seed(bootstrap_servers, source, retried + list(orders(200, first=800)))
+    again = run()
+    assert again.exit_code == 0, again.lines
+    assert sum(b["restored_records"] for b in again.events.batches) > 0
+    ids = Counter(AvroCodec(ORDER).decode(r.value)["id"] for r in read_all(bootstrap_servers, sink))
+    # Over both runs: a forgotten id twice (its retry kept), a held one once (its retry dropped).
+    assert {i: ids[i] for i in forgotten + held} == {**{i: 2 for i in forgotten}, **{i: 1 for i in held}}
+
+
 def test_what_cannot_be_kept_across_batches_is_refused_at_start(bootstrap_servers, make_topic, run_processor) -> None:
     from pyspark.sql import functions as F
 
@@ -252,6 +344,7 @@ def test_session_windows_merge_across_batches(bootstrap_servers, make_topic, run
     """Orders no more than 30 s apart are one session, also when batches cut a session in two;
     each session is emitted once, when the watermark (10 s behind) passes its end."""
     from processors.customer_sessions import CustomerSessions
+    from txstream.state.keys import expiry_key
 
     source, sink, dlq = make_topic("cs-in", partitions=1), make_topic("cs-out", partitions=2), make_topic("cs-dlq")
     seconds = {"a": [0, 10, 20, 35, 100, 110], "b": [5, 60, 70, 200], "c": [1, 29, 58, 87, 116]}
@@ -285,6 +378,10 @@ def test_session_windows_merge_across_batches(bootstrap_servers, make_topic, run
         end = round(datetime.fromisoformat(v["end"]).timestamp() * 1000) - epoch_ms
         got.append((v["customer_id"], start, end, v["orders"], v["amount"]))
     assert sorted(got) == sorted(want)    # the last order's session ("z") is still open
+    # Closed sessions left the state with their index entries: z's alone stays, indexed at its end.
+    stored, index, _sources = _restored_state(bootstrap_servers, driver.settings.app_id, "agg")
+    assert list(stored) == [encode_key(["z"])]
+    assert index == {expiry_key(epoch_ms + 430_000, encode_key(["z"]))}
     report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=driver.settings.app_id)
     assert report.clean, report.table()
 

@@ -51,6 +51,18 @@ def test_a_batchs_writes_are_read_back_before_commit_and_kept_after(make_store) 
     assert (store.get(b"a"), store.get(b"b")) == (b"1", None)
 
 
+def test_get_many_reads_the_committed_state_under_the_batchs_writes(make_store) -> None:
+    store = make_store()
+    store.put(b"a", b"1")
+    store.put(b"b", b"2")
+    store.commit(1)
+    assert store.get_many([]) == []
+    store.put(b"c", b"3")
+    store.delete(b"a")
+    keys = [b"a", b"b", b"c", b"d", b"b"]
+    assert store.get_many(keys) == [store.get(k) for k in keys] == [None, b"2", b"3", None, b"2"]
+
+
 def test_count_and_bytes_are_estimated_from_the_committed_state(make_store) -> None:
     store = make_store()
     for i in range(1000):

@@ -50,6 +50,9 @@ class Processor:
     # Opt-in: after this many seconds without input the watermark follows wall-clock time less
     # the delay, so quiet windows close (event times must be near wall-clock time).
     watermark_idle_s: ClassVar[float | None] = None
+    # A state unit writes a snapshot once its changelog has grown this many records past the
+    # newest one: a restore reads the snapshot and at most this many after it (docs/state.md).
+    state_snapshot_every: ClassVar[int] = 200_000
     # Output (a row's `topic`, output_topic or dead_letter_topic) that names an input topic feeds
     # the run its own output: refused unless set, since the usual cause is a transform that kept
     # the input's `topic` column.

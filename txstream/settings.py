@@ -69,6 +69,9 @@ class RunSettings:
     # Seconds without input after which the watermark follows wall-clock time (less the delay),
     # so an idle stream's windows close; None: only event time moves it (docs/state.md).
     watermark_idle_s: float | None = None
+    # A unit snapshots its state once the changelog has grown this many records past its newest
+    # snapshot: a restore reads at most that many after the snapshot (docs/state.md, "Snapshots").
+    state_snapshot_every: int = 200_000
     allow_output_to_input_topics: bool = False   # a topic both read and written: a loop, accepted knowingly
     # Narrow batches: publishing tasks per batch (driver/slots.py); None: Spark's cores.
     task_slots: int | None = None
@@ -214,6 +217,10 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     check_wide_settings(extra["wide_mode"], extra["output_units"])
     extra["output_mode"] = extra.get("output_mode") or cls.output_mode
     extra["watermark_idle_s"] = extra.get("watermark_idle_s") or cls.watermark_idle_s
+    extra["state_snapshot_every"] = extra.get("state_snapshot_every") or cls.state_snapshot_every
+    if extra["state_snapshot_every"] <= 0:
+        raise SettingsError(f"state_snapshot_every must be a positive number of changelog records, "
+                            f"got {extra['state_snapshot_every']}")
     if extra["output_mode"] is not None and extra["output_mode"] not in OUTPUT_MODES:
         raise SettingsError(f"output mode must be one of {', '.join(OUTPUT_MODES)}, got {extra['output_mode']!r}")
     extra["task_slots"] = extra.get("task_slots") or cls.task_slots

@@ -226,8 +226,7 @@ def test_state_broker_bounces(cluster):
     seed_numbered(bootstrap, source, PARTITIONS, seeded)
     app = App(bootstrap, source, sink, PARTITIONS, cap=h.scale(1_500, 10_000),
               processor="tests/support/state_processors.py:BucketRunningTotals",
-              env_extra={"TXSTREAM_STATE_SNAPSHOT_EVERY": "30"},
-              extra=["--output-units", "3", "-X", "producer.message.timeout.ms=55000",
+              extra=["--output-units", "3", "--state-snapshot-every", "30", "-X", "producer.message.timeout.ms=55000",
                      "-X", "consumer.session.timeout.ms=30000", "--batch-timeout", "120"])
     feeder = h.Feeder(bootstrap, source, PARTITIONS, h.scale(150, 1_000), first=seeded)
     bounces, exits, restarts = [], [], []

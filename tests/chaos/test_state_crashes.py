@@ -41,12 +41,12 @@ def test_state_kills_at_each_dangerous_point(bootstrap_servers, make_topic, proc
     seed_numbered(bootstrap_servers, source, PARTITIONS, records)
     if processor == "dedup":   # every number again, a little later in each partition: retried sends
         seed_numbered(bootstrap_servers, source, PARTITIONS, records)
-    faults, env = FAULTS, {}
+    faults, snapshots = FAULTS, []
     if processor == "restore-and-snapshot":
         faults = "state.before_snapshot_commit=kill@2,state.mid_restore=kill@6,publish.after_commit=kill@12"
-        env = {"TXSTREAM_STATE_SNAPSHOT_EVERY": "10"}
+        snapshots = ["--state-snapshot-every", "10"]
     app = App(bootstrap_servers, source, sink, PARTITIONS, processor=PROCESSORS.get(processor, TOTALS),
-              cap=h.scale(1_000, 5_000), extra=[*EXTRA, "--dead-letter-topic", dlq], faults=faults, env_extra=env)
+              cap=h.scale(1_000, 5_000), extra=[*EXTRA, "--dead-letter-topic", dlq, *snapshots], faults=faults)
     began = time.monotonic()
     try:
         codes = app.until_done(8)

@@ -378,10 +378,10 @@ def test_state_restored_on_the_other_host_when_its_host_is_lost(spark_standalone
     records = h.scale(8_000, 80_000)
     seed_numbered(hosts_kafka, source, PARTITIONS, records)
     app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(150, 1_000),
-                      processor=TOTALS, extra=["--output-units", str(units)],
+                      processor=TOTALS, extra=["--output-units", str(units), "--state-snapshot-every", "20"],
                       # No locality wait: the units' tasks go to both hosts, not all to the one that
                       # holds most of the shuffle's map output.
-                      conf={"spark.executorEnv.TXSTREAM_STATE_SNAPSHOT_EVERY": "20", "spark.locality.wait": "0"})
+                      conf={"spark.locality.wait": "0"})
     w1, w2 = spark_standalone.host(0).address, spark_standalone.host(1).address
     try:
         run = app.start(until_caught_up=True)

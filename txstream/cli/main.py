@@ -79,6 +79,10 @@ def main() -> None:
               metavar="SECONDS", help="After this long without input, the watermark follows wall-clock time less its "
                                       "delay, so an idle stream's windows close (docs/state.md) [default: the "
                                       "processor's watermark_idle_s, else never].")
+@click.option("--state-snapshot-every", type=click.IntRange(min=1), default=None, metavar="N",
+              help="A state unit writes a snapshot of its state to Kafka once its changelog has grown N records "
+                   "past the newest one; a restore reads the snapshot and at most N records after it "
+                   "(docs/state.md) [default: the processor's state_snapshot_every, else 200000].")
 @click.option("--output-units", type=click.IntRange(min=1), default=None,
               help="K, the output units of a wide transform [default: the number of input partitions].")
 @click.option("--task-slots", type=click.IntRange(min=1), default=None,
@@ -104,8 +108,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
         client_properties: dict[str, str], spark_conf: tuple[str, ...], quiet: bool, lenient_trailing_bytes: bool,
         metrics_port: int | None, spark_ui_port: int | None, metrics_address: str, log_format: str, spark_logs: bool,
-        wide_mode: str | None, output_mode: str | None, watermark_idle_s: float | None, output_units: int | None,
-        allow_nondeterministic: bool | None,
+        wide_mode: str | None, output_mode: str | None, watermark_idle_s: float | None,
+        state_snapshot_every: int | None, output_units: int | None, allow_nondeterministic: bool | None,
         task_slots: int | None, producers_per_slot: int | None, first_batch_records: int | None,
         timeout: float) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch.
@@ -136,7 +140,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
             metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
             wide_mode=wide_mode, output_mode=output_mode,
-            watermark_idle_s=watermark_idle_s, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
+            watermark_idle_s=watermark_idle_s, state_snapshot_every=state_snapshot_every, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
             task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records)
         # Human lines are for the terminal (stderr); JSON events are the run's output, for a pipe.
         as_json = log_format != "human"

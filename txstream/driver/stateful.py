@@ -231,7 +231,7 @@ class StatefulBatches(WideBatches):
         description = replace(description, epoch=self.description.epoch)
         return MergeSpec(self.settings.app_id, spec.clients, spec.read.side_dir, batch.batch_id, description,
                          group_names, partial_names, out_schema, batch.watermark_ms, self.store_kind,
-                         spec.timeout_s, event_column)
+                         spec.timeout_s, event_column, self.settings.state_snapshot_every)
 
     def _output(self, batch: WideBatch, accounts: Any) -> Any:
         context = BatchContext(self.settings.app_id, batch.units, self.description.output_mode, batch.batch_id,

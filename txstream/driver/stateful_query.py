@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 from txstream.errors import TransformError
 from txstream.state import aggregates as aggs
-from txstream.state.operator import AGGREGATE, DEDUP, SESSION, WINDOW, Aggregate, OperatorDescription
+from txstream.state.operator import AGGREGATE, DEDUP, SESSION, WINDOW, Aggregate, OperatorDescription, state_format
 from txstream.task.state_merge import EVENTS, FIRST, LATE, LATE_MS, ROUTE, ROWS, MergeSpec, merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,
@@ -283,7 +283,8 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
         "agg", kind, context.units, context.output_mode, [n for n in group_names[1 if window else 0:]],
         aggregates, window[2] if window else None,
         {"column": watermark[0], "delay_ms": watermark[1]} if watermark else None,
-        aggs.session_schema(aggregates) if kind == SESSION else aggs.state_schema(aggregates))
+        aggs.session_schema(aggregates) if kind == SESSION else aggs.state_schema(aggregates),
+        state_format=state_format(kind))
     recorded.description = description
     if context.merge_spec is None:   # describing only (at start): the real aggregation's shape will do
         return real
@@ -315,7 +316,7 @@ def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
     description = OperatorDescription(
         "dedup", DEDUP, context.units, context.output_mode, list(subset), [], None,
         {"column": watermark[0], "delay_ms": watermark[1]} if watermark else None,
-        aggs.state_schema([], event_time=True))
+        aggs.state_schema([], event_time=True), state_format=state_format(DEDUP))
     recorded.description = description
     if context.merge_spec is None:
         return source

@@ -5,14 +5,25 @@ negative times sort first), so the store's key order is the order in which the w
 windows: closing them is one range scan from the start, never a scan of every key. The rest is the
 group's values as compact JSON (a list: window start first for windowed keys), which sorts
 equal groups together and which `txstream state show` prints as it is.
+
+Deduplication and session windows keep an **expiry index** in the same store: for each key that
+expires, a key `EXPIRY + expiry_ms (8 big-endian bytes, biased as a window's end) + the key`.
+Their keys are JSON and never start with EXPIRY's byte, so the index sorts first, in expiry order:
+what a watermark expires is one range scan up to `expiry_end(watermark)`, never a scan of every
+key. Being keys of the store, index entries go to the changelog and into snapshots like any other
+change, and are tombstoned with their key: a restore brings them back with no mechanism of its own.
 """
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 _BIAS = 1 << 63   # end_ms + _BIAS fits an unsigned 64-bit integer for every signed end_ms
 
@@ -31,8 +42,48 @@ def _plain(value: Any) -> Any:
     return value
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)   # json.dumps with options builds one per call
+# What json.dumps(ensure_ascii=False) escapes in a string; a string without any is its JSON as it is.
+_ESCAPED = r'["\\\x00-\x1f]'
+
+
 def encode_values(values: list[Any]) -> bytes:
-    return json.dumps([_plain(v) for v in values], separators=(",", ":"), ensure_ascii=False).encode()
+    return _JSON.encode([_plain(v) for v in values]).encode()
+
+
+def _json_texts(column: Any) -> Any:
+    """The JSON text of every value of an Arrow column, computed by Arrow (strings that need no
+    escaping, integers: the columns a group key usually has); None when Python must write it."""
+    typ = column.type
+    if column.null_count:
+        return None
+    if pa.types.is_integer(typ):
+        return pc.cast(column, pa.string())
+    if (pa.types.is_string(typ) or pa.types.is_large_string(typ)) and not pc.any(
+            pc.match_substring_regex(column, _ESCAPED)).as_py():
+        return pc.binary_join_element_wise('"', column, '"', "")
+    return None
+
+
+def encode_keys(columns: Sequence[Any], length: int,
+                windows: tuple[Sequence[int], Sequence[int]] | None = None) -> list[bytes]:
+    """`encode_key` of each of `length` rows of `columns` (Arrow arrays), with the rows' windows
+    ((starts, ends) in ms) when given: the same bytes, written column-wise by Arrow where it can
+    (a merge encodes every key of its batch)."""
+    parts = [pa.array(windows[0], pa.int64())] if windows is not None else []
+    parts += list(columns)
+    texts = [_json_texts(c) for c in parts]
+    if parts and all(t is not None for t in texts):
+        joined = pc.binary_join_element_wise("[", pc.binary_join_element_wise(*texts, ","), "]", "")
+        keys = pc.cast(joined, pa.binary()).to_pylist()
+    else:
+        values = [c.to_pylist() for c in parts]
+        keys = [encode_values(list(row)) for row in zip(*values, strict=True)] if values else [b"[]"] * length
+    if windows is None:
+        return keys
+    prefixes: dict[int, bytes] = {}
+    return [(prefixes.get(end) or prefixes.setdefault(end, window_prefix(end))) + key
+            for end, key in zip(windows[1], keys, strict=True)]
 
 
 def window_prefix(end_ms: int) -> bytes:
@@ -49,6 +100,30 @@ def encode_key(values: list[Any], window: tuple[int, int] | None = None) -> byte
     return window_prefix(end) + encode_values([start, *values])
 
 
+EXPIRY = b"\x00"   # the first byte of an expiry index key (the module docstring)
+EXPIRY_END = b"\x01"     # every index key sorts before it, every other key after
+EXPIRY_VALUE = b"\x01"   # an index key's value: not empty, which Kafka might carry as a tombstone
+
+
+def expiry_key(expires_ms: int, key: bytes) -> bytes:
+    """The index key that says `key` expires once the watermark reaches `expires_ms`."""
+    return EXPIRY + window_prefix(expires_ms) + key
+
+
+def expiry_end(watermark_ms: int) -> bytes:
+    """Scan the index up to here (excluded) for every key that expires at `watermark_ms` or before."""
+    return EXPIRY + window_prefix(watermark_ms + 1)
+
+
+def expiring_key(index_key: bytes) -> bytes:
+    """The key an index key names."""
+    return index_key[len(EXPIRY) + 8:]
+
+
+def is_index_key(key: bytes) -> bool:
+    return key.startswith(EXPIRY)
+
+
 def decode_key(key: bytes, windowed: bool) -> tuple[list[Any], tuple[int, int] | None]:
     """(group values, (start_ms, end_ms) or None) of a key written by `encode_key`."""
     if not windowed:
@@ -56,3 +131,16 @@ def decode_key(key: bytes, windowed: bool) -> tuple[list[Any], tuple[int, int] |
     (biased,) = struct.unpack(">Q", key[:8])
     start, *values = json.loads(key[8:])
     return values, (start, biased - _BIAS)
+
+
+def decode_keys(keys: Sequence[bytes], windowed: bool) -> tuple[list[list[Any]], tuple[list[int], list[int]] | None]:
+    """`decode_key` of many keys: their group values a column per group column, and their
+    windows' (starts, ends) when windowed. The keys' JSON lists are read as one JSON array: one
+    call into json's C parser rather than one per key."""
+    if not windowed:
+        rows = json.loads(b"[" + b",".join(keys) + b"]")
+        return [list(column) for column in zip(*rows, strict=True)], None
+    ends = [biased - _BIAS for (biased,) in (struct.unpack_from(">Q", key) for key in keys)]
+    rows = json.loads(b"[" + b",".join(key[8:] for key in keys) + b"]")
+    starts = [row[0] for row in rows]
+    return [list(column) for column in zip(*(row[1:] for row in rows), strict=True)], (starts, ends)

@@ -19,6 +19,9 @@ class MemoryStore(StateStore):
     def _get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
 
+    def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return list(map(self._data.get, keys))
+
     def _scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         if self._sorted is None:
             self._sorted = sorted(self._data)

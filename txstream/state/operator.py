@@ -22,6 +22,11 @@ DEDUP = "dedup"             # dropDuplicates / dropDuplicatesWithinWatermark
 STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 
 
+def state_format(kind: str) -> int:
+    """The state format an operator of `kind` writes now (OperatorDescription.state_format)."""
+    return 2 if kind in (DEDUP, SESSION) else 1
+
+
 def state_topic(app_id: str) -> str:
     """The app's topic of operator descriptions (one record per stateful operator)."""
     return f"{app_id}.state"
@@ -45,6 +50,10 @@ class OperatorDescription:
     window: dict[str, Any] | None = None  # {"column", "size_ms", "slide_ms"}
     watermark: dict[str, Any] | None = None   # {"column", "delay_ms"}
     state_schema: dict[str, Any] | None = None  # Avro record schema of the state values
+    # How the state is laid out: 2 adds the expiry index of deduplication and session windows
+    # (state/keys.py), which a state of format 1 lacks (its keys would never expire); in the
+    # fingerprint, so such a state is refused with the way to start over rather than misread.
+    state_format: int = 1
     # Which life of the state this is: new when the description is first written (after a
     # `txstream state reset` too), so a worker's local copy of an earlier life is never reused.
     epoch: str = ""
@@ -75,9 +84,11 @@ class OperatorDescription:
         """What differs between the stored description (`self`) and a new one, for the message
         that refuses the restart."""
         said = []
-        for name in ("kind", "units", "keys", "aggregates", "window", "state_schema"):
+        for name in ("kind", "units", "keys", "aggregates", "window", "state_schema", "state_format"):
             mine, theirs = getattr(self, name), getattr(other, name)
-            if mine != theirs:
+            if mine != theirs and name == "state_format":
+                said.append(f"the state's format: {mine} in the state, {theirs} in this txstream (docs/state.md)")
+            elif mine != theirs:
                 said.append(f"{name}: {_show(mine)} in the state, {_show(theirs)} in the transform")
         return said
 

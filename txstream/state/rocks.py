@@ -47,6 +47,9 @@ class RocksStore(StateStore):
     def _get(self, key: bytes) -> bytes | None:
         return self._db.get(key)
 
+    def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._db.get(keys) if keys else []   # a list of keys: RocksDB's MultiGet
+
     def _scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         for key, value in self._db.items(from_key=start or None):
             if end is not None and key >= end:

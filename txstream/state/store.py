@@ -45,6 +45,15 @@ class StateStore(ABC):
             return self._pending[key]
         return self._get(key)
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """`get` of many keys in one call into the store (RocksDB's multi-get, a dict's C loop):
+        a merge reads every key of its batch, and a call per key would cost more than the read."""
+        found = self._get_many(keys)
+        pending = self._pending
+        if pending:
+            found = [pending[k] if k in pending else v for k, v in zip(keys, found, strict=True)]
+        return found
+
     def scan(self, prefix: bytes = b"", start: bytes | None = None, end: bytes | None = None) -> Iterator[Change]:
         """(key, value) in key order: keys starting with `prefix`, from `start` (included) to
         `end` (excluded) when given."""
@@ -114,6 +123,9 @@ class StateStore(ABC):
 
     @abstractmethod
     def _get(self, key: bytes) -> bytes | None: ...
+
+    def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self._get(key) for key in keys]
 
     @abstractmethod
     def _scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:

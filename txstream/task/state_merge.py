@@ -24,12 +24,25 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from txstream.kafka.config import KafkaClients
 from txstream.state import aggregates as aggs
 from txstream.state.codec import StateCodec
 from txstream.state.errors import StateStoreError
-from txstream.state.keys import decode_key, encode_key, window_prefix
+from txstream.state.keys import (
+    EXPIRY,
+    EXPIRY_END,
+    EXPIRY_VALUE,
+    decode_key,
+    decode_keys,
+    encode_key,
+    encode_keys,
+    expiring_key,
+    expiry_end,
+    expiry_key,
+    window_prefix,
+)
 from txstream.state.operator import DEDUP, SESSION, WINDOW, OperatorDescription
 from txstream.state.restore import restore
 from txstream.state.store import StateStore, StoreVersion
@@ -44,8 +57,6 @@ LATE_MS = "_txs_late_ms"  # its event time
 EVENTS = "_txs_events"    # the latest event time of a group's rows in the batch
 FIRST = "_txs_first"      # deduplication: the key's first row, (order..., row)
 ROWS = "_txs_rows"        # how many input rows a partial row merges
-# A snapshot when the changelog has grown this many records past the newest one (docs/state.md).
-SNAPSHOT_EVERY = int(os.environ.get("TXSTREAM_STATE_SNAPSHOT_EVERY", 200_000))
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,8 @@ class MergeSpec:
     store_kind: str = "rocksdb"
     timeout_s: float = 60.0
     event_column: str | None = None       # deduplication: the watermark's column in the rows
+    # A snapshot once the changelog has grown this many records past the newest one (docs/state.md).
+    snapshot_every: int = 200_000
 
     @property
     def operator(self) -> str:
@@ -160,6 +173,44 @@ def _save_pending(spec: MergeSpec, path: Path | None, store: StateStore) -> None
     os.replace(pending.with_suffix(".tmp"), pending)
 
 
+@dataclass
+class Merged:
+    """What a unit's merge of one batch decided (the publisher's side file holds it)."""
+
+    out: pa.Table | None              # the rows emitted, in the aggregation's (or the rows') schema
+    emitted: list[bytes]              # the state key of each row emitted, in order
+    late: list[tuple[bytes, int]]     # the late rows (JSON) and their event times
+    events: int | None                # the latest event time among the partials
+    rows: int                         # input rows the partials merge
+
+
+def merge_partials(spec: MergeSpec, store: StateStore, batches: list[pa.RecordBatch]) -> Merged:
+    """The merge's core: the batch's partials (and late rows) merged into `store`, whose
+    buffered changes are then the batch's state changes. Column-wise: Arrow encodes the keys
+    and reads the columns, the store is read once for all keys, and the output is built a
+    column at a time; Python's per-row work is the state's decoding, merging and encoding."""
+    table = pa.Table.from_batches(batches) if batches else None
+    if table is None or table.num_rows == 0:
+        partials, late = None, []
+    else:
+        late_mask = pc.is_valid(table[LATE]) if LATE in table.column_names else None
+        if late_mask is not None and pc.any(late_mask).as_py():
+            gone = table.filter(late_mask)
+            late = [(text.encode(), ms) for text, ms in zip(gone[LATE].to_pylist(), gone[LATE_MS].to_pylist(),
+                                                             strict=True)]
+            table = table.filter(pc.invert(late_mask))
+        else:
+            late = []
+        partials = table if table.num_rows else None
+    merger = _Merger(spec, store)
+    out = merger.run(partials)
+    events = rows = None
+    if partials is not None:
+        events = _ms(pc.max(partials[EVENTS]).as_py())
+        rows = pc.sum(partials[ROWS]).as_py()
+    return Merged(out, merger.emitted, late, events, int(rows or 0))
+
+
 def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     worker_heap.settle()
     from pyspark import TaskContext
@@ -167,7 +218,7 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     from txstream.task.units import read_markers
 
     unit = TaskContext.get().partitionId()
-    rows = [row for batch in batches for row in batch.to_pylist()]
+    received = list(batches)
     markers = read_markers(spec.clients, spec.app_id, spec.description.units, spec.timeout_s)
     marker = markers[unit]
     if marker.done_through >= spec.batch_id:
@@ -184,15 +235,10 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
                          timeout=spec.timeout_s)
         restored_s = time.perf_counter() - started
         snapshot_s = _snapshot_if_due(spec, unit, store, report)
-        merger = _Merger(spec, store)
-        late = [(row[LATE].encode(), row[LATE_MS]) for row in rows if row.get(LATE) is not None]
-        partials = [row for row in rows if row.get(LATE) is None]
-        out = merger.run(partials)
-        emitted = merger.emitted
-        events = max((e for e in (_ms(row.get(EVENTS)) for row in partials) if e is not None), default=None)
+        merged = merge_partials(spec, store, received)
         write_state(spec.side_dir, spec.batch_id, {
-            "changes": dict(store.changes()), "late": late, "events": events, "emitted": emitted,
-            "rows": sum(int(row.get(ROWS) or 0) for row in partials),
+            "changes": dict(store.changes()), "late": merged.late, "events": merged.events,
+            "emitted": merged.emitted, "rows": merged.rows,
             "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
                         "snapshot_seconds": snapshot_s},
             "keys": store.approximate_count()})
@@ -200,16 +246,16 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         store.abort()
     finally:
         store.close()
-    if out:
-        yield pa.RecordBatch.from_pylist(out, schema=spec.out_schema)
+    if merged.out is not None and merged.out.num_rows:
+        yield from merged.out.to_batches()
 
 
 def _snapshot_if_due(spec: MergeSpec, unit: int, store: StateStore, report: Any) -> float:
     """Write a snapshot of the state just restored (the state after the marker's batch) when the
-    changelog has grown SNAPSHOT_EVERY records past the newest snapshot: a restore then reads
+    changelog has grown `spec.snapshot_every` records past the newest snapshot: a restore then reads
     that snapshot and a tail shorter than that. Its own transactional.id: the unit's producer
     stays the publisher's. Returns the seconds it took (0: none was due)."""
-    if report.changelog_to - report.snapshot_offset < SNAPSHOT_EVERY or store.version.changelog_offset is None:
+    if report.changelog_to - report.snapshot_offset < spec.snapshot_every or store.version.changelog_offset is None:
         return 0.0
     from confluent_kafka import Producer
 
@@ -227,6 +273,51 @@ def _snapshot_if_due(spec: MergeSpec, unit: int, store: StateStore, report: Any)
     return time.perf_counter() - started
 
 
+def _plain_column(column: Any) -> list[Any]:
+    """A partial column's values as `_plain` gives them, converted by Arrow where it can
+    (timestamps to epoch microseconds, decimals to floats)."""
+    typ = column.type
+    if pa.types.is_timestamp(typ):
+        return pc.cast(column.cast(pa.timestamp("us", typ.tz), safe=False), pa.int64()).to_pylist()
+    if pa.types.is_decimal(typ):
+        return pc.cast(column, pa.float64()).to_pylist()
+    if pa.types.is_date(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return [_plain(value) for value in column.to_pylist()]
+    return column.to_pylist()
+
+
+def _ms_column(column: Any) -> list[int | None]:
+    """Epoch milliseconds of a timestamp column (`_ms` of each value)."""
+    micros = pc.cast(column.cast(pa.timestamp("us", column.type.tz), safe=False), pa.int64())
+    return pc.cast(pc.round(pc.divide(micros, 1000.0), round_mode="half_to_even"), pa.int64()).to_pylist()
+
+
+def _arrow_column(values: list[Any], typ: pa.DataType, scale: int = 1) -> pa.Array:
+    """Values the state or a key kept, as an Arrow column of `typ` (`_typed` for each value);
+    `scale` turns a timestamp's integers into microseconds (keys keep milliseconds)."""
+    if pa.types.is_timestamp(typ):
+        return pa.array([v * scale if isinstance(v, int) else v for v in values], typ)
+    if pa.types.is_date(typ) or pa.types.is_binary(typ) or pa.types.is_decimal(typ):
+        return pa.array([_typed(v, typ) for v in values], typ)
+    return pa.array(values, typ)
+
+
+def _distinct_rounds(keys: list[bytes]) -> list[list[int]]:
+    """Row indexes in rounds that hold each key at most once, in row order: the store is read
+    once per round, so a key twice in a batch (two groups whose values encode alike) merges both."""
+    if len(set(keys)) == len(keys):
+        return [list(range(len(keys)))]
+    rounds: list[list[int]] = []
+    seen: dict[bytes, int] = {}
+    for j, key in enumerate(keys):
+        r = seen.get(key, 0)
+        seen[key] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append(j)
+    return rounds
+
+
 class _Merger:
     """One batch of one unit: partials merged into the store, the emitted rows decided."""
 
@@ -240,71 +331,97 @@ class _Merger:
         self.fields = spec.out_schema
         self.watermark = spec.watermark_ms
         self.emitted: list[bytes] = []   # the state key of each row emitted, in order
+        # The Python type of each aggregate's emitted values when float or int (aggs.final_columns).
+        self.kinds: list[type | None] = []
+        for agg in self.aggregates:
+            typ = self.fields.field(agg.name).type if agg.name in self.fields.names else None
+            self.kinds.append(float if typ is not None and pa.types.is_floating(typ)
+                              else int if typ is not None and pa.types.is_integer(typ) else None)
 
-    def run(self, partials: list[dict]) -> list[dict]:
-        if self.spec.description.kind == DEDUP:
+    def run(self, partials: pa.Table | None) -> pa.Table | None:
+        kind = self.spec.description.kind
+        if kind == DEDUP:
             return self._deduplicate(partials)
-        if self.spec.description.kind == SESSION:
+        if kind == SESSION:
             return self._sessions(partials)
-        changed: dict[bytes, dict] = {}
-        group_names = self.spec.group_names
-        value_names = group_names[1:] if self.windowed else group_names
-        for row in partials:
-            window = None
-            if self.windowed:
-                w = row[group_names[0]]
-                window = (_ms(w["start"]), _ms(w["end"]))
-            key = encode_key([row[n] for n in value_names], window)
-            stored = self.store.get(key)
-            state = self.codec.decode(stored) if stored is not None else aggs.empty(self.aggregates)
-            state = aggs.merge(self.aggregates, state, [_plain(row[n]) for n in self.spec.partial_names])
-            self.store.put(key, self.codec.encode(state))
-            changed[key] = state
-        out: list[dict] = []
+        changed = self._aggregate(partials) if partials is not None else {}
+        out: list[tuple[bytes, dict]] = []
         if self.mode == "complete":
-            for key, value in self.store.scan():
-                out.append(self._emit(key, self.codec.decode(value)))
+            out = [(key, self.codec.decode(value)) for key, value in self.store.scan()]
         elif self.mode == "update":
-            out.extend(self._emit(key, state) for key, state in sorted(changed.items()))
+            out = sorted(changed.items())
         if self.windowed and self.watermark is not None and self.mode != "complete":
             # Windows the watermark closed: emitted now in append mode, and their state deleted.
             for key, value in list(self.store.scan(end=window_prefix(self.watermark + 1))):
                 if self.mode == "append":
-                    out.append(self._emit(key, self.codec.decode(value)))
+                    out.append((key, self.codec.decode(value)))
                 self.store.delete(key)
-        return out
+        return self._rows(out)
 
-    def _emit(self, key: bytes, state: dict) -> dict:
-        self.emitted.append(key)
-        return self._row(key, state)
-
-    def _row(self, key: bytes, state: dict, windowed: bool | None = None) -> dict:
-        windowed = self.windowed if windowed is None else windowed
-        values, window = decode_key(key, windowed)
+    def _aggregate(self, partials: pa.Table) -> dict[bytes, dict]:
+        """Each partial row merged into its group's state; the groups changed, with their state."""
         names = self.spec.group_names
-        row: dict[str, Any] = {}
-        if windowed:
-            row[names[0]] = {"start": window[0] * 1000, "end": window[1] * 1000}
+        windows = None
+        if self.windowed:
+            window = partials[names[0]]
+            windows = (_ms_column(pc.struct_field(window, "start")), _ms_column(pc.struct_field(window, "end")))
             names = names[1:]
-        for name, value in zip(names, values, strict=True):
-            typ = self.fields.field(name).type
-            row[name] = value * 1000 if pa.types.is_timestamp(typ) and isinstance(value, int) else _typed(value, typ)
-        for agg, value in zip(self.aggregates, aggs.final(self.aggregates, state), strict=True):
-            row[agg.name] = _typed(value, self.fields.field(agg.name).type)
-        return row
+        keys = encode_keys([partials[n] for n in names], partials.num_rows, windows)
+        columns = [_plain_column(partials[n]) for n in self.spec.partial_names]
+        changed: dict[bytes, dict] = {}
+        decode, encode, put = self.codec.decode, self.codec.encode, self.store.put
+        for rows in _distinct_rounds(keys):
+            batch_keys = keys if len(rows) == len(keys) else [keys[j] for j in rows]
+            batch_columns = columns if len(rows) == len(keys) else [[c[j] for j in rows] for c in columns]
+            stored = self.store.get_many(batch_keys)
+            states = aggs.merge_rows(self.aggregates, [None if v is None else decode(v) for v in stored],
+                                     batch_columns)
+            for key, state in zip(batch_keys, states, strict=True):
+                put(key, encode(state))
+                changed[key] = state
+        return changed
 
-    def _sessions(self, partials: list[dict]) -> list[dict]:
+    def _rows(self, pairs: list[tuple[bytes, dict]], windowed: bool | None = None) -> pa.Table | None:
+        """The output rows of (state key, state) pairs, built a column at a time; their keys are
+        the emitted ones, in order."""
+        if not pairs:
+            return None
+        windowed = self.windowed if windowed is None else windowed
+        keys = [key for key, _ in pairs]
+        self.emitted.extend(keys)
+        values, windows = decode_keys(keys, windowed)
+        names = self.spec.group_names
+        columns: dict[str, pa.Array] = {}
+        if windowed:
+            typ = self.fields.field(names[0]).type
+            columns[names[0]] = pa.StructArray.from_arrays(
+                [_arrow_column(windows[0], typ.field("start").type, 1000),
+                 _arrow_column(windows[1], typ.field("end").type, 1000)], fields=list(typ))
+            names = names[1:]
+        for name, column in zip(names, values, strict=True):
+            columns[name] = _arrow_column(column, self.fields.field(name).type, 1000)
+        finals = aggs.final_columns(self.aggregates, [state for _, state in pairs], self.kinds)
+        for agg, column in zip(self.aggregates, finals, strict=True):
+            columns[agg.name] = _arrow_column(column, self.fields.field(agg.name).type)
+        return pa.Table.from_arrays([columns[f.name] for f in self.fields], schema=self.fields)
+
+    def _sessions(self, partials: pa.Table | None) -> pa.Table | None:
         """Session windows: each group's open sessions in one state key. A batch's sessions (Spark
         cut them within the batch) merge with every open session they overlap; a session is
-        closed once the watermark passes its end (last event + gap)."""
+        closed once the watermark passes its end (last event + gap). A group's key is indexed by
+        its sessions' first end (keys.expiry_key), so closing reads only the groups that close."""
         names, window = self.spec.group_names[1:], self.spec.group_names[0]
         by_key: dict[bytes, list[dict]] = {}
-        for row in partials:
-            by_key.setdefault(encode_key([row[n] for n in names]), []).append(row)
+        if partials is not None:
+            keys = encode_keys([partials[n] for n in names], partials.num_rows)
+            for key, row in zip(keys, partials.to_pylist(), strict=True):
+                by_key.setdefault(key, []).append(row)
         changed: list[tuple[bytes, dict]] = []
-        for key, rows in sorted(by_key.items()):
-            stored = self.store.get(key)
-            sessions = self.codec.decode(stored)["sessions"] if stored is not None else []
+        ordered = sorted(by_key)
+        for key, stored in zip(ordered, self.store.get_many(ordered), strict=True):
+            rows = by_key[key]
+            before = self.codec.decode(stored)["sessions"] if stored is not None else []
+            sessions = before
             for row in sorted(rows, key=lambda r: _ms(r[window]["start"])):
                 start, end = _ms(row[window]["start"]), _ms(row[window]["end"])
                 state = aggs.merge(self.aggregates, aggs.empty(self.aggregates),
@@ -315,55 +432,71 @@ class _Merger:
                     start, end = min(start, other["start"]), max(end, other["end"])
                 sessions = [s for s in sessions if s not in joined] + [{**state, "start": start, "end": end}]
             sessions.sort(key=lambda s: s["start"])
-            self.store.put(key, self.codec.encode({"sessions": sessions}))
+            self._put_sessions(key, before, sessions)
             changed += [(key, s) for s in sessions if any(
                 _ms(r[window]["start"]) >= s["start"] and _ms(r[window]["end"]) <= s["end"] for r in rows)]
-        out: list[dict] = []
+        out: list[tuple[bytes, dict]] = []
         if self.mode == "update":
-            out += [self._session_row(key, s) for key, s in changed]
-        for key, value in list(self.store.scan()):
-            sessions = self.codec.decode(value)["sessions"]
-            if self.mode == "complete":
-                out += [self._session_row(key, s) for s in sessions]
-                continue
-            if self.watermark is None:
-                continue
-            closed = [s for s in sessions if s["end"] <= self.watermark]
-            if not closed:
-                continue
-            if self.mode == "append":
-                out += [self._session_row(key, s) for s in closed]
-            kept = [s for s in sessions if s["end"] > self.watermark]
-            if kept:
-                self.store.put(key, self.codec.encode({"sessions": kept}))
-            else:
-                self.store.delete(key)
-        return out
+            out += [self._session_pair(key, s) for key, s in changed]
+        if self.mode == "complete":
+            for key, value in self.store.scan(start=EXPIRY_END):
+                out += [self._session_pair(key, s) for s in self.codec.decode(value)["sessions"]]
+        elif self.watermark is not None:
+            # The groups with a session the watermark closed, in key order (as a scan of every key gave them).
+            closing = sorted(expiring_key(k) for k, _ in self.store.scan(EXPIRY, end=expiry_end(self.watermark)))
+            for key, stored in zip(closing, self.store.get_many(closing), strict=True):
+                sessions = self.codec.decode(stored)["sessions"]
+                closed = [s for s in sessions if s["end"] <= self.watermark]
+                if self.mode == "append":
+                    out += [self._session_pair(key, s) for s in closed]
+                self._put_sessions(key, sessions, [s for s in sessions if s["end"] > self.watermark])
+        return self._rows(out, windowed=True)
 
-    def _session_row(self, key: bytes, session: dict) -> dict:
+    def _put_sessions(self, key: bytes, before: list[dict], after: list[dict]) -> None:
+        """A group's sessions and its index entry (by its sessions' first end), both replaced."""
+        if before:
+            self.store.delete(expiry_key(min(s["end"] for s in before), key))
+        if after:
+            self.store.put(key, self.codec.encode({"sessions": after}))
+            self.store.put(expiry_key(min(s["end"] for s in after), key), EXPIRY_VALUE)
+        else:
+            self.store.delete(key)
+
+    def _session_pair(self, key: bytes, session: dict) -> tuple[bytes, dict]:
         values, _ = decode_key(key, False)
-        self.emitted.append(encode_key(values, (session["start"], session["end"])))
-        row = self._row(encode_key(values, (session["start"], session["end"])), session, windowed=True)
-        return row
+        return encode_key(values, (session["start"], session["end"])), session
 
-    def _deduplicate(self, partials: list[dict]) -> list[dict]:
+    def _deduplicate(self, partials: pa.Table | None) -> pa.Table | None:
         """Each key's first row, unless the state has seen the key; keys whose event time the
-        watermark passed are forgotten (dropDuplicatesWithinWatermark)."""
-        out: list[dict] = []
-        delay = (self.spec.description.watermark or {}).get("delay_ms", 0)
-        event_column = self.spec.event_column
-        for row in sorted(partials, key=lambda r: encode_key([r[n] for n in self.spec.group_names])):
-            key = encode_key([row[n] for n in self.spec.group_names])
-            if self.store.get(key) is not None:
-                continue
-            first = row[FIRST]["row"]
-            event = _ms(first.get(event_column)) if event_column else None
-            self.store.put(key, self.codec.encode({"t": None if event is None else event + delay}))
-            self.emitted.append(key)
-            out.append(first)
-        if self.watermark is not None and event_column:
-            for key, value in list(self.store.scan()):
-                expires = self.codec.decode(value)["t"]
-                if expires is not None and expires <= self.watermark:
-                    self.store.delete(key)
+        watermark passed are forgotten (dropDuplicatesWithinWatermark), found by the expiry
+        index (keys.expiry_key) rather than by reading every key."""
+        out = None
+        if partials is not None:
+            delay = (self.spec.description.watermark or {}).get("delay_ms", 0)
+            event_column = self.spec.event_column
+            keys = encode_keys([partials[n] for n in self.spec.group_names], partials.num_rows)
+            first = pc.struct_field(partials[FIRST], "row")
+            events = _ms_column(pc.struct_field(first, event_column)) if event_column else [None] * len(keys)
+            stored = self.store.get_many(keys)
+            kept: list[int] = []
+            seen: set[bytes] = set()
+            encode, put = self.codec.encode, self.store.put
+            for j in sorted(range(len(keys)), key=keys.__getitem__):
+                key = keys[j]
+                if stored[j] is not None or key in seen:
+                    continue
+                seen.add(key)
+                kept.append(j)
+                expires = None if events[j] is None else events[j] + delay
+                put(key, encode({"t": expires}))
+                if expires is not None:
+                    put(expiry_key(expires, key), EXPIRY_VALUE)
+            self.emitted.extend(keys[j] for j in kept)
+            if kept:
+                rows = first.take(pa.array(kept, pa.int64()))
+                out = pa.Table.from_struct_array(rows).cast(self.spec.out_schema)
+        if self.watermark is not None and self.spec.event_column:
+            for index_key, _ in list(self.store.scan(EXPIRY, end=expiry_end(self.watermark))):
+                self.store.delete(index_key)
+                self.store.delete(expiring_key(index_key))
         return out

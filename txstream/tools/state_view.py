@@ -28,7 +28,7 @@ from txstream.state import partition
 from txstream.state.changelog import HeaderReader, changelog_topic, snapshot_topic
 from txstream.state.codec import StateCodec
 from txstream.state.errors import MarkerMovedDuringRestore, StateAheadOfMarker, StateDecodeError
-from txstream.state.keys import decode_key
+from txstream.state.keys import EXPIRY, EXPIRY_END, decode_key
 from txstream.state.memory import MemoryStore
 from txstream.state.operator import OperatorDescription, state_topic
 from txstream.state.restore import RestoreReport, restore
@@ -380,9 +380,16 @@ def _restore_unit(clients: KafkaClients, app_id: str, description: OperatorDescr
     return store, restore(clients, app_id, description.operator, unit, store, _EVERYTHING, timeout=timeout)
 
 
-def _tagged(unit: int, store: MemoryStore) -> Iterator[tuple[bytes, int, bytes]]:
-    for key, value in store.items():
+def _tagged(unit: int, store: MemoryStore, windowed: bool) -> Iterator[tuple[bytes, int, bytes]]:
+    """The unit's keys, without the expiry index of deduplication and session windows (keys.EXPIRY:
+    the engine's, not the user's; it sorts before their JSON keys). A windowed key starts with
+    its window's end and has no index beside it."""
+    for key, value in store.items() if windowed else store.scan(start=EXPIRY_END):
         yield key, unit, value
+
+
+def _index_keys(store: MemoryStore, windowed: bool) -> int:
+    return 0 if windowed else sum(1 for _ in store.scan(EXPIRY, end=EXPIRY_END))
 
 
 def _operator_state(clients: KafkaClients, app_id: str, description: OperatorDescription, known: dict[str, int],
@@ -413,9 +420,10 @@ def _operator_state(clients: KafkaClients, app_id: str, description: OperatorDes
             unit, marker.done_through if marker is not None and marker.offset is not None else None,
             newest_batch(clients, app_id, name, unit, mark.earliest, mark.log_end, timeout),
             mark.earliest, mark.log_end, report.source, report.snapshot_keys, report.changelog_records,
-            store.approximate_count()))
+            store.approximate_count() - _index_keys(store, description.windowed)))
     # The stores' key order (window end first, then the values), merged across units.
-    rows = heapq.merge(*(_tagged(unit, store) for unit, store in stores), key=lambda row: row[0])
+    rows = heapq.merge(*(_tagged(unit, store, description.windowed) for unit, store in stores),
+                       key=lambda row: row[0])
     windows: Counter = Counter()
     undecodable = 0
     for key, unit, value in rows:

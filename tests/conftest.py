@@ -161,6 +161,25 @@ class _SessionAdmin:
 
 
 @pytest.fixture(scope="session")
+def schema_registry() -> Iterator[str]:
+    """The session's schema registry (the URL of its Confluent API): TXSTREAM_SCHEMA_REGISTRY_URL,
+    else a local Apicurio Registry (txstream/local/registry.py) started once, for the tests that
+    ask for it, and stopped at the end."""
+    own = os.environ.get("TXSTREAM_SCHEMA_REGISTRY_URL")
+    if own:
+        yield own
+        return
+    from txstream.local.cluster import free_port_block
+    from txstream.local.registry import LocalRegistry
+
+    registry = LocalRegistry(port=free_port_block(2, blocks=1), die_with_parent=True)
+    try:
+        yield registry.start(timeout=180)
+    finally:
+        registry.stop()
+
+
+@pytest.fixture(scope="session")
 def admin(bootstrap_servers: str) -> Iterator[AdminClient]:
     holder = _SessionAdmin(AdminClient({"bootstrap.servers": bootstrap_servers}))
     yield holder  # type: ignore[misc]

@@ -249,6 +249,7 @@ def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolati
 from txstream.cli.acls import acls  # noqa: E402
 from txstream.cli.kafka import kafka  # noqa: E402
 from txstream.cli.offsets import offsets  # noqa: E402
+from txstream.cli.registry import registry  # noqa: E402
 from txstream.cli.state import state  # noqa: E402
 from txstream.cli.status import status  # noqa: E402
 from txstream.cli.topics import topics  # noqa: E402
@@ -261,6 +262,7 @@ main.add_command(topics)
 main.add_command(status)
 main.add_command(state)
 main.add_command(acls)
+main.add_command(registry)
 
 
 if __name__ == "__main__":  # pragma: no cover

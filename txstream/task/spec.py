@@ -19,6 +19,7 @@ from typing import Any
 
 from txstream.errors import InfrastructureError
 from txstream.kafka.config import KafkaClients
+from txstream.serde.registry import RegistryConfig
 
 # The reader's consumer: never joins the group (assign only), read_committed. The fetch and
 # queue bounds keep what librdkafka fetches past a range's end small (docs/tuning.md, "Reading").
@@ -93,6 +94,10 @@ class ReadSpec:
     key_schema: dict | None = None
     value_schema: dict | None = None
     lenient_trailing_bytes: bool = False
+    # Keys and values framed by a schema registry (serde/registry.py): read with key_schema /
+    # value_schema (resolved on the driver: the processor's, else the subject's latest).
+    registry: RegistryConfig | None = None
+    registry_keys: bool = False
     plans: tuple[PartitionPlan, ...] = ()
     batch_id: int = 0
     chunk_records: int = 10_000          # records per Arrow batch handed to Spark
@@ -133,6 +138,9 @@ class PublishSpec:
     output_topic: str | None = None
     output_key_schema: dict | None = None
     output_value_schema: dict | None = None
+    # The schema registry's ids output is framed with (resolved once on the driver at start).
+    output_key_schema_id: int | None = None
+    output_value_schema_id: int | None = None
     dead_letter_topic: str | None = None
     lineage: bool = True
     # Topics an output row may not name: the inputs, unless the processor allows the loop

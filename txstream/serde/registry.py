@@ -260,6 +260,13 @@ class RegistryDecoder:
             return array.take(pa.array(order, mask=order < 0)), {rows[i]: m for i, m in errors.items()}
         return decoder.decode_column(payloads)
 
+    def way(self, schema_id: int) -> str:
+        """How a writer id is decoded: columnar, projection, resolving, or the reason it is not."""
+        decoder = self._decoder(schema_id)
+        if isinstance(decoder, str):
+            return decoder
+        return {AvroCodec: "columnar", _Projection: "projection", _Resolving: "resolving"}[type(decoder)]
+
     def _decoder(self, schema_id: int) -> Any:
         key = (self.config.url, self.config.properties, schema_id, self._reader_form, self.lenient)
         found = _DECODERS.get(key)

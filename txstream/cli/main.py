@@ -8,7 +8,14 @@ from pathlib import Path
 
 import click
 
-from txstream.cli.options import DEFAULT_TIMEOUT_S, kafka_options, pairs, timeout_option
+from txstream.cli.options import (
+    DEFAULT_TIMEOUT_S,
+    kafka_options,
+    pairs,
+    registry_options,
+    split_registry_properties,
+    timeout_option,
+)
 from txstream.kafka.config import KafkaClients
 
 
@@ -53,6 +60,15 @@ def main() -> None:
 @click.option("--key-schema", help="Avro schema (.avsc) of input keys.")
 @click.option("--output-value-schema", help="Avro schema (.avsc) of output values.")
 @click.option("--output-key-schema", help="Avro schema (.avsc) of output keys.")
+@registry_options
+@click.option("--subject-name-strategy", type=click.Choice(["topic", "record", "topic-record"]), default=None,
+              help="How subjects are named: TOPIC-value, the record's full name, or TOPIC-RECORD [default: the "
+                   "processor's, else topic].")
+@click.option("--auto-register/--no-auto-register", default=None,
+              help="Register the output schema under its subject at start [default: on]; off: it must be "
+                   "registered already.")
+@click.option("--use-latest-version", is_flag=True, default=None,
+              help="Publish with the output subject's latest registered schema.")
 @click.option("--lineage/--no-lineage", default=None, help="Stamp source topic/partition/offset headers.")
 @click.option("--lenient-trailing-bytes", is_flag=True,
               help="Accept Avro values with bytes left after the record (read the record, ignore the rest); "
@@ -107,7 +123,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         wide_mode: str | None, output_mode: str | None, watermark_idle_s: float | None, output_units: int | None,
         allow_nondeterministic: bool | None,
         task_slots: int | None, producers_per_slot: int | None, first_batch_records: int | None,
-        timeout: float) -> None:
+        timeout: float, schema_registry_url: str | None, schema_registry_properties: dict[str, str],
+        subject_name_strategy: str | None, auto_register: bool | None, use_latest_version: bool | None) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch.
 
     A stop by SIGINT (Ctrl-C) or SIGTERM finishes the batch in flight, leaves the group, prints
@@ -124,6 +141,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cls = run_settings.load_processor(processor)
+        client_properties, registry_properties = split_registry_properties(client_properties)
         resolved = run_settings.resolve(
             cls, bootstrap_servers=bootstrap_servers, app_id=app_id, inputs=list(inputs), output=output,
             dead_letter=dead_letter_topic, guarantee=guarantee, auto_offset_reset=auto_offset_reset,
@@ -137,7 +155,11 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
             wide_mode=wide_mode, output_mode=output_mode,
             watermark_idle_s=watermark_idle_s, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
-            task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records)
+            task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records,
+            schema_registry_url=schema_registry_url,
+            schema_registry_properties={**schema_registry_properties, **registry_properties},
+            subject_name_strategy=subject_name_strategy, auto_register=auto_register,
+            use_latest_version=use_latest_version)
         # Human lines are for the terminal (stderr); JSON events are the run's output, for a pipe.
         as_json = log_format != "human"
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=not as_json))

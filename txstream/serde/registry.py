@@ -60,7 +60,17 @@ class RegistryConfig:
                               f"got {self.strategy!r}")
 
     def client_config(self) -> dict[str, Any]:
-        return {"url": self.url, **dict(self.properties)}
+        """SchemaRegistryClient's configuration (numbers as numbers: it refuses "3" for max.retries)."""
+        return {"url": self.url, **{k: _number(v) for k, v in self.properties}}
+
+
+def _number(value: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 _CLIENTS: dict[tuple, Any] = {}   # per process: one client (and its schema cache) per configuration

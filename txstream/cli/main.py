@@ -221,16 +221,28 @@ def _reachable(clients: KafkaClients, timeout: float) -> None:
 @click.option("--key-field", help="Use this field of each JSON value as the record key.")
 @click.option("--file", "path", type=click.File("r"), default="-", help="JSON lines [default: stdin].")
 @click.option("--transactional", is_flag=True, help="Write everything in one transaction.")
+@registry_options
+@click.option("--use-latest-version", is_flag=True,
+              help="With --schema-registry: encode with TOPIC-value's latest registered schema.")
+@click.option("--no-auto-register", is_flag=True,
+              help="With --schema-registry: the schema must be registered under TOPIC-value already.")
 @timeout_option()
 def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_field: str | None,
-            path, transactional: bool, timeout: float) -> None:
-    """Write JSON lines to TOPIC (one record per line)."""
+            path, transactional: bool, timeout: float, schema_registry_url: str | None,
+            schema_registry_properties: dict[str, str], use_latest_version: bool, no_auto_register: bool) -> None:
+    """Write JSON lines to TOPIC (one record per line). With --schema-registry: Avro framed with
+    the schema's id under TOPIC-value (registered unless --no-auto-register)."""
     from txstream.serde.avro import load_schema
     from txstream.tools.topic_io import produce_lines
 
     try:
         schema = load_schema(value_schema) if value_schema else None
-        count = produce_lines(clients, topic, path, schema, key_field, transactional, timeout=timeout)
+        registry = _registry(schema_registry_url, schema_registry_properties, auto_register=not no_auto_register,
+                             use_latest_version=use_latest_version)
+        if registry is not None and schema is None and not use_latest_version:
+            raise click.UsageError("--schema-registry needs --value-schema FILE or --use-latest-version")
+        count = produce_lines(clients, topic, path, schema, key_field, transactional, timeout=timeout,
+                              registry=registry)
     except Exception as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"produced {count} records to {topic}", err=True)
@@ -243,10 +255,14 @@ def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_fie
 @click.option("--isolation", type=click.Choice(["read_committed", "read_uncommitted"]), default="read_committed",
               show_default=True)
 @click.option("--max", "limit", type=int, help="Stop after this many records.")
+@registry_options
 @timeout_option()
 def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolation: str,
-            limit: int | None, timeout: float) -> None:
-    """Print TOPIC from the beginning to its current end as JSON lines."""
+            limit: int | None, timeout: float, schema_registry_url: str | None,
+            schema_registry_properties: dict[str, str]) -> None:
+    """Print TOPIC from the beginning to its current end as JSON lines. With --schema-registry:
+    each value decoded with the schema its id names (`schema_id` in the line), read as
+    --value-schema when given."""
     import json
 
     from txstream.serde.avro import load_schema
@@ -254,13 +270,23 @@ def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolati
 
     try:
         schema = load_schema(value_schema) if value_schema else None
+        registry = _registry(schema_registry_url, schema_registry_properties)
         count = 0
-        for record in read_records(clients, topic, schema, isolation, limit, timeout):
+        for record in read_records(clients, topic, schema, isolation, limit, timeout, registry=registry):
             click.echo(json.dumps(record, sort_keys=True))
             count += 1
     except Exception as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{count} records ({isolation})", err=True)
+
+
+def _registry(url: str | None, properties: dict[str, str], **how: bool):
+    """The command's schema registry (serde/registry.py RegistryConfig), None without a URL."""
+    if not url:
+        return None
+    from txstream.serde.registry import RegistryConfig
+
+    return RegistryConfig(url=url, properties=tuple(sorted(properties.items())), **how)
 
 
 # Command groups that live in modules of their own.

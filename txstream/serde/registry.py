@@ -428,3 +428,29 @@ def subjects_of(config: RegistryConfig, topics: list[str], is_key: bool, reader:
         return ", ".join(subject_name(config, t, is_key, record) for t in topics) or "?"
     except SchemaError:
         return "?"
+
+
+class RecordReader:
+    """One framed payload at a time, to Python values (`txstream consume`): the writer's schema by
+    its id (fetched once per id), resolved to `reader` when given."""
+
+    def __init__(self, config: RegistryConfig, reader: dict | None = None) -> None:
+        self.config, self.reader = config, reader
+        self._writers: dict[int, dict] = {}
+
+    def read(self, payload: bytes) -> tuple[int, Any]:
+        """(schema id, value); a ValueError for a payload that cannot be read (naming the id)."""
+        if payload is None or len(payload) < 5 or payload[0] != 0:
+            raise ValueError("missing schema-registry framing (magic byte 0 + schema id)")
+        schema_id = int.from_bytes(payload[1:5], "big")
+        writer = self._writers.get(schema_id)
+        if writer is None:
+            try:
+                registered = call(self.config, f"schema id {schema_id}", client(self.config).get_schema, schema_id)
+            except _NotFound:
+                raise ValueError(f"schema id {schema_id} is not in the schema registry") from None
+            writer = self._writers[schema_id] = parse_registered(registered, f"schema id {schema_id}")
+        try:
+            return schema_id, fastavro.schemaless_reader(io.BytesIO(payload[5:]), writer, self.reader or writer)
+        except Exception as exc:
+            raise ValueError(f"schema id {schema_id}: {_describe(exc)}") from None

@@ -6,6 +6,7 @@ registered at start and readable by confluent-kafka's AvroDeserializer; the fail
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import uuid
@@ -32,15 +33,19 @@ from txstream.serde.avro import load_schema
 
 
 @pytest.fixture
-def registry(schema_registry) -> str:
-    """The registry's Confluent-API base URL."""
-    return getattr(schema_registry, "url", schema_registry)
+def registry(request) -> str:
+    """The registry's Confluent-API base URL (TXSTREAM_SCHEMA_REGISTRY_URL: one of your own)."""
+    own = os.environ.get("TXSTREAM_SCHEMA_REGISTRY_URL")
+    if own:
+        return own
+    found = request.getfixturevalue("schema_registry")
+    return getattr(found, "url", found)
 
 
 def _orders(count: int, first: int = 0) -> list[tuple[dict, dict]]:
-    """Orders alternating between the two schema versions."""
-    return [(ORDER_V1, {"id": i, "note": f"n{i}", "amount": i / 4}) if i % 2 else
-            (ORDER_V2, {"id": i, "amount": i / 4, "currency": "USD" if i % 3 else "GBP"})
+    """Orders alternating between the two schema versions, v1 first (registered first)."""
+    return [(ORDER_V2, {"id": i, "amount": i / 4, "currency": "USD" if i % 3 else "GBP"}) if i % 2 else
+            (ORDER_V1, {"id": i, "note": f"n{i}", "amount": i / 4})
             for i in range(first, first + count)]
 
 

@@ -152,6 +152,10 @@ class _Proxy:
                     pass
 
     def cut(self) -> None:
+        try:   # shutdown, not close alone: a thread blocked in accept() keeps a closed socket listening
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.server.close()
         for s in self.open:
             try:
@@ -182,7 +186,8 @@ def test_an_unreachable_registry_is_retried_then_stops_the_run_naming_it_and_dea
                    "the first records published", every=0.2)
         proxy.cut()
         produce(bootstrap_servers, source, [(b"o99", late)])
-        wait_until(lambda: not run.alive(), 240, "the run to stop", every=0.2)
+        wait_until(lambda: not run.alive(), 240, "the run to stop", every=0.2,
+                   state=lambda: "\n".join(run.lines[-8:]))
     finally:
         if run.alive():
             run.stop()

@@ -197,3 +197,38 @@ def test_an_unreachable_registry_is_retried_then_stops_the_run_naming_it_and_dea
     assert any(e.get("event") == "retry" for e in run.events), [e.get("event") for e in run.events]
     assert read_all(bootstrap_servers, dead) == []
     assert committed(bootstrap_servers, settings.app_id, source, 1) == {0: 10}
+
+
+def test_exactly_once_through_kill_9_with_the_registry_in_the_loop(bootstrap_servers, make_topic, registry):
+    """`txstream run --schema-registry` killed with kill -9 while a batch is in flight, restarted
+    until caught up: every order published once, framed with the registered id."""
+    from collections import Counter
+
+    from tests.support.running import App
+    from txstream.tools.verify import audit
+
+    partitions = 2
+    source, output = make_topic("orders", partitions), make_topic("priced", partitions)
+    orders = _orders(40_000)
+    produce_orders(bootstrap_servers, registry, source, orders, partitions)
+    app = App(bootstrap_servers, source, output, partitions, processor="tests/support/registry_processors.py:PriceOrders",
+              cap=4_000, extra=["--schema-registry", registry])
+    try:
+        run = app.start()
+        baseline = app.baseline()
+        assert wait_until(app.progressed_since(baseline), 300, "the first commit", every=0.05, run=run), run.tail()
+        run.kill9()
+        at_kill = app.committed_total()
+        codes = app.until_done(4)
+    finally:
+        app.destroy_all()
+    client = SchemaRegistryClient({"url": registry})
+    deserialize = AvroDeserializer(client)
+    context = SerializationContext(output, MessageField.VALUE)
+    out = read_all(bootstrap_servers, output)
+    ids = Counter(deserialize(r.value, context)["id"] for r in out)
+    assert at_kill is not None and 0 < at_kill < len(orders), at_kill   # the kill landed mid-run
+    assert set(ids) == {o["id"] for _, o in orders} and max(ids.values()) == 1, (codes, ids.most_common(3))
+    report = audit(bootstrap_servers, source, output, app_id=app.app_id)
+    assert report.clean, report.table()
+    app.passed()

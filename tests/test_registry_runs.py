@@ -232,3 +232,32 @@ def test_exactly_once_through_kill_9_with_the_registry_in_the_loop(bootstrap_ser
     report = audit(bootstrap_servers, source, output, app_id=app.app_id)
     assert report.clean, report.table()
     app.passed()
+
+
+def test_produce_and_consume_through_the_registry(bootstrap_servers, make_topic, registry, tmp_path):
+    """`txstream produce --schema-registry`: JSON lines in, framed Avro out (the schema registered
+    under TOPIC-value, then the latest reused); `consume --schema-registry`: decoded, the id shown."""
+    from click.testing import CliRunner
+
+    from txstream.cli.main import main
+
+    topic = make_topic("orders", 1)
+    schema = tmp_path / "order.avsc"
+    schema.write_text(json.dumps(ORDER_V2))
+    lines = "".join(json.dumps({"id": i, "amount": i / 2, "currency": "EUR"}) + "\n" for i in range(3))
+    base = [topic, "-b", bootstrap_servers, "--schema-registry", registry]
+    produced = CliRunner().invoke(main, ["produce", *base, "--value-schema", str(schema)], input=lines)
+    assert produced.exit_code == 0, produced.output
+    again = CliRunner().invoke(main, ["produce", *base, "--use-latest-version"], input=lines)
+    assert again.exit_code == 0, again.output
+
+    client = SchemaRegistryClient({"url": registry})
+    registered = client.get_latest_version(f"{topic}-value")
+    deserialize = AvroDeserializer(client)
+    context = SerializationContext(topic, MessageField.VALUE)
+    assert [deserialize(r.value, context)["id"] for r in read_all(bootstrap_servers, topic)] == [0, 1, 2] * 2
+
+    consumed = CliRunner().invoke(main, ["consume", *base, "--max", "6"])
+    assert consumed.exit_code == 0, consumed.output
+    records = [json.loads(line) for line in consumed.stdout.splitlines() if line.startswith("{")]
+    assert [(r["schema_id"], r["value"]["id"]) for r in records] == [(registered.schema_id, i) for i in (0, 1, 2)] * 2

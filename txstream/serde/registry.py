@@ -33,6 +33,7 @@ from txstream.serde.avro import (
     _describe,
     _timestamp_fields,
     _without_timestamp_logical_types,
+    arrow_type,
     load_schema,
     trailing_bytes_message,
 )
@@ -227,7 +228,7 @@ class RegistryDecoder:
                  registry: Any = None) -> None:
         self.config, self.reader, self.subjects = config, reader, subjects
         self.lenient = lenient_trailing_bytes
-        self.arrow = AvroCodec(reader).arrow
+        self.arrow = arrow_type(reader)
         self._registry = registry   # tests: a client of their own; else the process's
         self._reader_form = canonical(reader)
 

@@ -18,13 +18,12 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.support.kafka import avro_bytes, committed, produce, read_all
 from tests.support.registry_processors import (
-    ORDER_V1,
-    ORDER_V2,
     PRICED,
     PriceOrders,
     PriceOrdersIncompatibly,
     produce_orders,
 )
+from tests.support.registry_schemas import ORDER_V1, ORDER_V2
 from tests.support.running import DriverThread, resolve_settings
 from tests.support.waiting import wait_until
 from txstream.errors import SchemaRegistryRefused

@@ -13,19 +13,12 @@ import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import Schema
 
+from tests.support.registry_schemas import ORDER_V1, ORDER_V2
 from txstream.errors import SchemaRegistryRefused, SchemaRegistryUnreachable
 from txstream.serde import registry as reg
 from txstream.serde.avro import AvroCodec
 
-V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "note", "type": ["null", "string"], "default": None},
-    {"name": "amount", "type": "double"}]}
-# v2: `note` removed, `currency` added with a default
-V2 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "amount", "type": "double"},
-    {"name": "currency", "type": "string", "default": "EUR"}]}
+V1, V2 = ORDER_V1, ORDER_V2
 
 
 def _config() -> reg.RegistryConfig:

@@ -13,16 +13,6 @@ from pyspark.sql import functions as F
 
 from txstream import Processor
 
-# v1 and v2 of the input, as a producer team would evolve it: v2 adds `currency` with a default
-# (BACKWARD compatible) and drops `note`.
-ORDER_V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "note", "type": ["null", "string"], "default": None},
-    {"name": "amount", "type": "double"}]}
-ORDER_V2 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "amount", "type": "double"},
-    {"name": "currency", "type": "string", "default": "EUR"}]}
 PRICED = {"type": "record", "name": "Priced", "namespace": "shop", "fields": [
     {"name": "id", "type": "long"},
     {"name": "cents", "type": "long"},

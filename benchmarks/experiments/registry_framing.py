@@ -12,6 +12,7 @@ alternately, `--rounds` times each. Goal (issue 53): the registry run at >= 0.95
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
@@ -20,6 +21,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import fastavro
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -31,7 +33,7 @@ def seed(bootstrap: str, registry: str, records: int, partitions: int) -> tuple[
     """The same orders into two topics: plain Avro, and framed with the id registered for them."""
     sys.path.insert(0, str(REPO))
     from processors.sample_orders import orders
-    from txstream.serde.avro import AvroCodec, load_schema
+    from txstream.serde.avro import load_schema
     from txstream.serde.registry import RegistryConfig, register_output
 
     schema = load_schema(str(REPO / "schemas/order.avsc"))
@@ -41,7 +43,15 @@ def seed(bootstrap: str, registry: str, records: int, partitions: int) -> tuple[
     for future in admin.create_topics([NewTopic(t, partitions, 1) for t in (plain_topic, framed_topic)]).values():
         future.result(30)
     schema_id, _ = register_output(RegistryConfig(registry), f"{framed_topic}-value", schema)
-    plain, framed = AvroCodec(schema).encoder(), AvroCodec(schema, registry_schema_id=schema_id).encoder()
+    prefix = b"\x00" + schema_id.to_bytes(4, "big")
+
+    def plain(order: dict) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, schema, order)
+        return buf.getvalue()
+
+    def framed(order: dict) -> bytes:
+        return prefix + plain(order)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "queue.buffering.max.messages": 1_000_000})
     for i, order in enumerate(orders(records)):
         key = order["customer_id"].encode()
@@ -65,7 +75,7 @@ def run(bootstrap: str, topic: str, registry: str | None, partitions: int) -> fl
         future.result(30)
     argv = [sys.executable, "-m", "txstream.cli", "run", PROCESSOR, "-b", bootstrap, "--input", topic,
             "--output", output, "--dead-letter-topic", f"{output}-dlq", "--app-id", f"regbench-{uuid.uuid4().hex[:8]}",
-            "--master", "local[2]", "--until-caught-up", "--log-format", "json", "-q"]
+            "--master", "local[2]", "--until-caught-up", "--log-format", "json"]
     if registry:
         argv += ["--schema-registry", registry]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=dict(os.environ), timeout=1800)

@@ -231,6 +231,8 @@ class RegistryDecoder:
         self.arrow = arrow_type(reader)
         self._registry = registry   # tests: a client of their own; else the process's
         self._reader_form = canonical(reader)
+        # The cache's key: the whole schema (the canonical form drops defaults, which a projection fills in).
+        self._reader_key = json.dumps(_plain(reader), sort_keys=True)
 
     def decode_column(self, payloads: list, nullable: bool = False) -> tuple[pa.Array, dict[int, str]]:
         n = len(payloads)
@@ -279,7 +281,7 @@ class RegistryDecoder:
         return {AvroCodec: "columnar", _Projection: "projection", _Resolving: "resolving"}[type(decoder)]
 
     def _decoder(self, schema_id: int) -> Any:
-        key = (self.config.url, self.config.properties, schema_id, self._reader_form, self.lenient)
+        key = (self.config.url, self.config.properties, schema_id, self._reader_key, self.lenient)
         found = _DECODERS.get(key)
         if found is None:
             found = self._build(schema_id)

@@ -20,6 +20,7 @@ from tests.support.kafka import avro_bytes, committed, produce, read_all
 from tests.support.registry_processors import (
     PRICED,
     PriceOrders,
+    PriceOrdersByCustomer,
     PriceOrdersIncompatibly,
     produce_orders,
 )
@@ -73,6 +74,16 @@ def test_two_versions_read_by_id_and_the_output_registered_for_confluents_deseri
     got = sorted((deserialize(r.value, context) for r in out), key=lambda v: v["id"])
     assert got == [_priced(o) for o in orders]
     assert json.loads(registered.schema.schema_str)["name"] in ("Priced", "shop.Priced")
+
+
+def test_keys_framed_by_the_registry_are_read_as_the_key_subjects_latest(
+        bootstrap_servers, make_topic, run_processor, registry):
+    source, output = make_topic("orders", 1), make_topic("priced", 1)
+    orders = _orders(20)
+    produce_orders(bootstrap_servers, registry, source, orders, 1, keyed=True)
+    driver = run_processor(PriceOrdersByCustomer, inputs=[source], output=output, schema_registry_url=registry)
+    assert driver.exit_code == 0 and driver.totals["dead_letters"] == 0, driver.lines
+    assert [r.key for r in read_all(bootstrap_servers, output)] == [f"c{o['id'] % 7}".encode() for _, o in orders]
 
 
 def test_an_output_schema_the_subject_refuses_stops_the_run_before_anything_is_read(

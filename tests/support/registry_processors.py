@@ -46,19 +46,36 @@ class PriceOrdersIncompatibly(PriceOrders):
             F.col("value.currency").alias("currency")).alias("value"))
 
 
+CUSTOMER_KEY = {"type": "record", "name": "CustomerKey", "namespace": "shop",
+                "fields": [{"name": "customer", "type": "string"}]}
+
+
+class PriceOrdersByCustomer(PriceOrders):
+    """Keys registry-framed too (TOPIC-key): the output key is the decoded key's field."""
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        priced = super().transform(batch)
+        return priced.withColumn("key", F.col("key.customer"))
+
+
 def produce_orders(bootstrap: str, registry_url: str, topic: str, orders: list[tuple[dict, dict]],
-                   partitions: int) -> None:
+                   partitions: int, keyed: bool = False) -> None:
     """`orders`: (schema, value) pairs, serialized by confluent-kafka's own AvroSerializer (which
-    registers each schema under TOPIC-value), order i into partition i mod `partitions`."""
+    registers each schema under TOPIC-value), order i into partition i mod `partitions`. `keyed`:
+    keys framed too, a CustomerKey registered under TOPIC-key."""
     client = SchemaRegistryClient({"url": registry_url})
     serializers: dict[str, AvroSerializer] = {}
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
     context = SerializationContext(topic, MessageField.VALUE)
+    key_context = SerializationContext(topic, MessageField.KEY)
+    keys = AvroSerializer(client, json.dumps(CUSTOMER_KEY)) if keyed else None
     for i, (schema, value) in enumerate(orders):
         text = json.dumps(schema)
         serializer = serializers.get(text)
         if serializer is None:
             serializer = serializers[text] = AvroSerializer(client, text)
-        producer.produce(topic, serializer(value, context), f"o{value['id']}".encode(), partition=i % partitions)
+        key = (keys({"customer": f"c{value['id'] % 7}"}, key_context) if keys is not None
+               else f"o{value['id']}".encode())
+        producer.produce(topic, serializer(value, context), key, partition=i % partitions)
         producer.poll(0)
     assert producer.flush(60) == 0

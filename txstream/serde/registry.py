@@ -265,13 +265,7 @@ class RegistryDecoder:
         decoder = self._decoder(schema_id)
         if isinstance(decoder, str):   # the id is unknown, or its schema cannot be read as the reader's
             return pa.nulls(n, self.arrow), dict.fromkeys(range(n), decoder)
-        if nullable and None in payloads:
-            rows = [i for i, p in enumerate(payloads) if p is not None]
-            array, errors = decoder.decode_column([payloads[i] for i in rows])
-            order = np.full(n, -1, np.int64)
-            order[rows] = np.arange(len(rows))
-            return array.take(pa.array(order, mask=order < 0)), {rows[i]: m for i, m in errors.items()}
-        return decoder.decode_column(payloads)
+        return decoder.decode_column(payloads)   # None payloads are a group of their own (_NULL)
 
     def way(self, schema_id: int) -> str:
         """How a writer id is decoded: columnar, projection, resolving, or the reason it is not."""

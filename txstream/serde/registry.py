@@ -209,9 +209,10 @@ def schema_ids(payloads: list) -> np.ndarray:
     _validity, offsets_buf, data_buf = array.buffers()
     offsets = np.frombuffer(offsets_buf, np.int64)[:n + 1]
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    data = np.concatenate([data, np.zeros(5, np.uint8)])
-    starts = offsets[:-1]
-    heads = data[starts[:, None] + np.arange(5)].astype(np.int64)
+    if not len(data):
+        data = np.zeros(1, np.uint8)
+    # Indices past the end are clipped: those rows are shorter than 5 bytes, so not framed anyway.
+    heads = data[np.minimum(offsets[:-1, None] + np.arange(5), len(data) - 1)].astype(np.int64)
     framed = (np.diff(offsets) >= 5) & (heads[:, 0] == 0)
     ids = np.where(framed, (heads[:, 1] << 24) | (heads[:, 2] << 16) | (heads[:, 3] << 8) | heads[:, 4], _NO_FRAMING)
     if array.null_count:

@@ -170,3 +170,14 @@ def test_grouped_decoding_keeps_columnar_speed():
     per_record = best([p[5:] for p in same], lambda ps: (pa.array([codec.decode(p) for p in ps]), {}))
     print(f"grouped {grouped * 1e3:.1f} ms, one schema columnar {plain * 1e3:.1f} ms, per record {per_record * 1e3:.1f} ms")
     assert grouped < 3 * plain + 0.01 < per_record
+
+
+def test_promotions_are_projected_and_may_round_as_avro_allows():
+    config = _config()
+    writer = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "int"}]}
+    reader = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "float"}, {"name": "b", "type": "long"}]}
+    writer_id = _register(config, "t-value", writer)
+    decoder = reg.RegistryDecoder(config, fastavro.parse_schema(reader), "t-value")
+    array, errors = decoder.decode_column([_framed(writer, writer_id, {"a": 2 ** 40 + 1, "b": 5})])
+    assert decoder.way(writer_id) == "projection" and errors == {}
+    assert array.to_pylist() == [{"a": float(2 ** 40), "b": 5}]

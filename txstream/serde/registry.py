@@ -379,7 +379,8 @@ class _Projection:
                 children.append(pa.nulls(n, arrow) if value is None else pa.array([value] * n, arrow))
             else:
                 child = written.field(value)
-                children.append(child if child.type == arrow else child.cast(arrow))
+                # Unchecked: Avro's long -> float promotion may round, as Java's reader does.
+                children.append(child if child.type == arrow else child.cast(arrow, safe=False))
         return pa.StructArray.from_arrays(children, fields=list(self.arrow), mask=written.is_null()), errors
 
 

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.cluster import KafkaClusterFixture, create_cluster
 from tests.support.kafka import close_clients_left_open, close_probes
+from tests.support.waiting import wait_until
 
 _BROKER_KIND = {"kind": "no broker (none of the selected tests needed one)"}
 _CLOSED_AT_END: list[str] = []   # clients the tests left open, closed before exit (summary line)
@@ -186,6 +187,12 @@ def admin(bootstrap_servers: str) -> Iterator[AdminClient]:
     holder.release()
 
 
+def _led(admin: AdminClient, name: str, partitions: int) -> bool:
+    topic = admin.list_topics(name, timeout=10).topics.get(name)
+    return (topic is not None and topic.error is None and len(topic.partitions) == partitions
+            and all(p.leader >= 0 for p in topic.partitions.values()))
+
+
 @pytest.fixture
 def make_topic(admin: AdminClient, request: pytest.FixtureRequest) -> Callable[..., str]:
     """Create a topic named after the test, unique per call: make_topic("orders", partitions=3)."""
@@ -196,6 +203,9 @@ def make_topic(admin: AdminClient, request: pytest.FixtureRequest) -> Callable[.
         name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name)
         admin.create_topics([NewTopic(name, partitions, replication, config=config)])[name].result(30)
         created.append(name)
+        # The controller answers before every broker's metadata has the topic: a command run at
+        # once could be told it does not exist.
+        wait_until(lambda: _led(admin, name, partitions), 30, f"topic {name} in the brokers' metadata")
         return name
 
     yield create

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.secret_scan import wrapped
 from txstream.kafka.config import REDACTED, KafkaClients, redacted
+from txstream.serde.registry import RegistryConfig
 from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec, encode
 
 SECRET = "s3cret-Value-42"
@@ -39,12 +40,19 @@ def test_the_clients_repr_shows_no_credential() -> None:
     assert "alice" in text and "broker:9092" in text and "/etc/key.pem" in text
 
 
+def test_the_registry_settings_repr_shows_no_credential() -> None:
+    registry = RegistryConfig("http://registry:8081", (("basic.auth.user.info", f"alice:{SECRET}"),
+                                                       ("bearer.auth.token", SECRET)))
+    assert SECRET not in repr(registry) + str(registry) and "registry:8081" in repr(registry)
+
+
 def test_a_batch_jobs_property_carries_no_credential() -> None:
     clients = KafkaClients.from_properties("broker:9092", PROPERTIES)
-    read = ReadSpec(clients=clients, app_id="app", side_dir="side",
+    registry = RegistryConfig("http://registry:8081", (("basic.auth.user.info", f"alice:{SECRET}"),))
+    read = ReadSpec(clients=clients, app_id="app", side_dir="side", registry=registry,
                     plans=(PartitionPlan("in", 0, 0, 10, None, "app-0"),))
     spec = PublishSpec(read=read, guarantee="exactly-once", transaction_timeout_s=60.0, owner_dir=None)
     text = encode(spec)
     assert wrapped(text.encode(), SECRET.encode()) is None
     back = pickle.loads(zlib.decompress(base64.b64decode(text)))
-    assert back.read.plans == read.plans and back.read.clients != clients
+    assert back.read.plans == read.plans and back.read.clients != clients and back.read.registry is None

@@ -55,6 +55,11 @@ class SchemaError(UserError, ValueError):
     """A schema or a DataFrame does not fit the Avro schema it must be encoded with."""
 
 
+class SchemaRegistryRefused(UserError):
+    """The schema registry refused what the run needs: an output schema its compatibility rule
+    refuses, one not registered with auto-registration off, credentials it does not accept."""
+
+
 class TransformError(UserError, ValueError):
     """The processor's transform does not produce what txstream can publish."""
 
@@ -146,6 +151,11 @@ class FatalKafkaError(KafkaFailure):
 class InfrastructureError(TxstreamError):
     """The machinery failed (worker start-up, imports, permissions, lost executors). Retried;
     never a reason to dead-letter a record."""
+
+
+class SchemaRegistryUnreachable(InfrastructureError):
+    """The schema registry did not answer (refused, timed out, a 5xx): retried like any machinery,
+    never a reason to dead-letter the record whose schema was being fetched."""
 
 
 class BatchTimeout(InfrastructureError):

@@ -30,6 +30,12 @@ class Processor:
     output_key_schema: ClassVar[str | None] = None
     output_value_schema: ClassVar[str | None] = None
     dead_letter_topic: ClassVar[str | None] = None
+    # A schema registry (docs/schemas.md): input decoded by each record's schema id against
+    # value_schema (else the subject's latest), output framed with its registered schema's id.
+    schema_registry_url: ClassVar[str | None] = None
+    subject_name_strategy: ClassVar[str] = "topic"     # | "record" | "topic-record"
+    auto_register_schemas: ClassVar[bool] = True        # False: the output schema must be registered
+    use_latest_version: ClassVar[bool] = False          # publish with the output subject's latest
 
     guarantee: ClassVar[str] = "exactly-once"          # | "at-least-once" | "at-most-once"
     auto_offset_reset: ClassVar[str] = "earliest"      # | "latest" | "none"

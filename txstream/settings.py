@@ -16,6 +16,7 @@ from txstream.kafka.config import KafkaClients
 from txstream.processor import Processor
 from txstream.protocol import EXACTLY_ONCE, GUARANTEES, WIDE_MODES
 from txstream.serde.avro import load_schema
+from txstream.serde.registry import RegistryConfig
 
 OFFSET_RESETS = ("earliest", "latest", "none")
 
@@ -39,6 +40,12 @@ class RunSettings:
     value_schema: dict | None = None
     output_key_schema: dict | None = None
     output_value_schema: dict | None = None
+    # A schema registry (serde/registry.py): input read by the writer's schema id, output framed
+    # with the id of its registered schema (resolved at start: driver/preflight.py check_registry).
+    schema_registry: RegistryConfig | None = None
+    registry_keys: bool = False            # input keys are registry-framed too
+    output_key_schema_id: int | None = None
+    output_value_schema_id: int | None = None
     producer_config: dict[str, Any] = field(default_factory=dict)
     consumer_config: dict[str, Any] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
@@ -178,6 +185,22 @@ def _schema(value: str | None, cls: type[Processor]) -> dict | None:
     return load_schema(value)  # raises the clear "not found" error
 
 
+def registry_config(cls: type[Processor], extra: dict[str, Any]) -> RegistryConfig | None:
+    """The run's schema registry: the command line's options (taken out of `extra`), else the
+    processor's attributes; None without a URL."""
+    url = extra.pop("schema_registry_url", None) or cls.schema_registry_url
+    properties = extra.pop("schema_registry_properties", None) or {}
+    strategy = extra.pop("subject_name_strategy", None) or cls.subject_name_strategy
+    auto_register = extra.pop("auto_register", None)
+    latest = extra.pop("use_latest_version", None)
+    if not url:
+        return None
+    return RegistryConfig(url=url, properties=tuple(sorted((str(k), str(v)) for k, v in properties.items())),
+                          strategy=strategy,
+                          auto_register=cls.auto_register_schemas if auto_register is None else auto_register,
+                          use_latest_version=cls.use_latest_version if latest is None else latest)
+
+
 def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None = None,
             inputs: list[str] | None = None, output: str | None = None, dead_letter: str | None = None,
             guarantee: str | None = None, auto_offset_reset: str | None = None,
@@ -233,6 +256,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
             raise SettingsError(
                 f"the {role} {name!r} is also an input topic: the run would read its own output. "
                 f"Set allow_output_to_input_topics = True on {cls.__name__} if that loop is intended.")
+    extra["schema_registry"] = registry_config(cls, extra)
     first = extra.get("first_batch_records")
     extra["first_batch_records"] = cls.first_batch_records if first is None else first
     if extra["first_batch_records"] < 0:

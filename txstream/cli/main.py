@@ -8,7 +8,14 @@ from pathlib import Path
 
 import click
 
-from txstream.cli.options import DEFAULT_TIMEOUT_S, kafka_options, pairs, timeout_option
+from txstream.cli.options import (
+    DEFAULT_TIMEOUT_S,
+    kafka_options,
+    pairs,
+    registry_options,
+    split_registry_properties,
+    timeout_option,
+)
 from txstream.kafka.config import KafkaClients
 
 
@@ -53,6 +60,15 @@ def main() -> None:
 @click.option("--key-schema", help="Avro schema (.avsc) of input keys.")
 @click.option("--output-value-schema", help="Avro schema (.avsc) of output values.")
 @click.option("--output-key-schema", help="Avro schema (.avsc) of output keys.")
+@registry_options
+@click.option("--subject-name-strategy", type=click.Choice(["topic", "record", "topic-record"]), default=None,
+              help="How subjects are named: TOPIC-value, the record's full name, or TOPIC-RECORD [default: the "
+                   "processor's, else topic].")
+@click.option("--auto-register/--no-auto-register", default=None,
+              help="Register the output schema under its subject at start [default: on]; off: it must be "
+                   "registered already.")
+@click.option("--use-latest-version", is_flag=True, default=None,
+              help="Publish with the output subject's latest registered schema.")
 @click.option("--lineage/--no-lineage", default=None, help="Stamp source topic/partition/offset headers.")
 @click.option("--lenient-trailing-bytes", is_flag=True,
               help="Accept Avro values with bytes left after the record (read the record, ignore the rest); "
@@ -111,7 +127,8 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         wide_mode: str | None, output_mode: str | None, watermark_idle_s: float | None,
         state_snapshot_every: int | None, output_units: int | None, allow_nondeterministic: bool | None,
         task_slots: int | None, producers_per_slot: int | None, first_batch_records: int | None,
-        timeout: float) -> None:
+        timeout: float, schema_registry_url: str | None, schema_registry_properties: dict[str, str],
+        subject_name_strategy: str | None, auto_register: bool | None, use_latest_version: bool | None) -> None:
     """Run PROCESSOR (package.module:Class or path/file.py:Class) exactly once, batch after batch.
 
     A stop by SIGINT (Ctrl-C) or SIGTERM finishes the batch in flight, leaves the group, prints
@@ -128,6 +145,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cls = run_settings.load_processor(processor)
+        client_properties, registry_properties = split_registry_properties(client_properties)
         resolved = run_settings.resolve(
             cls, bootstrap_servers=bootstrap_servers, app_id=app_id, inputs=list(inputs), output=output,
             dead_letter=dead_letter_topic, guarantee=guarantee, auto_offset_reset=auto_offset_reset,
@@ -140,8 +158,13 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             batch_timeout_s=batch_timeout, lenient_trailing_bytes=lenient_trailing_bytes, metrics_port=metrics_port,
             metrics_address=metrics_address, log_format=log_format, spark_ui_port=spark_ui_port,
             wide_mode=wide_mode, output_mode=output_mode,
-            watermark_idle_s=watermark_idle_s, state_snapshot_every=state_snapshot_every, output_units=output_units, allow_nondeterministic=allow_nondeterministic,
-            task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records)
+            watermark_idle_s=watermark_idle_s, state_snapshot_every=state_snapshot_every, output_units=output_units,
+            allow_nondeterministic=allow_nondeterministic,
+            task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records,
+            schema_registry_url=schema_registry_url,
+            schema_registry_properties={**schema_registry_properties, **registry_properties},
+            subject_name_strategy=subject_name_strategy, auto_register=auto_register,
+            use_latest_version=use_latest_version)
         # Human lines are for the terminal (stderr); JSON events are the run's output, for a pipe.
         as_json = log_format != "human"
         echo = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=not as_json))
@@ -203,16 +226,28 @@ def _reachable(clients: KafkaClients, timeout: float) -> None:
 @click.option("--key-field", help="Use this field of each JSON value as the record key.")
 @click.option("--file", "path", type=click.File("r"), default="-", help="JSON lines [default: stdin].")
 @click.option("--transactional", is_flag=True, help="Write everything in one transaction.")
+@registry_options
+@click.option("--use-latest-version", is_flag=True,
+              help="With --schema-registry: encode with TOPIC-value's latest registered schema.")
+@click.option("--no-auto-register", is_flag=True,
+              help="With --schema-registry: the schema must be registered under TOPIC-value already.")
 @timeout_option()
 def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_field: str | None,
-            path, transactional: bool, timeout: float) -> None:
-    """Write JSON lines to TOPIC (one record per line)."""
+            path, transactional: bool, timeout: float, schema_registry_url: str | None,
+            schema_registry_properties: dict[str, str], use_latest_version: bool, no_auto_register: bool) -> None:
+    """Write JSON lines to TOPIC (one record per line). With --schema-registry: Avro framed with
+    the schema's id under TOPIC-value (registered unless --no-auto-register)."""
     from txstream.serde.avro import load_schema
     from txstream.tools.topic_io import produce_lines
 
     try:
         schema = load_schema(value_schema) if value_schema else None
-        count = produce_lines(clients, topic, path, schema, key_field, transactional, timeout=timeout)
+        registry = _registry(schema_registry_url, schema_registry_properties, auto_register=not no_auto_register,
+                             use_latest_version=use_latest_version)
+        if registry is not None and schema is None and not use_latest_version:
+            raise click.UsageError("--schema-registry needs --value-schema FILE or --use-latest-version")
+        count = produce_lines(clients, topic, path, schema, key_field, transactional, timeout=timeout,
+                              registry=registry)
     except Exception as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"produced {count} records to {topic}", err=True)
@@ -225,10 +260,14 @@ def produce(topic: str, clients: KafkaClients, value_schema: str | None, key_fie
 @click.option("--isolation", type=click.Choice(["read_committed", "read_uncommitted"]), default="read_committed",
               show_default=True)
 @click.option("--max", "limit", type=int, help="Stop after this many records.")
+@registry_options
 @timeout_option()
 def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolation: str,
-            limit: int | None, timeout: float) -> None:
-    """Print TOPIC from the beginning to its current end as JSON lines."""
+            limit: int | None, timeout: float, schema_registry_url: str | None,
+            schema_registry_properties: dict[str, str]) -> None:
+    """Print TOPIC from the beginning to its current end as JSON lines. With --schema-registry:
+    each value decoded with the schema its id names (`schema_id` in the line), read as
+    --value-schema when given."""
     import json
 
     from txstream.serde.avro import load_schema
@@ -236,13 +275,23 @@ def consume(topic: str, clients: KafkaClients, value_schema: str | None, isolati
 
     try:
         schema = load_schema(value_schema) if value_schema else None
+        registry = _registry(schema_registry_url, schema_registry_properties)
         count = 0
-        for record in read_records(clients, topic, schema, isolation, limit, timeout):
+        for record in read_records(clients, topic, schema, isolation, limit, timeout, registry=registry):
             click.echo(json.dumps(record, sort_keys=True))
             count += 1
     except Exception as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{count} records ({isolation})", err=True)
+
+
+def _registry(url: str | None, properties: dict[str, str], **how: bool):
+    """The command's schema registry (serde/registry.py RegistryConfig), None without a URL."""
+    if not url:
+        return None
+    from txstream.serde.registry import RegistryConfig
+
+    return RegistryConfig(url=url, properties=tuple(sorted(properties.items())), **how)
 
 
 # Command groups that live in modules of their own.

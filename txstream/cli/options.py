@@ -72,3 +72,36 @@ def kafka_options(fn: Callable[..., Any] | None = None, *, as_properties: bool =
         return wrapper
 
     return decorate(fn) if fn is not None else decorate
+
+
+REGISTRY_PREFIX = "schema.registry."
+
+
+def registry_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--schema-registry URL` and `--schema-registry-config FILE` (SchemaRegistryClient properties,
+    key=value lines: basic.auth.user.info, ssl.*, bearer.auth.*); the command receives
+    `schema_registry_url` and `schema_registry_properties`. `-X schema.registry.<property>=...`
+    (where the command takes -X) is added by the command itself (`split_registry_properties`)."""
+    @functools.wraps(command)
+    def wrapper(*args: Any, schema_registry_config: str | None, **kwargs: Any) -> Any:
+        from txstream.kafka.config import load_properties
+
+        try:
+            properties = load_properties(schema_registry_config) if schema_registry_config else {}
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--schema-registry-config") from None
+        return command(*args, schema_registry_properties=properties, **kwargs)
+
+    wrapper = click.option("--schema-registry-config", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                           help="Schema registry client properties (key=value lines: basic.auth.user.info, "
+                                "ssl.*, bearer.auth.*), as confluent-kafka's SchemaRegistryClient names them.")(wrapper)
+    return click.option("--schema-registry", "schema_registry_url", metavar="URL", default=None,
+                        help="Schema registry (Confluent's API): Avro values framed with schema ids "
+                             "(docs/schemas.md).")(wrapper)
+
+
+def split_registry_properties(properties: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """-X properties split into (Kafka's, the schema registry's: `schema.registry.` taken off)."""
+    kafka = {k: v for k, v in properties.items() if not k.startswith(REGISTRY_PREFIX)}
+    registry = {k[len(REGISTRY_PREFIX):]: v for k, v in properties.items() if k.startswith(REGISTRY_PREFIX)}
+    return kafka, registry

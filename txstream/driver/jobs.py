@@ -57,7 +57,8 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = Fa
     # spark.range splits [0, n) into equal consecutive runs: partition j holds slot j's tasks.
     partitions = n // spec.slot_width if per_slot and spec.slot_width > 1 else n
     frame = spark.range(0, n, 1, partitions).mapInArrow(
-        functools.partial(read_planned_range, FromJob("read", spec.clients) if from_job else spec, accounts, tagged),
+        functools.partial(read_planned_range, FromJob("read", spec.clients, spec.registry) if from_job else spec,
+                          accounts, tagged),
         input_struct(spec.key_schema, spec.value_schema, tagged))
     return frame.drop(RANGE_COLUMN) if tagged else frame
 
@@ -138,7 +139,8 @@ class SparkJobs:
             out = out.withColumn(RANGE_COLUMN, F.spark_partition_id())
             if layout.width > 1:
                 out = out.coalesce(layout.publishing_tasks)
-        return out.mapInArrow(functools.partial(publish_slot, FromJob("publish", self.specs.read.clients)), result_schema())
+        job = FromJob("publish", self.specs.read.clients, self.specs.read.registry)
+        return out.mapInArrow(functools.partial(publish_slot, job), result_schema())
 
     def forget(self) -> None:
         """The next narrow batch builds its job afresh (after a failed batch)."""

@@ -192,6 +192,12 @@ class Driver:
             # unreachable cluster or a missing topic is reported at once.
             self.telemetry.start()
             self.check_topics()
+            if s.schema_registry is not None:
+                # The schemas decided before Spark starts and anything is read (the specs carry them).
+                from txstream.driver.preflight import check_registry
+
+                check_registry(s, self.echo)
+                self.specs = TaskSpecs(s)
             if self._group_is_empty():
                 self.membership = self._join_group()
         except Exception as exc:

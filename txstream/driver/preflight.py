@@ -109,3 +109,43 @@ def describe(answers: list[dict[str, Any]]) -> str:
     for answer in answers:
         hosts[f"{answer['host']} ({answer['address']})"] += 1
     return "executor preflight passed: " + ", ".join(f"{h} x{n}" for h, n in sorted(hosts.items()))
+
+
+def check_registry(s: Any, echo: Any) -> None:
+    """With a schema registry, decide the run's schemas before anything is read (RunSettings `s`
+    is completed in place): the input's reader schemas (the processor's, else the subjects'
+    latest), and the output's id — registered (or looked up, or the latest) under the output
+    subject. An output schema the subject's compatibility rule refuses stops the run here with
+    the registry's answer, so nothing is ever published with it; an unreachable registry stops
+    it naming the registry."""
+    from txstream.errors import SchemaError
+    from txstream.serde.registry import latest_schema, register_output, subject_name
+
+    config = s.schema_registry
+    if config is None:
+        return
+    first = s.input_topics[0]
+    if s.value_schema is None:
+        subject = subject_name(config, first, False, None)
+        found = latest_schema(config, subject)
+        if found is None:
+            raise SchemaError(f"input subject {subject} has no version in the schema registry at {config.url}: "
+                              "register the input's schema, or give value_schema")
+        s.value_schema = found[1]
+        echo(f"schema registry {config.url}: input values read as {subject}'s latest version (id {found[0]})")
+    if s.key_schema is None and config.strategy == "topic":
+        found = latest_schema(config, subject_name(config, first, True, None))
+        if found is not None:
+            s.key_schema = found[1]
+    s.registry_keys = s.key_schema is not None
+    for side, is_key in (("value", False), ("key", True)):
+        schema = getattr(s, f"output_{side}_schema")
+        if schema is None and not (config.use_latest_version and not is_key):
+            continue
+        if not s.output_topic:
+            raise SchemaError(f"the output {side}s' subject is named after output_topic, which is not set")
+        subject = subject_name(config, s.output_topic, is_key, schema.get("name") if schema else None)
+        schema_id, schema = register_output(config, subject, schema)
+        setattr(s, f"output_{side}_schema", schema)
+        setattr(s, f"output_{side}_schema_id", schema_id)
+        echo(f"schema registry {config.url}: output {side}s framed with id {schema_id} ({subject})")

@@ -21,11 +21,14 @@ class TaskSpecs:
         self.owner_dir = os.path.join("txstream-owners", s.app_id)
         self.read = ReadSpec(clients=s.clients, app_id=s.app_id, side_dir=self.side_dir,
                              key_schema=s.key_schema, value_schema=s.value_schema,
-                             lenient_trailing_bytes=s.lenient_trailing_bytes)
+                             lenient_trailing_bytes=s.lenient_trailing_bytes, registry=s.schema_registry,
+                             registry_keys=s.registry_keys)
         self.publish = PublishSpec(read=self.read, guarantee=s.guarantee,
                                    transaction_timeout_s=s.transaction_timeout_s, owner_dir=self.owner_dir,
                                    output_topic=s.output_topic, output_key_schema=s.output_key_schema,
                                    output_value_schema=s.output_value_schema,
+                                   output_key_schema_id=s.output_key_schema_id,
+                                   output_value_schema_id=s.output_value_schema_id,
                                    dead_letter_topic=s.dead_letter_topic, lineage=s.lineage,
                                    refused_topics=frozenset() if s.allow_output_to_input_topics
                                    else frozenset(s.input_topics))

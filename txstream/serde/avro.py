@@ -214,6 +214,11 @@ class AvroCodec:
                                   if fields else None)
         self._columnar_encoder = avro_columns.ColumnarEncoder(fields, self._framing) if fields else None
 
+    @property
+    def wire_schema(self) -> dict:
+        """The schema values cross `decoder_for_arrow` in (top-level timestamps as longs)."""
+        return self._wire
+
     def decode(self, payload: bytes) -> Any:
         """The Python value, with logical types (timestamps as datetimes)."""
         return self._decode_logical(payload)

@@ -149,15 +149,17 @@ def _pieces_by_range(spec: PublishSpec, indexes: list[int], batches: Iterator[pa
         yield batch.select([n for n in names if n != RANGE_COLUMN]), runs
 
 
-def _codec(schema: dict | None) -> AvroCodec | None:
-    return AvroCodec(schema) if schema else None
+def _codec(schema: dict | None, schema_id: int | None = None) -> AvroCodec | None:
+    """`schema_id`: the registry's id of the schema, framed into every payload (serde/registry.py)."""
+    return AvroCodec(schema, registry_schema_id=schema_id) if schema else None
 
 
 def range_collector(spec: PublishSpec, plan: PartitionPlan, producer: Any,
                     codecs: tuple[AvroCodec | None, AvroCodec | None] | None = None) -> RecordCollector:
     """The collector of one input range's output (its records name their source). `codecs`:
     (value, key) codecs to share (a slot's collectors); else built for this one."""
-    value_codec, key_codec = codecs or (_codec(spec.output_value_schema), _codec(spec.output_key_schema))
+    value_codec, key_codec = codecs or (_codec(spec.output_value_schema, spec.output_value_schema_id),
+                                        _codec(spec.output_key_schema, spec.output_key_schema_id))
     return RecordCollector(
         producer=producer, default_topic=spec.output_topic, value_codec=value_codec, key_codec=key_codec,
         source=(plan.topic, plan.partition), publication=uuid.uuid4().hex, lineage=spec.lineage,
@@ -185,7 +187,8 @@ class _SlotOutput:
     def codecs(self) -> tuple[AvroCodec | None, AvroCodec | None]:
         """The output's (value, key) codecs, built once for the slot."""
         if self._codecs is None:
-            self._codecs = (_codec(self.spec.output_value_schema), _codec(self.spec.output_key_schema))
+            self._codecs = (_codec(self.spec.output_value_schema, self.spec.output_value_schema_id),
+                            _codec(self.spec.output_key_schema, self.spec.output_key_schema_id))
         return self._codecs
 
     def encoded(self, batch: pa.RecordBatch) -> pa.RecordBatch:

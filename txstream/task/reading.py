@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from txstream import faults
 from txstream.protocol import RANGE_COLUMN
 from txstream.serde.avro import AvroCodec, arrow_type
+from txstream.serde.registry import RegistryDecoder, subjects_of
 from txstream.task import worker_heap
 from txstream.task.sidefile import ReadResult, write_side_file
 from txstream.task.spec import FromJob, PartitionPlan, ReadSpec
@@ -103,6 +104,14 @@ def _decoding(spec: ReadSpec) -> tuple[AvroCodec | None, AvroCodec | None, pa.Sc
     lenient = spec.lenient_trailing_bytes
     key_codec = AvroCodec(spec.key_schema, lenient_trailing_bytes=lenient) if spec.key_schema else None
     value_codec = AvroCodec(spec.value_schema, lenient_trailing_bytes=lenient) if spec.value_schema else None
+    if spec.registry is not None:
+        topics = sorted({p.topic for p in spec.plans})
+        if spec.value_schema:
+            value_codec = RegistryDecoder(spec.registry, spec.value_schema, subjects_of(spec.registry, topics, False,
+                                                                                        spec.value_schema), lenient)
+        if spec.key_schema and spec.registry_keys:
+            key_codec = RegistryDecoder(spec.registry, spec.key_schema, subjects_of(spec.registry, topics, True,
+                                                                                    spec.key_schema), lenient)
     return key_codec, value_codec, input_arrow_schema(spec.key_schema, spec.value_schema)
 
 

@@ -9,7 +9,7 @@ instead of a spec, and each batch's `PublishSpec` travels as a Spark local prope
 that runs it (`encode`, `resolve`): Spark hands a job's local properties to each of its tasks,
 retries and speculative copies included, so a task always reads the spec of the job it belongs to.
 Local properties are written to Spark's event log and shown by its UI, so the property carries the
-spec without its `KafkaClients` (credentials): those stay in the closure's `FromJob`, which Spark
+spec without its `KafkaClients` and registry settings (credentials): those stay in the closure's `FromJob`, which Spark
 ships to tasks over its own connections and never logs (docs/security.md).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from txstream.errors import InfrastructureError
 from txstream.kafka.config import KafkaClients
+from txstream.serde.registry import RegistryConfig
 
 # The reader's consumer: never joins the group (assign only), read_committed. The fetch and
 # queue bounds keep what librdkafka fetches past a range's end small (docs/tuning.md, "Reading").
@@ -96,6 +97,10 @@ class ReadSpec:
     key_schema: dict | None = None
     value_schema: dict | None = None
     lenient_trailing_bytes: bool = False
+    # Keys and values framed by a schema registry (serde/registry.py): read with key_schema /
+    # value_schema (resolved on the driver: the processor's, else the subject's latest).
+    registry: RegistryConfig | None = None
+    registry_keys: bool = False
     plans: tuple[PartitionPlan, ...] = ()
     batch_id: int = 0
     chunk_records: int = 10_000          # records per Arrow batch handed to Spark
@@ -136,6 +141,9 @@ class PublishSpec:
     output_topic: str | None = None
     output_key_schema: dict | None = None
     output_value_schema: dict | None = None
+    # The schema registry's ids output is framed with (resolved once on the driver at start).
+    output_key_schema_id: int | None = None
+    output_value_schema_id: int | None = None
     dead_letter_topic: str | None = None
     lineage: bool = True
     # Topics an output row may not name: the inputs, unless the processor allows the loop
@@ -192,10 +200,12 @@ _last: tuple[str, Any] | None = None   # per Python worker: the last property de
 @dataclass(frozen=True)
 class FromJob:
     """Stands in a task's closure for the batch's spec: "read" (its ReadSpec) or "publish", with
-    the run's `KafkaClients`, which the job's property leaves out."""
+    what the job's property leaves out: the run's `KafkaClients` and schema registry settings
+    (credentials, both)."""
 
     part: str
     clients: KafkaClients
+    registry: RegistryConfig | None = None
 
 
 # What the local property holds in place of the clients (never a client configuration).
@@ -203,9 +213,9 @@ _CLIENTS_IN_CLOSURE = KafkaClients("(in the task's closure)")
 
 
 def encode(spec: PublishSpec) -> str:
-    """The local property's value for a batch's PublishSpec, without its clients (text: local
-    properties are strings)."""
-    bare = replace(spec, read=replace(spec.read, clients=_CLIENTS_IN_CLOSURE))
+    """The local property's value for a batch's PublishSpec, without its clients and registry
+    settings (text: local properties are strings)."""
+    bare = replace(spec, read=replace(spec.read, clients=_CLIENTS_IN_CLOSURE, registry=None))
     return base64.b64encode(zlib.compress(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL), 1)).decode("ascii")
 
 
@@ -223,6 +233,6 @@ def resolve(spec: Any) -> Any:
                                   "batch job was run without its batch's spec")
     if _last is None or _last[0] != text:
         bare = pickle.loads(zlib.decompress(base64.b64decode(text)))
-        _last = (text, replace(bare, read=replace(bare.read, clients=spec.clients)))
+        _last = (text, replace(bare, read=replace(bare.read, clients=spec.clients, registry=spec.registry)))
     publish = _last[1]
     return publish.read if spec.part == "read" else publish

@@ -172,8 +172,10 @@ def wide_collector(p: PublishSpec, producer: Any, batch_id: int, unit: int) -> R
     publication = uuid.uuid4().hex
     return RecordCollector(
         producer=producer, default_topic=p.output_topic,
-        value_codec=AvroCodec(p.output_value_schema) if p.output_value_schema else None,
-        key_codec=AvroCodec(p.output_key_schema) if p.output_key_schema else None,
+        value_codec=(AvroCodec(p.output_value_schema, registry_schema_id=p.output_value_schema_id)
+                     if p.output_value_schema else None),
+        key_codec=(AvroCodec(p.output_key_schema, registry_schema_id=p.output_key_schema_id)
+                   if p.output_key_schema else None),
         source=("", -1), publication=publication, lineage=p.lineage,
         fixed_headers=headers.wide_lineage(batch_id, unit, publication, p.app_id), refused_topics=p.refused_topics)
 

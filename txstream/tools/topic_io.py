@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 
 from confluent_kafka import KafkaException, Producer
 
-from txstream.errors import KafkaFailure, OffsetsError
+from txstream.errors import KafkaFailure, OffsetsError, SchemaRegistryRefused, SchemaRegistryUnreachable
 from txstream.kafka.config import KafkaClients, as_clients
 from txstream.kafka.errors import classify_kafka
 from txstream.kafka.offsets import admin_client, cluster_topics, watermarks
@@ -68,12 +68,20 @@ def _topic_partitions(clients: KafkaClients, topic: str, timeout: float) -> int:
 
 def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str], value_schema: dict | None = None,
                   key_field: str | None = None, transactional: bool = False,
-                  partition: int | None = None, timeout: float = 60.0) -> int:
+                  partition: int | None = None, timeout: float = 60.0, registry: Any = None) -> int:
     """Each line is one JSON value. Returns how many records were written (all acknowledged); when
-    some were not, a KafkaFailure says how many were and how many not."""
+    some were not, a KafkaFailure says how many were and how many not. `registry` (a
+    serde.registry.RegistryConfig): values framed with the id of `value_schema` registered under
+    the topic's subject (or of the subject's latest, with use_latest_version)."""
     clients = as_clients(clients)
     _topic_partitions(clients, topic, timeout)  # an unreachable cluster or a missing topic: one line, now
-    codec = AvroCodec(value_schema) if value_schema else None
+    schema_id = None
+    if registry is not None:
+        from txstream.serde.registry import register_output, subject_name
+
+        subject = subject_name(registry, topic, False, value_schema.get("name") if value_schema else None)
+        schema_id, value_schema = register_output(registry, subject, value_schema)
+    codec = AvroCodec(value_schema, registry_schema_id=schema_id) if value_schema else None
     encode = codec.encoder() if codec else None
     config: dict[str, Any] = {"enable.idempotence": True, "linger.ms": 20, "partitioner": "murmur2_random",
                               "message.timeout.ms": int(min(timeout, 60) * 1000)}
@@ -166,11 +174,17 @@ def end_offsets(clients: KafkaClients | str, topic: str, isolation: str,
 
 def read_records(clients: KafkaClients | str, topic: str, value_schema: dict | None = None,
                  isolation: str = "read_committed", limit: int | None = None,
-                 timeout: float = 60.0) -> Iterator[dict[str, Any]]:
+                 timeout: float = 60.0, registry: Any = None) -> Iterator[dict[str, Any]]:
     """Every record from the beginning up to the end offsets seen at start, as JSON-able dicts.
 
-    `timeout` bounds the first Kafka requests and any stall while reading."""
+    `timeout` bounds the first Kafka requests and any stall while reading. `registry` (a
+    serde.registry.RegistryConfig): values read by their schema id (shown as `schema_id`),
+    resolved to `value_schema` when given."""
     codec = AvroCodec(value_schema) if value_schema else None
+    if registry is not None:
+        from txstream.serde.registry import RecordReader
+
+        codec = _FramedCodec(RecordReader(registry, value_schema))
     ends = end_offsets(clients, topic, isolation, timeout)
     produced = 0
     for batch in scan(clients, {(topic, p): rng for p, rng in ends.items()}, timeout,
@@ -180,7 +194,13 @@ def read_records(clients: KafkaClients | str, topic: str, value_schema: dict | N
             record: dict[str, Any] = {"partition": msg.partition(), "offset": msg.offset(),
                                       "key": _jsonable(msg.key())}
             try:
-                record["value"] = _jsonable(codec.decode(value) if codec else value)
+                if isinstance(codec, _FramedCodec):
+                    record["schema_id"], value = codec.reader.read(value)
+                    record["value"] = _jsonable(value)
+                else:
+                    record["value"] = _jsonable(codec.decode(value) if codec else value)
+            except (SchemaRegistryUnreachable, SchemaRegistryRefused):
+                raise   # the registry's failure, not the record's
             except Exception as exc:
                 record["value"] = _jsonable(value)
                 record["decode_error"] = str(exc)
@@ -190,3 +210,10 @@ def read_records(clients: KafkaClients | str, topic: str, value_schema: dict | N
             produced += 1
             if limit is not None and produced >= limit:
                 return
+
+
+class _FramedCodec:
+    """A registry's RecordReader where `read_records` takes a codec."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader

@@ -83,3 +83,34 @@ def test_a_bare_down_stops_only_the_default_ports_registry(cli_env: dict[str, st
 def test_the_session_registry_fixture_answers(schema_registry: str) -> None:
     with urllib.request.urlopen(f"{schema_registry}/subjects", timeout=10) as reply:
         assert reply.status == 200
+
+
+def test_schemas_list_show_check_register(schema_registry: str, tmp_path: Path) -> None:
+    """`txstream schemas` against the session's registry: register, list, show, and a compatible
+    and an incompatible evolution under BACKWARD (exit codes, not the server's texts)."""
+    import uuid
+
+    subject = f"orders-{uuid.uuid4().hex[:6]}-value"
+    v1, v2, bad = (tmp_path / n for n in ("v1.avsc", "v2.avsc", "bad.avsc"))
+    v1.write_text(json.dumps(SCHEMA))
+    v2.write_text(json.dumps({**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "note", "type": "string",
+                                                                         "default": ""}]}))
+    bad.write_text(json.dumps({**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "sku", "type": "string"}]}))
+    env = dict(os.environ)
+    registry = ["--schema-registry", schema_registry]
+    first = _txstream(env, "schemas", "register", subject, str(v1), *registry)
+    assert first.returncode == 0 and first.stdout.strip().isdigit(), first.stderr
+    assert subject in _txstream(env, "schemas", "list", *registry).stdout.split()
+    assert _txstream(env, "schemas", "list", subject, *registry).stdout.split() == ["1"]
+    shown = _txstream(env, "schemas", "show", subject, *registry)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["name"] == "Order"
+    assert f"id {first.stdout.strip()}" in shown.stderr
+    assert _txstream(env, "schemas", "check", subject, str(v2), *registry).returncode == 0
+    refused = _txstream(env, "schemas", "check", subject, str(bad), *registry)
+    assert refused.returncode == 1 and "NOT compatible" in refused.stderr, refused.stderr
+    assert _txstream(env, "schemas", "register", subject, str(bad), *registry).returncode != 0
+    missing = _txstream(env, "schemas", "show", "no-such-subject", *registry)
+    assert missing.returncode != 0 and "no-such-subject" in missing.stderr and "Traceback" not in missing.stderr
+    unreachable = _txstream(env, "schemas", "list", "--schema-registry", "http://127.0.0.1:1", timeout=120)
+    assert unreachable.returncode != 0 and "cannot be reached" in unreachable.stderr, unreachable.stderr
+    assert len(unreachable.stderr.strip().splitlines()) == 1, unreachable.stderr

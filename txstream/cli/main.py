@@ -299,6 +299,7 @@ from txstream.cli.acls import acls  # noqa: E402
 from txstream.cli.kafka import kafka  # noqa: E402
 from txstream.cli.offsets import offsets  # noqa: E402
 from txstream.cli.registry import registry  # noqa: E402
+from txstream.cli.schemas import schemas  # noqa: E402
 from txstream.cli.state import state  # noqa: E402
 from txstream.cli.status import status  # noqa: E402
 from txstream.cli.topics import topics  # noqa: E402
@@ -312,6 +313,7 @@ main.add_command(status)
 main.add_command(state)
 main.add_command(acls)
 main.add_command(registry)
+main.add_command(schemas)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -111,12 +111,12 @@ def subject_name(config: RegistryConfig, topic: str, is_key: bool, record_name: 
     return strategy(context, record_name)
 
 
-class _NotFound(Exception):
+class NotFound(Exception):
     """The registry answered 404: no such id, subject or version."""
 
 
 def call(config: RegistryConfig, what: str, fn: Any, *args: Any) -> Any:
-    """`fn(*args)` against the registry, its failures as txstream's types: 404 -> _NotFound;
+    """`fn(*args)` against the registry, its failures as txstream's types: 404 -> NotFound;
     no answer, 5xx, 408, 429 -> SchemaRegistryUnreachable (retried); 401/403 and other
     refusals -> SchemaRegistryRefused, with the registry's answer."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -126,7 +126,7 @@ def call(config: RegistryConfig, what: str, fn: Any, *args: Any) -> Any:
     except SchemaRegistryError as exc:
         status = exc.http_status_code
         if status == 404:
-            raise _NotFound(str(exc)) from None
+            raise NotFound(str(exc)) from None
         if status is None or status >= 500 or status in (408, 429) or status < 0:
             raise SchemaRegistryUnreachable(f"the schema registry at {config.url} failed {what}: {exc}") from None
         raise SchemaRegistryRefused(f"the schema registry at {config.url} refused {what}: "
@@ -142,7 +142,7 @@ def latest_schema(config: RegistryConfig, subject: str) -> tuple[int, dict] | No
     """(id, parsed schema) of the subject's latest version; None when the subject has none."""
     try:
         registered = call(config, f"the latest version of {subject}", client(config).get_latest_version, subject)
-    except _NotFound:
+    except NotFound:
         return None
     return registered.schema_id, parse_registered(registered.schema, f"subject {subject}")
 
@@ -177,13 +177,13 @@ def register_output(config: RegistryConfig, subject: str, schema: dict | None) -
         try:
             return call(config, f"the output schema under {subject}", registry.register_schema, subject,
                         Schema(text, "AVRO")), schema
-        except _NotFound as exc:
+        except NotFound as exc:
             raise SchemaRegistryRefused(f"the schema registry at {config.url} refused the output schema "
                                         f"under {subject}: {exc}") from None
     try:
         registered = call(config, f"the output schema under {subject}", registry.lookup_schema, subject,
                           Schema(text, "AVRO"))
-    except _NotFound:
+    except NotFound:
         raise SchemaRegistryRefused(f"the output schema is not registered under {subject} in the schema registry "
                                     f"at {config.url}, and auto-registration is off (--no-auto-register)") from None
     return registered.schema_id, schema
@@ -297,7 +297,7 @@ class RegistryDecoder:
         registry = self._registry or client(self.config)
         try:
             registered = call(self.config, f"schema id {schema_id}", registry.get_schema, schema_id)
-        except _NotFound:
+        except NotFound:
             return None
         where = f"schema id {schema_id} (subject {self.subjects})"
         try:
@@ -451,7 +451,7 @@ class RecordReader:
         if writer is None:
             try:
                 registered = call(self.config, f"schema id {schema_id}", client(self.config).get_schema, schema_id)
-            except _NotFound:
+            except NotFound:
                 raise ValueError(f"schema id {schema_id} is not in the schema registry") from None
             writer = self._writers[schema_id] = parse_registered(registered, f"schema id {schema_id}")
         try:

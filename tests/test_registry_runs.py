@@ -6,7 +6,6 @@ registered at start and readable by confluent-kafka's AvroDeserializer; the fail
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 import uuid
@@ -33,16 +32,9 @@ from txstream.serde.avro import load_schema
 
 
 @pytest.fixture
-def registry(request) -> str:
-    """The registry's Confluent-API base URL (TXSTREAM_SCHEMA_REGISTRY_URL: one of your own)."""
-    own = os.environ.get("TXSTREAM_SCHEMA_REGISTRY_URL")
-    if own:
-        return own
-    try:
-        found = request.getfixturevalue("schema_registry")
-    except pytest.FixtureLookupError:   # the fixture comes with `txstream registry up` (branch regserver)
-        pytest.skip("no schema registry: set TXSTREAM_SCHEMA_REGISTRY_URL (the schema_registry fixture is missing)")
-    return getattr(found, "url", found)
+def registry(schema_registry: str) -> str:
+    """The registry's Confluent-API base URL (the session's: tests/conftest.py)."""
+    return schema_registry
 
 
 def _orders(count: int, first: int = 0) -> list[tuple[dict, dict]]:

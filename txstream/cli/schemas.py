@@ -89,14 +89,18 @@ def _file_schema(path: str):
     return Schema(json.dumps(json.loads(Path(path).read_text())), "AVRO")
 
 
+def _subject_and_file(command):
+    """SUBJECT and SCHEMA_FILE (an .avsc), and the registry's options."""
+    command = click.argument("schema_file", type=click.Path(exists=True, dir_okay=False))(registry_options(command))
+    return click.argument("subject")(command)
+
+
 @schemas.command("check")
-@click.argument("subject")
-@click.argument("schema_file", type=click.Path(exists=True, dir_okay=False))
-@registry_options
+@_subject_and_file
 def schemas_check(subject: str, schema_file: str, schema_registry_url: str | None,
                   schema_registry_properties: dict) -> None:
     """Whether SCHEMA_FILE (an .avsc) may be registered under SUBJECT by its compatibility rule:
-    exit 0 when compatible, 1 when not (with the registry's reasons)."""
+    exit 0 when compatible, 1 when not."""
     from txstream.serde import registry as reg
 
     config = _config(schema_registry_url, schema_registry_properties)
@@ -114,9 +118,7 @@ def schemas_check(subject: str, schema_file: str, schema_registry_url: str | Non
 
 
 @schemas.command("register")
-@click.argument("subject")
-@click.argument("schema_file", type=click.Path(exists=True, dir_okay=False))
-@registry_options
+@_subject_and_file
 def schemas_register(subject: str, schema_file: str, schema_registry_url: str | None,
                      schema_registry_properties: dict) -> None:
     """Register SCHEMA_FILE under SUBJECT (its id on stdout); a schema the rule refuses is an error."""

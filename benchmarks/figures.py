@@ -315,6 +315,9 @@ def restore_section(path: Path, results: dict, base: Path) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
         for r in size.get("runs", []):
+            if r.get("skipped"):
+                lines.append(f"| {size['keys']:,} | {r['store']} | {r['skipped']} | | | | | | | | | |")
+                continue
             if not r.get("seconds"):
                 why = "; ".join(r.get("problems") or ["?"])[:200].replace("|", "/")
                 lines.append(f"| {size['keys']:,} | {r['store']} | failed: {why} | | | | | | | | | |")

@@ -297,6 +297,15 @@ class Workload:
     output_schema_path = WINDOW_SCHEMA_PATH
     topic_prefix = "bench-win"
     unit = "windows"                        # what the runs table counts in the output
+    kstreams_main = KSTREAMS_MAIN
+    spark_module = "benchmarks.contenders.spark_ss_windowed"
+
+    def kstreams_args(self, contender: str, args: argparse.Namespace) -> list[str]:
+        return ["--suppress", "false" if contender in self.update_mode else "true",
+                "--max-partition-fetch-bytes", str(args.kstreams_fetch_bytes)]
+
+    def spark_args(self) -> list[str]:
+        return []
 
     def add_arguments(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--event-ms-per-record", type=float, default=None,
@@ -343,9 +352,6 @@ class Workload:
         """Append mode: each window counts the orders it holds, so the count reaches the orders of
         the closed windows when the output is complete."""
         return None if contender in self.update_mode else (lambda value: decode(schema, value)["orders"])
-
-    def command(self, contender: str, ctx: dict, out: str, dlq: str, app_id: str, workdir: str) -> list[str]:
-        return _command(contender, ctx, out, dlq, app_id, workdir)
 
     def check(self, output, inp, contender: str, ctx: dict) -> dict:
         update = contender in self.update_mode
@@ -424,27 +430,29 @@ def txstream_available() -> str | None:
 
 
 def _command(contender: str, ctx: dict, out: str, dlq: str, app_id: str, workdir: str) -> list[str]:
-    args = ctx["args"]
+    """The command of each kind of contender: txstream running the workload's processor, its
+    Kafka Streams application (`kstreams_main`) or its Spark SS query (`spark_module`)."""
+    args, work = ctx["args"], ctx.get("workload", WINDOWED)
     if contender.startswith("kafka-streams"):
         from benchmarks.contenders import jvm_collector
         from benchmarks.contenders.kafka_streams import JAR, LIB, THREADS
 
         return ["java", "-Xmx512m", jvm_collector(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                "-cp", f"{JAR}:{LIB}/*", KSTREAMS_MAIN, "--bootstrap-servers", ctx["bootstrap"],
+                "-cp", f"{JAR}:{LIB}/*", work.kstreams_main, "--bootstrap-servers", ctx["bootstrap"],
                 "--input", ctx["source"], "--output", out, "--application-id", app_id, "--state-dir", workdir,
                 "--threads", "1" if contender.endswith("-1t") else str(THREADS),
-                "--input-schema", str(ORDER_SCHEMA_PATH), "--output-schema", str(WINDOW_SCHEMA_PATH),
-                "--suppress", "false" if contender in UPDATE_MODE else "true",
-                "--max-partition-fetch-bytes", str(args.kstreams_fetch_bytes)]
-    if contender == "txstream-windowed":
-        return [sys.executable, "-m", "txstream.cli", "run", PROCESSOR, "-b", ctx["bootstrap"], "--app-id", app_id,
+                "--input-schema", str(ORDER_SCHEMA_PATH), "--output-schema", str(work.output_schema_path),
+                *work.kstreams_args(contender, args)]
+    if contender.startswith("txstream-"):
+        return [sys.executable, "-m", "txstream.cli", "run", work.processor, "-b", ctx["bootstrap"], "--app-id", app_id,
                 "--input", ctx["source"], "--output", out, "--dead-letter-topic", dlq, "--master", MASTER,
                 "--until-caught-up", "--max-records-per-partition", str(args.max_records_per_partition)]
-    return [sys.executable, "-m", "benchmarks.contenders.spark_ss_windowed", "--bootstrap-servers", ctx["bootstrap"],
+    return [sys.executable, "-m", work.spark_module, "--bootstrap-servers", ctx["bootstrap"],
             "--input", ctx["source"], "--output", out, "--group", app_id, "--workdir", workdir,
             "--jars", ",".join(ctx["spark_jars"]), "--input-schema", str(ORDER_SCHEMA_PATH),
-            "--output-schema", str(WINDOW_SCHEMA_PATH), "--master", MASTER,
-            "--max-offsets-per-trigger", str(args.max_records_per_partition * args.partitions)]
+            "--output-schema", str(work.output_schema_path), "--master", MASTER,
+            "--max-offsets-per-trigger", str(args.max_records_per_partition * args.partitions),
+            *work.spark_args()]
 
 
 SPARK_BATCH = re.compile(r"^spark-batch (\d+)\s+in (\d+)\s+([\d.]+)s", re.M)
@@ -548,7 +556,7 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
     ctx["topics"] += [out, dlq, *work.extra_topics(app_id)]
     workdir = tempfile.mkdtemp(prefix=f"bench-{work.mode}-")
     log_path = ctx["logdir"] / f"{tag}.log"
-    argv = work.command(contender, ctx, out, dlq, app_id, workdir)
+    argv = _command(contender, ctx, out, dlq, app_id, workdir)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PYTHONUNBUFFERED": "1"}
     result: dict = {"contender": contender, "round": round_no, "output_topic": out, "log": str(log_path),
@@ -658,13 +666,13 @@ def parse_args(argv: list[str] | None = None, work: Workload = WINDOWED) -> argp
     ap.add_argument("--no-figures", action="store_true", help="do not regenerate docs/performance.md's figures")
     work.add_arguments(ap)
     args = ap.parse_args(argv)
+    work.finish_arguments(ap, args)    # first: a workload may set --records' default from its own options
     if args.records is None:
         args.records = 20_000 if args.quick else 200_000
     if args.runs is None:
         args.runs = 1 if args.quick else 2
     if args.timeout is None:
         args.timeout = 600 if args.quick else 1800
-    work.finish_arguments(ap, args)
     args.contender_names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = [n for n in args.contender_names if n not in work.contenders]
     if unknown:

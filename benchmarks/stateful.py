@@ -236,6 +236,7 @@ class Stateful(Workload):
     prog = "python -m benchmarks --stateful"
     self_exiting: set[str] = set()
     update_mode: set[str] = set()
+    spark_module = "benchmarks.contenders.spark_ss_stateful"
 
     def add_arguments(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--keys", type=int, default=None,
@@ -281,7 +282,7 @@ class Stateful(Workload):
                 f"- Spark SS: `benchmarks/contenders/spark_ss_stateful.py --kind {self.mode}`, {spark_query} on "
                 "Spark's Kafka source and sink (at-least-once), from_avro/to_avro, processingTime 0 trigger, "
                 "maxOffsetsPerTrigger = txstream's batch, shuffle partitions 8, HDFS-backed state store.",
-                f"- Kafka Streams: `benchmarks/contenders/kstreams/src/main/java/txstream/bench/kstreams/{kstreams}`, "
+                f"- Kafka Streams: `benchmarks/contenders/kstreams/src/main/java/txstream/bench/kstreams/{kstreams}; "
                 "exactly_once_v2, 2 stream threads.", f"- Check: {check} CPU: the contender's process tree."]
 
     def rate_note(self) -> str:

@@ -2,10 +2,9 @@
 hand (no broker: the benchmark itself restores from one)."""
 from __future__ import annotations
 
-from benchmarks import figures
 import types
 
-from benchmarks import restore
+from benchmarks import figures, restore
 from benchmarks.restore import GeneratedState, extrapolate, fits, key_of, markdown, row
 
 

@@ -45,8 +45,18 @@ import argparse
 import random
 import sys
 
-from benchmarks.common import ORDER_SCHEMA, ORDER_SCHEMA_PATH, REPO, decode, encode, make_order, producer_config
-from benchmarks.windowed import MASTER, Workload, _iso, _same_sum, log
+from benchmarks.common import (
+    ORDER_SCHEMA,
+    ORDER_SCHEMA_PATH,
+    REPO,
+    decode,
+    decode_all,
+    encode,
+    make_order,
+    produce_waiting,
+    producer_config,
+)
+from benchmarks.windowed import Workload, _iso, _same_sum, log, machine_line, txstream_note
 from benchmarks.windowed import main as run_workload
 
 EVENT_START_MS = 1_767_225_600_000     # 2026-01-01T00:00:00Z
@@ -73,13 +83,7 @@ def _writer(bootstrap: str, topic: str, out: StatefulInput):
     def produce(key: bytes, value: bytes) -> None:
         out.records += 1
         out.input_bytes += len(key) + len(value)
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
+        produce_waiting(producer, topic, key, value)
     return producer, produce
 
 
@@ -138,91 +142,57 @@ def seed_dedup(bootstrap: str, topic: str, ids: int, every: int, seed: int = 7) 
 # The checks
 # ---------------------------------------------------------------------------------------------
 
+def _verdict(found: dict, problems: list[tuple[bool, str]], records) -> dict:
+    """`found` with `ok` and the problems whose condition holds ("no output" first)."""
+    named = [text for holds, text in [(not records, "no output"), *problems] if holds]
+    return {"ok": not named, "problems": named, "output_records": len(records), **found}
+
+
 def check_totals(records, want: dict[str, list], exactly_once: bool, schema) -> dict:
     """Per customer the last value read equals its exact totals; exactly-once: its order counts
     strictly increase from one update to the next."""
     last: dict[str, tuple] = {}
-    undecodable = bad_keys = not_increasing = repeats = 0
-    for record in records:
-        try:
-            v = decode(schema, record.value)
-        except Exception:
-            undecodable += 1
-            continue
-        customer = v["customer_id"]
-        if record.key != customer.encode():
-            bad_keys += 1
-        before = last.get(customer)
-        if before is not None and v["orders"] <= before[0]:
-            if (v["orders"], v["amount"], v["largest"]) == before:
-                repeats += 1
-            else:
-                not_increasing += 1
-        last[customer] = (v["orders"], v["amount"], v["largest"])
-    wrong, examples = 0, []
-    for customer, got in last.items():
-        expected = want.get(customer)
-        if expected is None:
-            continue
-        if got[0] != expected[0] or not _same_sum(got[1], expected[1]) or got[2] != expected[2]:
-            wrong += 1
-            if len(examples) < 3:
-                examples.append(f"{customer}: {got} (want {tuple(expected)})")
-    missing = [c for c in want if c not in last]
-    unexpected = [c for c in last if c not in want]
-    problems = []
-    if not records:
-        problems.append("no output")
-    if missing:
-        problems.append(f"{len(missing)} of {len(want)} customers missing (first {min(missing)})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} customers that ordered nothing (first {min(unexpected)})")
-    if wrong:
-        problems.append(f"{wrong} customers' last totals wrong, e.g. " + "; ".join(examples))
-    if undecodable:
-        problems.append(f"{undecodable} values do not decode as CustomerRunningTotal")
-    if bad_keys:
-        problems.append(f"{bad_keys} keys differ from their customer_id")
-    if not_increasing:
-        problems.append(f"{not_increasing} updates whose order count did not increase")
-    if repeats and exactly_once:
-        problems.append(f"{repeats} updates repeated")
-    return {"ok": not problems, "problems": problems, "output_records": len(records), "emitted": len(last),
-            "expected": len(want), "missing": len(missing), "unexpected": len(unexpected), "wrong": wrong,
-            "duplicates": repeats, "not_increasing": not_increasing}
+    repeats = not_increasing = 0
+    values, undecodable, bad_keys = decode_all(records, schema, "customer_id")
+    for v in values:
+        now, before = (v["orders"], v["amount"], v["largest"]), last.get(v["customer_id"])
+        if before is not None and now[0] <= before[0]:
+            repeats += now == before
+            not_increasing += now != before
+        last[v["customer_id"]] = now
+    wrong = [f"{c}: {got} (want {tuple(want[c])})" for c, got in last.items() if c in want and (
+        got[0] != want[c][0] or not _same_sum(got[1], want[c][1]) or got[2] != want[c][2])]
+    missing = sorted(c for c in want if c not in last)
+    unexpected = sorted(c for c in last if c not in want)
+    return _verdict(
+        {"emitted": len(last), "expected": len(want), "missing": len(missing), "unexpected": len(unexpected),
+         "wrong": len(wrong), "duplicates": repeats, "not_increasing": not_increasing},
+        [(bool(missing), f"{len(missing)} of {len(want)} customers missing (first {missing[:1]})"),
+         (bool(unexpected), f"{len(unexpected)} customers that ordered nothing (first {unexpected[:1]})"),
+         (bool(wrong), f"{len(wrong)} customers' last totals wrong, e.g. " + "; ".join(wrong[:3])),
+         (undecodable > 0, f"{undecodable} values do not decode as CustomerRunningTotal"),
+         (bad_keys > 0, f"{bad_keys} keys differ from their customer_id"),
+         (not_increasing > 0, f"{not_increasing} updates whose order count did not increase"),
+         (repeats > 0 and exactly_once, f"{repeats} updates repeated")], records)
 
 
 def check_dedup(records, ids: set[str], exactly_once: bool, schema) -> dict:
     """Every id exactly once (at-least-once: again is counted, not failed); no id not in the input."""
     seen: dict[str, int] = {}
-    undecodable = bad_keys = 0
-    for record in records:
-        try:
-            order = decode(schema, record.value)
-        except Exception:
-            undecodable += 1
-            continue
-        if record.key != order["id"].encode():
-            bad_keys += 1
+    values, undecodable, bad_keys = decode_all(records, schema, "id")
+    for order in values:
         seen[order["id"]] = seen.get(order["id"], 0) + 1
     duplicates = sum(n - 1 for n in seen.values())
     missing = len(ids) - sum(1 for i in seen if i in ids)
-    unexpected = sum(1 for i in seen if i not in ids)
-    problems = []
-    if not records:
-        problems.append("no output")
-    if missing:
-        problems.append(f"{missing} of {len(ids)} ids missing")
-    if unexpected:
-        problems.append(f"{unexpected} ids not in the input")
-    if undecodable:
-        problems.append(f"{undecodable} values do not decode as Order")
-    if bad_keys:
-        problems.append(f"{bad_keys} keys differ from their order id")
-    if duplicates and exactly_once:
-        problems.append(f"{duplicates} ids emitted more than once")
-    return {"ok": not problems, "problems": problems, "output_records": len(records), "emitted": len(seen),
-            "expected": len(ids), "missing": missing, "unexpected": unexpected, "duplicates": duplicates}
+    unexpected = len(seen) - (len(ids) - missing)
+    return _verdict(
+        {"emitted": len(seen), "expected": len(ids), "missing": missing, "unexpected": unexpected,
+         "duplicates": duplicates},
+        [(missing > 0, f"{missing} of {len(ids)} ids missing"),
+         (unexpected > 0, f"{unexpected} ids not in the input"),
+         (undecodable > 0, f"{undecodable} values do not decode as Order"),
+         (bad_keys > 0, f"{bad_keys} keys differ from their order id"),
+         (duplicates > 0 and exactly_once, f"{duplicates} ids emitted more than once")], records)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +207,16 @@ class Stateful(Workload):
     self_exiting: set[str] = set()
     update_mode: set[str] = set()
     spark_module = "benchmarks.contenders.spark_ss_stateful"
+
+    def __init__(self) -> None:
+        # the contenders are txstream-<mode>, spark-ss-<mode>, kafka-streams-<mode>; all run by default
+        self.contenders = dict(zip((f"txstream-{self.mode}", f"spark-ss-{self.mode}", f"kafka-streams-{self.mode}"),
+                                   self.labels, strict=True))
+        self.default_contenders = list(self.contenders)
+        self.baseline = f"txstream-{self.mode}"
+        self.exactly_once = {self.baseline, f"kafka-streams-{self.mode}"}
+        self.self_exiting = {self.baseline}
+        self.topic_prefix = f"bench-{self.mode}"
 
     def add_arguments(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--keys", type=int, default=None,
@@ -267,23 +247,29 @@ class Stateful(Workload):
             return f"this txstream has no stateful engine ({exc})"
         return None
 
-    def _head(self, meta: dict, title: str, what: str) -> list[str]:
-        args, inp, hw = meta["args"], meta.get("input", {}), meta["hardware"]
-        return [f"# {title}: {inp.get('records', 0):,} orders, {args['partitions']} partitions, "
-                f"{args['runs']} round(s)", "",
-                f"{what} Batches of {inp.get('records_per_batch', 0):,} records (txstream; Spark's "
-                f"maxOffsetsPerTrigger). Machine: {hw.get('cpu_model')}, {hw.get('logical_cores')} cores (shared), "
-                f"load {hw['loadavg_at_start'][0]:.2f} at start, {hw.get('loadavg_at_end', [0])[0]:.2f} at end. "
-                f"Started {meta['started_at']}; git {meta.get('git_at_start')}."]
+    def check(self, output, inp, contender: str, ctx: dict) -> dict:
+        want = getattr(inp, self.want)     # what the checker compares the output with
+        return self.checker(output, want, contender in self.exactly_once, ctx["output_schema"])
 
-    def _notes(self, spark_query: str, kstreams: str, check: str) -> list[str]:
-        return [f"- txstream: `python -m txstream.cli run {self.processor} --master {MASTER} --until-caught-up "
-                "--max-records-per-partition N --dead-letter-topic D` (exactly-once; state in Kafka).",
-                f"- Spark SS: `benchmarks/contenders/spark_ss_stateful.py --kind {self.mode}`, {spark_query} on "
-                "Spark's Kafka source and sink (at-least-once), from_avro/to_avro, processingTime 0 trigger, "
-                "maxOffsetsPerTrigger = txstream's batch, shuffle partitions 8, HDFS-backed state store.",
-                f"- Kafka Streams: `benchmarks/contenders/kstreams/src/main/java/txstream/bench/kstreams/{kstreams}; "
-                "exactly_once_v2, 2 stream threads.", f"- Check: {check} CPU: the contender's process tree."]
+    def title(self, inp: dict) -> tuple[str, str]:
+        """The report's title and its first sentence, from the results' `input`."""
+        raise NotImplementedError
+
+    def headline(self, meta: dict) -> list[str]:
+        args, inp = meta["args"], meta.get("input", {})
+        title, what = self.title(inp)
+        return [f"# {title}: {inp.get('records', 0):,} orders, {args['partitions']} partitions, "
+                f"{args['runs']} round(s)", "", f"{what} {machine_line(meta)}"]
+
+    def notes(self, meta: dict) -> list[str]:
+        return [txstream_note(self.processor),
+                f"- Spark SS: `benchmarks/contenders/spark_ss_stateful.py --kind {self.mode}`, the same query "
+                f"({self.spark_mode} mode) on Spark's Kafka source and sink (at-least-once), from_avro/to_avro, "
+                "processingTime 0 trigger, maxOffsetsPerTrigger = txstream's batch, shuffle partitions 8, HDFS-backed "
+                "state store.",
+                "- Kafka Streams: `benchmarks/contenders/kstreams/src/main/java/txstream/bench/kstreams/"
+                f"{self.kstreams_note}; exactly_once_v2, 2 stream threads.",
+                f"- Check: {self.check_note} CPU: the contender's process tree."]
 
     def rate_note(self) -> str:
         return ("records/s = input records / wall seconds (start-up included; txstream to its exit, the others to "
@@ -294,21 +280,22 @@ class Stateful(Workload):
 
 class Totals(Stateful):
     mode = "totals"
-    contenders = {
-        "txstream-totals": "txstream exactly-once (groupBy(customer).agg, update)",
-        "spark-ss-totals": "Spark SS groupBy.agg update mode, Kafka sink (at-least-once)",
-        "kafka-streams-totals": "Kafka Streams exactly_once_v2, groupByKey().aggregate into a KTable",
-    }
-    default_contenders = list(contenders)
-    baseline = "txstream-totals"
-    exactly_once = {"txstream-totals", "kafka-streams-totals"}
-    self_exiting = {"txstream-totals"}
+    labels = ("txstream exactly-once (groupBy(customer).agg, update)",
+              "Spark SS groupBy.agg update mode, Kafka sink (at-least-once)",
+              "Kafka Streams exactly_once_v2, groupByKey().aggregate into a KTable")
     processor = "processors/running_totals.py:RunningTotals"
     output_schema_path = REPO / "schemas" / "customer_running_total.avsc"
-    topic_prefix = "bench-totals"
     unit = "customers"
     kstreams_main = "txstream.bench.kstreams.RunningTotals"
     kstreams_topics = ("by-customer-repartition", "customer-totals-changelog")
+    checker, want = staticmethod(check_totals), "totals"
+    spark_mode = "update"
+    kstreams_note = ("RunningTotals.java`: decode, key by customer, groupByKey (repartition topic), aggregate (count, "
+                     "sum, largest) into a KTable (changelogged store, record cache flushed at each 100 ms commit), "
+                     "its updates to the output")
+    check_note = ("per customer the last update read_committed equals its exact orders, amount (1e-9 relative) and "
+                  "largest; every customer with an order there, no other; exactly-once: order counts strictly "
+                  "increase from update to update.")
 
     def finish_arguments(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         super().finish_arguments(ap, args)
@@ -339,43 +326,29 @@ class Totals(Stateful):
             return max(0, v["orders"] - before)
         return added
 
-    def check(self, output, inp, contender: str, ctx: dict) -> dict:
-        return check_totals(output, inp.totals, contender in self.exactly_once, ctx["output_schema"])
-
-    def headline(self, meta: dict) -> list[str]:
-        inp = meta.get("input", {})
-        return self._head(meta, f"Running totals over {inp.get('keys', 0):,} customers",
-                          f"`groupBy(customer_id).agg(count, sum(amount), max(amount))` of orders with amount > 0, "
-                          f"update mode; {inp.get('customers_with_orders', 0):,} customers with "
-                          f"{inp.get('orders_counted', 0):,} such orders (order i's customer: i mod keys).")
-
-    def notes(self, meta: dict) -> list[str]:
-        return self._notes("the same query (update mode)",
-                           "RunningTotals.java`: decode, key by customer, groupByKey (repartition topic), aggregate "
-                           "(count, sum, largest) into a KTable (changelogged store, record cache flushed at each "
-                           "100 ms commit), its updates to the output",
-                           "per customer the last update read_committed equals its exact orders, amount (1e-9 "
-                           "relative) and largest; every customer with an order there, no other; exactly-once: order "
-                           "counts strictly increase from update to update.")
+    def title(self, inp: dict) -> tuple[str, str]:
+        return (f"Running totals over {inp.get('keys', 0):,} customers",
+                f"`groupBy(customer_id).agg(count, sum(amount), max(amount))` of orders with amount > 0, update "
+                f"mode; {inp.get('customers_with_orders', 0):,} customers with {inp.get('orders_counted', 0):,} such "
+                "orders (order i's customer: i mod keys).")
 
 
 class Dedup(Stateful):
     mode = "dedup"
-    contenders = {
-        "txstream-dedup": "txstream exactly-once (dropDuplicatesWithinWatermark, append)",
-        "spark-ss-dedup": "Spark SS dropDuplicatesWithinWatermark, Kafka sink (at-least-once)",
-        "kafka-streams-dedup": "Kafka Streams exactly_once_v2, processor + window store of seen ids",
-    }
-    default_contenders = list(contenders)
-    baseline = "txstream-dedup"
-    exactly_once = {"txstream-dedup", "kafka-streams-dedup"}
-    self_exiting = {"txstream-dedup"}
+    labels = ("txstream exactly-once (dropDuplicatesWithinWatermark, append)",
+              "Spark SS dropDuplicatesWithinWatermark, Kafka sink (at-least-once)",
+              "Kafka Streams exactly_once_v2, processor + window store of seen ids")
     processor = "processors/unique_orders.py:UniqueOrders"
     output_schema_path = ORDER_SCHEMA_PATH
-    topic_prefix = "bench-dedup"
     unit = "ids"
     kstreams_main = "txstream.bench.kstreams.Dedup"
     kstreams_topics = ("seen-ids-changelog",)
+    checker, want = staticmethod(check_dedup), "ids"
+    spark_mode = "append"
+    kstreams_note = ("Dedup.java`: Confluent's event-deduplication pattern, a processor with a changelogged window "
+                     "store of the ids seen (10 minutes of created_at), the first copy forwarded")
+    check_note = ("every id exactly once (duplicates fail the exactly-once contenders and are counted for Spark's), "
+                  "no id that is not in the input; key = the order id.")
 
     def add_arguments(self, ap: argparse.ArgumentParser) -> None:
         super().add_arguments(ap)
@@ -403,23 +376,11 @@ class Dedup(Stateful):
     def weight(self, contender: str, schema):
         return None
 
-    def check(self, output, inp, contender: str, ctx: dict) -> dict:
-        return check_dedup(output, inp.ids, contender in self.exactly_once, ctx["output_schema"])
-
-    def headline(self, meta: dict) -> list[str]:
-        inp = meta.get("input", {})
-        return self._head(meta, f"Dedup over {inp.get('ids', 0):,} ids",
-                          f"`withWatermark(created_at, 10 minutes).dropDuplicatesWithinWatermark([id])`, append "
-                          f"mode; {inp.get('ids', 0):,} distinct orders and {inp.get('duplicates', 0):,} copies "
-                          f"(same key and value, {DUPLICATE_LAG:,} orders after the first), created_at +1 ms per "
-                          f"order.")
-
-    def notes(self, meta: dict) -> list[str]:
-        return self._notes("the same query (append mode)",
-                           "Dedup.java`: Confluent's event-deduplication pattern, a processor with a changelogged "
-                           "window store of the ids seen (10 minutes of created_at), the first copy forwarded",
-                           "every id exactly once (duplicates fail the exactly-once contenders and are counted for "
-                           "Spark's), no id that is not in the input; key = the order id.")
+    def title(self, inp: dict) -> tuple[str, str]:
+        return (f"Dedup over {inp.get('ids', 0):,} ids",
+                f"`withWatermark(created_at, 10 minutes).dropDuplicatesWithinWatermark([id])`, append mode; "
+                f"{inp.get('ids', 0):,} distinct orders and {inp.get('duplicates', 0):,} copies (same key and value, "
+                f"{DUPLICATE_LAG:,} orders after the first), created_at +1 ms per order.")
 
 
 WORKLOADS = {"totals": Totals(), "dedup": Dedup()}

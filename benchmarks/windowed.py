@@ -86,10 +86,12 @@ from benchmarks.common import (
     RunBroker,
     create_topics,
     decode,
+    decode_all,
     delete_topics,
     encode,
     load_schema,
     make_order,
+    produce_waiting,
     producer_config,
     warm_up_broker,
 )
@@ -166,13 +168,7 @@ def seed_windowed(bootstrap: str, topic: str, records: int, step_ms: float, seed
         totals = out.windows.setdefault((created - created % WINDOW_MS, order["currency"]), [0, 0.0])
         totals[0] += 1
         totals[1] += order["amount"]
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
+        produce_waiting(producer, topic, key, value)
         if (i + 1) % step == 0:
             progress(f"  seeded {i + 1:,}/{records:,}")
     remaining = producer.flush(120)
@@ -208,18 +204,12 @@ def check_windows(records, must: dict, may: dict, exactly_once: bool, update: bo
     Append mode: each emitted once (at-least-once: again only with the same value); update mode:
     the last value of each (window, currency) is compared."""
     emitted: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    undecodable = bad_keys = bad_bounds = 0
-    for record in records:
-        try:
-            w = decode(schema, record.value)
-        except Exception:
-            undecodable += 1
-            continue
+    bad_bounds = 0
+    values, undecodable, bad_keys = decode_all(records, schema, "currency")
+    for w in values:
         start, end = _ms(w["start"]), _ms(w["end"])
         if end - start != WINDOW_MS or start % WINDOW_MS:
             bad_bounds += 1
-        if record.key != w["currency"].encode():
-            bad_keys += 1
         emitted.setdefault((start, w["currency"]), []).append((w["orders"], w["amount"]))
     duplicates = conflicting = wrong_counts = wrong_sums = 0
     examples: list[str] = []
@@ -364,21 +354,16 @@ class Workload:
         return txstream_available()
 
     def headline(self, meta: dict) -> list[str]:
-        args, inp, hw = meta["args"], meta.get("input", {}), meta["hardware"]
+        args, inp = meta["args"], meta.get("input", {})
         return [f"# Windowed count per currency per minute: {inp.get('records', args['records']):,} orders, "
                 f"{args['partitions']} partitions, {args['runs']} round(s)", "",
                 f"`window(created_at, 1 minute)`, watermark 30 s, count + sum(amount) per currency, append mode. "
                 f"created_at +{inp.get('event_ms_per_record', 0):g} ms per order: {inp.get('event_span_s', 0):,.0f} s of "
                 f"event time, {inp.get('windows', 0)} (window, currency) pairs, {inp.get('closed_windows', 0)} closed by "
-                f"the final watermark ({inp.get('final_watermark')}). Batches of {inp.get('records_per_batch', 0):,} "
-                f"records (txstream; Spark's maxOffsetsPerTrigger). Machine: {hw.get('cpu_model')}, "
-                f"{hw.get('logical_cores')} cores (shared), load {hw['loadavg_at_start'][0]:.2f} at start, "
-                f"{hw.get('loadavg_at_end', [0])[0]:.2f} at end. Started {meta['started_at']}; git "
-                f"{meta.get('git_at_start')}."]
+                f"the final watermark ({inp.get('final_watermark')}). {machine_line(meta)}"]
 
     def notes(self, meta: dict) -> list[str]:
-        return [f"- txstream: `python -m txstream.cli run {PROCESSOR} --master {MASTER} --until-caught-up "
-                "--max-records-per-partition N --dead-letter-topic D` (exactly-once; state in Kafka).",
+        return [txstream_note(self.processor),
                 "- Spark SS: `benchmarks/contenders/spark_ss_windowed.py`, the same query on Spark's Kafka source "
                 "and sink (at-least-once), from_avro/to_avro, processingTime 0 trigger, maxOffsetsPerTrigger = "
                 "txstream's batch, shuffle partitions 8, state in its checkpoint directory (HDFS-backed store).",
@@ -399,6 +384,20 @@ class Workload:
 
 
 WINDOWED = Workload()
+
+
+def machine_line(meta: dict) -> str:
+    """The report's sentence on batches, the machine, its load and the commit."""
+    inp, hw = meta.get("input", {}), meta["hardware"]
+    return (f"Batches of {inp.get('records_per_batch', 0):,} records (txstream; Spark's maxOffsetsPerTrigger). "
+            f"Machine: {hw.get('cpu_model')}, {hw.get('logical_cores')} cores (shared), load "
+            f"{hw['loadavg_at_start'][0]:.2f} at start, {hw.get('loadavg_at_end', [0])[0]:.2f} at end. Started "
+            f"{meta['started_at']}; git {meta.get('git_at_start')}.")
+
+
+def txstream_note(processor: str) -> str:
+    return (f"- txstream: `python -m txstream.cli run {processor} --master {MASTER} --until-caught-up "
+            "--max-records-per-partition N --dead-letter-topic D` (exactly-once; state in Kafka).")
 
 
 # ---------------------------------------------------------------------------------------------

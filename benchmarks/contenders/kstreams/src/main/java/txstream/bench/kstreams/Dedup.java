@@ -1,6 +1,5 @@
 package txstream.bench.kstreams;
 
-import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.time.Duration;
@@ -84,7 +83,7 @@ public final class Dedup {
 
     public static void main(String[] argv) throws Exception {
         Map<String, String> args = StreamsApp.parseArgs(argv);
-        Schema inSchema = new Schema.Parser().parse(new File(args.get("input-schema")));
+        Schema inSchema = StreamsApp.schema(args, "input-schema");
         CurrencyWindows.CreatedAt.checkLayout(inSchema);
         if (!inSchema.getFields().get(0).name().equals("id")) {
             throw new IllegalArgumentException("Order schema: field 0 is not id");

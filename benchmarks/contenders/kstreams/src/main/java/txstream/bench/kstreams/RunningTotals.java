@@ -1,22 +1,12 @@
 package txstream.bench.kstreams;
 
-import java.io.ByteArrayOutputStream;
-import java.io.File;
-import java.io.IOException;
-import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.util.Map;
 import java.util.concurrent.atomic.LongAdder;
 
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
-import org.apache.avro.generic.GenericDatumReader;
-import org.apache.avro.generic.GenericDatumWriter;
 import org.apache.avro.generic.GenericRecord;
-import org.apache.avro.io.BinaryDecoder;
-import org.apache.avro.io.BinaryEncoder;
-import org.apache.avro.io.DecoderFactory;
-import org.apache.avro.io.EncoderFactory;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KeyValue;
@@ -25,9 +15,6 @@ import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
-import org.apache.kafka.streams.processor.api.Processor;
-import org.apache.kafka.streams.processor.api.ProcessorContext;
-import org.apache.kafka.streams.processor.api.Record;
 import org.apache.kafka.streams.state.KeyValueStore;
 
 /**
@@ -37,7 +24,7 @@ import org.apache.kafka.streams.state.KeyValueStore;
  *
  * <pre>
  * input (byte[] key, schemaless Avro Order)
- *   -> decode, keep amount > 0, key = customer_id, value = amount     [Processor]
+ *   -> decode, keep amount > 0, key = customer_id     [CustomerTotals.KeyByCustomer]
  *   -> groupByKey (repartition by customer, "by-customer", through Kafka)
  *   -> aggregate (count, sum, largest) into a KTable ("customer-totals", a changelogged
  *      key-value store)
@@ -53,46 +40,7 @@ public final class RunningTotals {
     private RunningTotals() {
     }
 
-    static final LongAdder READ = new LongAdder();
     static final LongAdder EMITTED = new LongAdder();
-
-    /** Decode the order; a positive amount goes on, keyed by customer: one instance per task. */
-    static final class KeyByCustomer implements Processor<byte[], byte[], String, Double> {
-        private final GenericDatumReader<GenericRecord> reader;
-        private final int amount, customer;
-        private ProcessorContext<String, Double> context;
-        private BinaryDecoder decoder;
-        private GenericRecord order;
-
-        KeyByCustomer(Schema inSchema) {
-            reader = new GenericDatumReader<>(inSchema);
-            amount = inSchema.getField("amount").pos();
-            customer = inSchema.getField("customer_id").pos();
-        }
-
-        @Override
-        public void init(ProcessorContext<String, Double> context) {
-            this.context = context;
-        }
-
-        @Override
-        public void process(Record<byte[], byte[]> record) {
-            READ.increment();
-            if (record.value() == null) {
-                return;
-            }
-            try {
-                decoder = DecoderFactory.get().binaryDecoder(record.value(), decoder);
-                order = reader.read(order, decoder);
-            } catch (IOException e) {
-                throw new UncheckedIOException(e);
-            }
-            double value = (Double) order.get(amount);
-            if (value > 0) {
-                context.forward(record.withKey(order.get(customer).toString()).withValue(value));
-            }
-        }
-    }
 
     /** (count, sum, largest) as 24 bytes: the store's value. */
     static byte[] add(byte[] totals, double amount) {
@@ -106,14 +54,14 @@ public final class RunningTotals {
 
     public static void main(String[] argv) throws Exception {
         Map<String, String> args = StreamsApp.parseArgs(argv);
-        Schema inSchema = new Schema.Parser().parse(new File(args.get("input-schema")));
-        Schema outSchema = new Schema.Parser().parse(new File(args.get("output-schema")));
+        Schema inSchema = StreamsApp.schema(args, "input-schema"), outSchema = StreamsApp.schema(args, "output-schema");
 
         StreamsBuilder builder = new StreamsBuilder();
         builder.stream(args.get("input"), Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
-               .process(() -> new KeyByCustomer(inSchema))
-               .groupByKey(Grouped.with("by-customer", Serdes.String(), Serdes.Double()))
-               .aggregate(() -> new byte[24], (customer, amount, totals) -> add(totals, amount),
+               .process(() -> new CustomerTotals.KeyByCustomer(inSchema))     // (amount, items), amount > 0
+               .groupByKey(Grouped.with("by-customer", Serdes.String(), Serdes.ByteArray()))
+               .aggregate(() -> new byte[24],
+                          (customer, order, totals) -> add(totals, ByteBuffer.wrap(order).getDouble()),
                           Materialized.<String, byte[], KeyValueStore<Bytes, byte[]>>as("customer-totals")
                                       .withKeySerde(Serdes.String()).withValueSerde(Serdes.ByteArray()))
                .toStream()
@@ -124,19 +72,12 @@ public final class RunningTotals {
                    out.put("orders", t.getLong());
                    out.put("amount", t.getDouble());
                    out.put("largest", t.getDouble());
-                   ByteArrayOutputStream buffer = new ByteArrayOutputStream(64);
-                   BinaryEncoder encoder = EncoderFactory.get().binaryEncoder(buffer, null);
-                   try {
-                       new GenericDatumWriter<GenericRecord>(outSchema).write(out, encoder);
-                       encoder.flush();
-                   } catch (IOException e) {
-                       throw new UncheckedIOException(e);
-                   }
                    EMITTED.increment();
-                   return KeyValue.pair(customer, buffer.toByteArray());
+                   return KeyValue.pair(customer, StreamsApp.avro(outSchema, out));
                })
                .to(args.get("output"), Produced.with(Serdes.String(), Serdes.ByteArray()));
         StreamsApp.run(builder.build(), StreamsApp.properties(args),
-                       () -> String.format("%d records read, %d totals emitted", READ.sum(), EMITTED.sum()));
+                       () -> String.format("%d records read, %d totals emitted", CustomerTotals.READ.sum(),
+                                           EMITTED.sum()));
     }
 }

@@ -59,8 +59,9 @@ soak: kafka-jars spark-archive
 # and wins over those (e.g. BENCH_ARGS="--records 200000 --runs 3"),
 # LATENCY_ARGS to both latency runs, SWEEP_ARGS to the three sweeps, WIDE_ARGS to the wide benchmark,
 # WINDOWED_ARGS to the windowed count (1,000,000 orders, 2 rounds; issue 52's first benchmark),
-# RESTORE_ARGS to the state restore (1 and 10 million keys into each store; 50 million extrapolated).
-# About an hour and a half on the 2-core machine the results come from.
+# STATEFUL_ARGS to running totals over 1,000,000 customers and dedup over 1,000,000 ids (2 rounds each),
+# RESTORE_ARGS to the state restore (1, 10 and 50 million keys into each store).
+# About two hours on the 2-core machine the results come from.
 bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --records 1000000 --runs 2 $(BENCH_ARGS)
 	$(PY) -m benchmarks.first_output --rounds 3
@@ -73,6 +74,8 @@ bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --sweep record-size $(SWEEP_ARGS)
 	$(PY) -m benchmarks.wide $(WIDE_ARGS)
 	$(PY) -m benchmarks --windowed --records 1000000 $(WINDOWED_ARGS)
+	$(PY) -m benchmarks --stateful totals --keys 1000000 $(STATEFUL_ARGS)
+	$(PY) -m benchmarks --stateful dedup --keys 1000000 $(STATEFUL_ARGS)
 	$(PY) -m benchmarks.restore $(RESTORE_ARGS)
 
 # The same steps at smoke sizes, to check the plumbing (files named -quick; docs/performance.md
@@ -91,6 +94,8 @@ bench-quick: kafka-jars spark-archive
 	$(PY) -m benchmarks --sweep record-size --quick --value-sizes 100,10000 --max-input-mb 30 $(SWEEP_ARGS)
 	$(PY) -m benchmarks.wide --quick $(WIDE_ARGS)
 	$(PY) -m benchmarks --windowed --quick $(WINDOWED_ARGS)
+	$(PY) -m benchmarks --stateful totals --quick $(STATEFUL_ARGS)
+	$(PY) -m benchmarks --stateful dedup --quick $(STATEFUL_ARGS)
 	$(PY) -m benchmarks.restore --quick $(RESTORE_ARGS)
 
 clean:

@@ -66,6 +66,32 @@ NOTES = [None, None, "gift wrap, please - it is a birthday present", "leave the 
          "fragile: glassware inside, handle with care", "deliver to the reception desk on floor 3"]
 
 
+def decode_all(records, schema, key_field: str) -> tuple[list[dict], int, int]:
+    """The output records' values that decode, how many did not, and how many records' keys differ
+    from their value's `key_field` (the harness's checks)."""
+    values, undecodable, bad_keys = [], 0, 0
+    for record in records:
+        try:
+            value = decode(schema, record.value)
+        except Exception:
+            undecodable += 1
+            continue
+        bad_keys += record.key != value[key_field].encode()
+        values.append(value)
+    return values, undecodable, bad_keys
+
+
+def produce_waiting(producer, topic: str, key: bytes, value: bytes) -> None:
+    """produce, waiting for deliveries while librdkafka's local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key)
+            break
+        except BufferError:
+            producer.poll(0.05)
+    producer.poll(0)
+
+
 def make_order(rng: random.Random, seq: int, created_at_ms: int) -> dict:
     """One Order; about 10% void (amount <= 0), about 20% of the rest above 100."""
     roll = rng.random()
@@ -163,13 +189,7 @@ def seed_input(bootstrap: str, topic: str, records: int, seed: int = 7,
         enriched = transform(order)
         if enriched is not None:
             out.expected[key] = encode(ENRICHED_SCHEMA, enriched)
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
+        produce_waiting(producer, topic, key, value)
         if (i + 1) % step == 0:
             progress(f"  seeded {i + 1:,}/{records:,}")
     remaining = producer.flush(120)

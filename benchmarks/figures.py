@@ -27,7 +27,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # The order of the section; latency has one kind per rate ("latency@2000", "latency@20000"),
 # in ascending rate, where "latency" stands.
 KINDS = ["throughput", "first-output", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size", "wide",
-         "windowed", "restore"]
+         "windowed", "totals", "dedup", "restore"]
 
 
 def is_wide(results: dict, path: Path | None = None) -> bool:
@@ -265,14 +265,51 @@ def windowed_section(path: Path, results: dict, base: Path) -> list[str]:
     txstream exactly-once next to Spark SS's own windowed aggregation and Kafka Streams."""
     args = results.get("args") or {}
     inp = results.get("input") or {}
-    labels = results.get("contenders") or {}
     quick = " (a `--quick` smoke run)" if args.get("quick") else ""
     lines = [f"**Windowed count** (orders per currency per 1-minute window, 30 s watermark, append mode, "
              f"`python -m benchmarks --windowed`){quick}: {inp.get('records', args.get('records', 0)):,} orders in "
              f"{inp.get('partitions', args.get('partitions'))} partitions, {inp.get('event_span_s', 0):,.0f} s of event "
              f"time, {inp.get('closed_windows', 0)} (window, currency) results closed by the final watermark, "
-             f"{args.get('runs')} round(s), median; {_machine(results)}; {_link(path, base)}.", "",
-             "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MB "
+             f"{args.get('runs')} round(s), median; {_machine(results)}; {_link(path, base)}.", ""]
+    lines += contenders_table(results, "txstream-windowed")
+    lines += ["", "records/s over wall time (start-up included; Spark SS and Kafka Streams, which run until stopped: "
+              "to the moment their output held every closed window); steady = from the first window emitted to the "
+              "last, start-up left out; txstream vs: txstream's figure / the other's (records/s: > 1 is faster; CPU "
+              "per record: > 1 uses more). Every run's windows are checked against the input's exact counts and "
+              "sums (output check); a run that did not finish shows as failed."]
+    return lines
+
+
+def stateful_section(path: Path, results: dict, base: Path) -> list[str]:
+    """benchmarks/stateful.py: running totals over N customers or dedup over N ids, txstream
+    exactly-once next to Spark SS's same query and Kafka Streams, the windowed count's harness."""
+    args = results.get("args") or {}
+    inp = results.get("input") or {}
+    quick = " (a `--quick` smoke run)" if args.get("quick") else ""
+    if results.get("mode") == "totals":
+        what = (f"**Running totals** (`groupBy(customer).agg(count, sum, max)` of orders with amount > 0, update mode, "
+                f"`python -m benchmarks --stateful totals`){quick}: {inp.get('keys', 0):,} customers, "
+                f"{inp.get('records', 0):,} orders")
+    else:
+        what = (f"**Dedup** (`withWatermark(created_at, 10 minutes).dropDuplicatesWithinWatermark([id])`, append mode, "
+                f"`python -m benchmarks --stateful dedup`){quick}: {inp.get('ids', 0):,} ids and "
+                f"{inp.get('duplicates', 0):,} copies")
+    lines = [f"{what} in {inp.get('partitions', args.get('partitions'))} partitions, {args.get('runs')} round(s), "
+             f"median; {_machine(results)}; {_link(path, base)}.", ""]
+    lines += contenders_table(results, results.get("baseline", ""))
+    lines += ["", "records/s over wall time (start-up included; Spark SS and Kafka Streams, which run until stopped: "
+              "to the moment they had read all input and their output was complete); steady = from the first output "
+              "to completion; txstream vs: txstream's figure / the other's (records/s: > 1 is faster; CPU per "
+              "record: > 1 uses more). Output check: "
+              + ("per customer the last update read_committed equals its exact totals."
+                 if results.get("mode") == "totals" else "every id exactly once.")]
+    return lines
+
+
+def contenders_table(results: dict, baseline: str) -> list[str]:
+    """The windowed and stateful benchmarks' table: a row per contender, ratios against `baseline`."""
+    labels = results.get("contenders") or {}
+    lines = ["| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MB "
              "| other work (cores) | txstream vs: records/s | steady | CPU per record | output check |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     unavailable = results.get("unavailable") or {}
@@ -285,18 +322,13 @@ def windowed_section(path: Path, results: dict, base: Path) -> list[str]:
             why = "; ".join(p or "?" for p in entry.get("problems") or [])[:200].replace("|", "/")
             lines.append(f"| {label} | failed: {why} | | | | | | | | | |")
             continue
-        base_row = name == "txstream-windowed"
+        base_row = name == baseline
         lines.append(f"| {label} | {_n(entry.get('records_per_s'))} | {_n(entry.get('steady_records_per_s'))} | "
                      f"{_n(entry.get('first_output_s'), '.1f')} | {_n(entry.get('cpu_s_per_m'), ',.0f')} | "
                      f"{_n(entry.get('peak_rss_mb'))} | {_n(entry.get('foreign_cores'), '.2f')} | "
                      + " | ".join("1 (baseline)" if base_row else _x(entry.get(f"txstream_vs_{k}"))
                                   for k in ("records_per_s", "steady_records_per_s", "cpu_s_per_m"))
                      + f" | {windowed_check(entry)} |")
-    lines += ["", "records/s over wall time (start-up included; Spark SS and Kafka Streams, which run until stopped: "
-              "to the moment their output held every closed window); steady = from the first window emitted to the "
-              "last, start-up left out; txstream vs: txstream's figure / the other's (records/s: > 1 is faster; CPU "
-              "per record: > 1 uses more). Every run's windows are checked against the input's exact counts and "
-              "sums (output check); a run that did not finish shows as failed."]
     return lines
 
 
@@ -315,6 +347,9 @@ def restore_section(path: Path, results: dict, base: Path) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
         for r in size.get("runs", []):
+            if r.get("skipped"):
+                lines.append(f"| {size['keys']:,} | {r['store']} | {r['skipped']} | | | | | | | | | |")
+                continue
             if not r.get("seconds"):
                 why = "; ".join(r.get("problems") or ["?"])[:200].replace("|", "/")
                 lines.append(f"| {size['keys']:,} | {r['store']} | failed: {why} | | | | | | | | | |")
@@ -421,6 +456,8 @@ def section(directory: Path = RESULTS, base: Path = PAGE.parent) -> str:
                 out += wide_section(path, results, base)
             elif kind == "windowed":
                 out += windowed_section(path, results, base)
+            elif kind in ("totals", "dedup"):
+                out += stateful_section(path, results, base)
             elif kind == "restore":
                 out += restore_section(path, results, base)
             elif kind == "first-output":

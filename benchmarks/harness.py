@@ -590,6 +590,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--windowed", action="store_true",
                     help="the windowed count per currency per minute instead (benchmarks/windowed.py; "
                          "`python -m benchmarks --windowed --help` lists its options)")
+    ap.add_argument("--stateful", choices=("totals", "dedup"), default=None,
+                    help="running totals over --keys customers, or dedup over --keys ids, instead "
+                         "(benchmarks/stateful.py; `python -m benchmarks --stateful totals --help` lists its options)")
     ap.add_argument("--sweep", choices=SWEEPS, default=None,
                     help="side-by-side runs over one parameter: batch (records per batch / transaction), "
                          "partitions, record-size; own results files")
@@ -717,6 +720,11 @@ def main(argv=None) -> int:
         from benchmarks import windowed
 
         return windowed.main([a for a in argv if a != "--windowed"])
+    if "--stateful" in argv:   # the same harness, other queries (benchmarks/stateful.py)
+        from benchmarks import stateful
+
+        at = argv.index("--stateful")
+        return stateful.main(argv[at + 1:at + 2] + argv[:at] + argv[at + 2:])
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     from benchmarks import report

@@ -2,15 +2,19 @@
 keys plus a changelog tail of N/10 updates, through txstream.state.restore, into the in-memory
 store and the RocksDB store.
 
-    python -m benchmarks.restore --keys 1000000,10000000          # what `make bench` runs
+    python -m benchmarks.restore                                   # what `make bench` runs: 1, 10, 50 million keys
     python -m benchmarks.restore --quick                           # smoke run: 200,000 keys
     python -m benchmarks.restore --keys 1000000 --stores rocksdb --no-figures
 
 The state is issue 52's shape: a string key (`customer-000000042`, 18 bytes) and (count long,
 sum double) encoded as txstream encodes a state row (schemaless Avro, txstream/state/codec.py).
 For each size, on a fresh single-broker cluster (txstream.local.cluster): batch 1 writes every
-key to the changelog in one transaction and a snapshot of it (txstream.state.snapshot, Arrow
-chunks in the snapshot topic); batch 2 updates every tenth key (the tail). Each store then
+key to the changelog (in transactions of 5 million) and a snapshot of it (txstream.state.snapshot,
+Arrow chunks in the snapshot topic); batch 2 updates every tenth key (the tail). The state is
+generated key by key as it is written (`GeneratedState`), never held whole, so that 50 million keys
+seed on a shared 24 GiB machine. A store whose restore would not fit the memory free at the time
+(its bytes per key at the largest size run so far, times the keys, against MemAvailable less
+4 GiB) is skipped with that reason, and its time at that size extrapolated, labelled so. Each store then
 restores it in its own child process (so its memory figure is its own): seconds, keys/s (the
 state's keys / restore seconds) and records/s (snapshot keys + tail records / seconds), where the
 time went (the store's `load`, the decoding of snapshot chunks, the rest: Kafka fetches and Python
@@ -73,8 +77,31 @@ def du(path: str) -> int:
 # The state written to Kafka
 # ---------------------------------------------------------------------------------------------
 
+SEED_TRANSACTION_KEYS = 5_000_000    # batch 1's changelog in transactions of this many, each well inside 15 min
+
+
+class GeneratedState:
+    """The committed state after `batch`, generated key by key from `row` when read: what
+    write_snapshot and ChangelogWriter read of a store (`items`, `changes`, `version`), without
+    the state ever in memory (50 million keys would not fit a dict on a shared 24 GiB machine)."""
+
+    def __init__(self, keys: range, batch: int, encode) -> None:
+        from txstream.state.store import StoreVersion
+
+        self.keys, self.batch, self.encode = keys, batch, encode
+        self.version = StoreVersion(unit=0, batch=batch)
+
+    def items(self):
+        encode, batch = self.encode, self.batch
+        return ((key_of(i), encode(row(i, batch))) for i in self.keys)
+
+    def changes(self) -> dict:
+        return {}      # nothing pending: the whole of it is committed state
+
+
 def seed(bootstrap: str, app: str, keys: int) -> dict:
-    """Batch 1: every key (changelog + snapshot); batch 2: every tenth key updated (the tail)."""
+    """Batch 1: every key (changelog + snapshot); batch 2: every tenth key updated (the tail).
+    Streamed: keys are generated as they are produced, nothing of the state is held."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -82,7 +109,6 @@ def seed(bootstrap: str, app: str, keys: int) -> dict:
     from txstream.state.changelog import ChangelogWriter, changelog_end, changelog_topic, snapshot_topic
     from txstream.state.codec import StateCodec
     from txstream.state.snapshot import write_snapshot
-    from txstream.state.stores import open_store
 
     clients = KafkaClients(bootstrap)
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -96,28 +122,29 @@ def seed(bootstrap: str, app: str, keys: int) -> dict:
                                             "batch.size": 1 << 20, "compression.type": "lz4",
                                             "transaction.timeout.ms": 900_000}))
     producer.init_transactions(60)
-    source = open_store("memory", None, unit=0)
     writer = ChangelogWriter(app, OPERATOR, 0)
     started = time.perf_counter()
     snapshot_s = 0.0
+    rss0 = rss_bytes()
     for batch, span in ((1, range(keys)), (2, range(0, keys, 10))):
-        encode = codec.encode
-        for i in span:
-            source.put(key_of(i), encode(row(i, batch)))
-        producer.begin_transaction()
-        writer.produce(producer, source.changes(), batch)
-        producer.commit_transaction(900)
-        source.commit(batch)
+        # batch 1's changelog in several transactions: the restore reads only what follows the
+        # snapshot's offset, so how batch 1 was split changes nothing it reads
+        for start in range(0, len(span), SEED_TRANSACTION_KEYS):
+            producer.begin_transaction()
+            writer.produce(producer, GeneratedState(span[start:start + SEED_TRANSACTION_KEYS], batch, codec.encode),
+                           batch)
+            producer.commit_transaction(900)
         log(f"  batch {batch}: {len(span):,} changelog records committed")
         if batch == 1:
             snap = time.perf_counter()
-            write_snapshot(clients, producer, app, OPERATOR, source,
+            write_snapshot(clients, producer, app, OPERATOR, GeneratedState(span, 1, codec.encode),
                            changelog_offset=changelog_end(clients, app, OPERATOR, 0), timeout=900)
             snapshot_s = time.perf_counter() - snap
             log(f"  snapshot of {keys:,} keys written in {snapshot_s:.1f} s")
     producer.flush(60)
-    del producer, source
-    return {"seed_s": round(time.perf_counter() - started, 1), "snapshot_write_s": round(snapshot_s, 1)}
+    del producer
+    return {"seed_s": round(time.perf_counter() - started, 1), "snapshot_write_s": round(snapshot_s, 1),
+            "seed_rss_growth_mb": round((rss_bytes() - rss0) / 2**20)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +234,30 @@ def run_child(bootstrap: str, app: str, keys: int, store_kind: str, workdir: str
     return {**json.loads(lines[-1]), "loadavg_before": round(load0, 2), "loadavg_after": round(os.getloadavg()[0], 2)}
 
 
-def measure_size(keys: int, stores: list[str]) -> tuple[dict, list[dict]]:
+# resident bytes per key a restore grew by at 10 million keys (benchmarks/results/20261128-180752-restore),
+# with room: what a store is assumed to need before this invocation has measured it
+ASSUMED_BYTES_PER_KEY = {"memory": 260, "rocksdb": 80}
+HEADROOM = 4 << 30     # left to the broker, the other helpers' Spark and the OS
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def fits(keys: int, store: str, measured: list[dict]) -> str | None:
+    """Why `store` cannot restore `keys` here (None: it fits): its bytes per key, as measured at the
+    largest size run so far (or assumed), times `keys`, against what the machine has free now."""
+    done = [r for r in measured if r["store"] == store and r.get("seconds")]
+    per_key = max(done, key=lambda r: r["keys"])["memory_bytes_per_key"] * 1.2 if done else ASSUMED_BYTES_PER_KEY[store]
+    need, free = per_key * keys, mem_available() - HEADROOM
+    if need <= free:
+        return None
+    return (f"skipped: needs ~{need / 2**30:.1f} GiB ({per_key:.0f} B/key), "
+            f"{max(0, free) / 2**30:.1f} GiB free beyond {HEADROOM >> 30} GiB of headroom")
+
+
+def measure_size(keys: int, stores: list[str], measured: list[dict]) -> tuple[dict, list[dict]]:
     from txstream.local.cluster import LocalKafkaCluster, free_port_block
 
     work = tempfile.mkdtemp(prefix="txstream-bench-restore-")
@@ -223,6 +273,11 @@ def measure_size(keys: int, stores: list[str]) -> tuple[dict, list[dict]]:
         seeded["changelog_bytes_per_key"] = round(_topic_bytes(work, changelog_topic(app, OPERATOR)) / keys, 1)
         runs = []
         for kind in stores:
+            skipped = fits(keys, kind, measured + runs)
+            if skipped:
+                runs.append({"store": kind, "keys": keys, "ok": True, "skipped": skipped, "problems": []})
+                log(f"{keys:,} keys: {kind} {skipped}")
+                continue
             log(f"{keys:,} keys: restoring into {kind} ...")
             result = run_child(bootstrap, app, keys, kind, work)
             runs.append(result)
@@ -271,6 +326,9 @@ def markdown(meta: dict, sizes: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
         for r in size["runs"]:
+            if r.get("skipped"):
+                lines.append(f"| {size['keys']:,} | {r['store']} | {r['skipped']} | | | | | | | | | | | | | |")
+                continue
             if not r.get("seconds"):
                 lines.append(f"| {size['keys']:,} | {r['store']} | failed: {'; '.join(r['problems'])[:300]} "
                              "| | | | | | | | | | | | | |")
@@ -298,9 +356,9 @@ def markdown(meta: dict, sizes: list[dict]) -> str:
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.restore", description=__doc__.splitlines()[0])
-    ap.add_argument("--keys", default="1000000,10000000", help="comma-separated state sizes (keys)")
+    ap.add_argument("--keys", default="1000000,10000000,50000000", help="comma-separated state sizes (keys)")
     ap.add_argument("--stores", default=",".join(STORES), help="memory,rocksdb")
-    ap.add_argument("--extrapolate", default="50000000", help="sizes not run, extrapolated (comma-separated)")
+    ap.add_argument("--extrapolate", default="", help="sizes not run, extrapolated (comma-separated)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 200,000 keys")
     ap.add_argument("--results-dir", type=Path, default=RESULTS)
     ap.add_argument("--no-figures", action="store_true", help="leave docs/performance.md alone")
@@ -327,11 +385,16 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     results = []
     for keys in sizes:
-        seeded, runs = measure_size(keys, stores)
+        seeded, runs = measure_size(keys, stores, [r for s in results for r in s["runs"]])
         results.append({"keys": keys, "seed": seeded, "runs": runs})
     all_runs = [r for s in results for r in s["runs"]]
     wanted = [int(k) for k in args.extrapolate.split(",") if k] if not args.quick else []
     meta["extrapolated"] = {n: extrapolate(all_runs, n) for n in wanted if n not in sizes}
+    for size in results:     # a store skipped for want of memory: its time extrapolated, labelled so
+        skipped = {r["store"] for r in size["runs"] if r.get("skipped")}
+        if skipped:
+            guess = extrapolate([r for r in all_runs if r["store"] in skipped and r["keys"] < size["keys"]], size["keys"])
+            meta["extrapolated"].setdefault(size["keys"], {}).update(guess)
     meta["hardware"]["loadavg_at_end"] = os.getloadavg()
     meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     report = markdown(meta, results)

@@ -59,6 +59,7 @@ from benchmarks.common import (
     RunBroker,
     create_topics,
     decode,
+    decode_all,
     delete_topics,
     load_schema,
     seed_input,
@@ -122,19 +123,13 @@ def verify(records, expected: dict, exactly_once: bool) -> dict:
     amount = 0.0
     customers: set[str] = set()
     seen: set[tuple[str, object]] = set()
-    duplicates = key_mismatches = undecodable = 0
-    for record in records:
-        try:
-            totals = decode(schema, record.value)
-        except Exception:
-            undecodable += 1
-            continue
+    duplicates = 0
+    values, undecodable, key_mismatches = decode_all(records, schema, "customer_id")
+    for totals in values:
         orders += totals["orders"]
         items += totals["items"]
         amount += totals["amount"]
         customers.add(totals["customer_id"])
-        if record.key != totals["customer_id"].encode():
-            key_mismatches += 1
         ident = (totals["customer_id"], totals["batch_time"])
         if ident in seen:
             duplicates += 1

@@ -86,10 +86,12 @@ from benchmarks.common import (
     RunBroker,
     create_topics,
     decode,
+    decode_all,
     delete_topics,
     encode,
     load_schema,
     make_order,
+    produce_waiting,
     producer_config,
     warm_up_broker,
 )
@@ -166,13 +168,7 @@ def seed_windowed(bootstrap: str, topic: str, records: int, step_ms: float, seed
         totals = out.windows.setdefault((created - created % WINDOW_MS, order["currency"]), [0, 0.0])
         totals[0] += 1
         totals[1] += order["amount"]
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
+        produce_waiting(producer, topic, key, value)
         if (i + 1) % step == 0:
             progress(f"  seeded {i + 1:,}/{records:,}")
     remaining = producer.flush(120)
@@ -208,18 +204,12 @@ def check_windows(records, must: dict, may: dict, exactly_once: bool, update: bo
     Append mode: each emitted once (at-least-once: again only with the same value); update mode:
     the last value of each (window, currency) is compared."""
     emitted: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    undecodable = bad_keys = bad_bounds = 0
-    for record in records:
-        try:
-            w = decode(schema, record.value)
-        except Exception:
-            undecodable += 1
-            continue
+    bad_bounds = 0
+    values, undecodable, bad_keys = decode_all(records, schema, "currency")
+    for w in values:
         start, end = _ms(w["start"]), _ms(w["end"])
         if end - start != WINDOW_MS or start % WINDOW_MS:
             bad_bounds += 1
-        if record.key != w["currency"].encode():
-            bad_keys += 1
         emitted.setdefault((start, w["currency"]), []).append((w["orders"], w["amount"]))
     duplicates = conflicting = wrong_counts = wrong_sums = 0
     examples: list[str] = []
@@ -277,6 +267,140 @@ def _iso(ms: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# The workload: what this module's harness (run_one, main, the report) asks of a query
+# ---------------------------------------------------------------------------------------------
+
+class Workload:
+    """One stateful query with its contenders, its input and its check. The harness below runs any
+    of them (benchmarks/stateful.py adds running totals and dedup); this class is the windowed
+    count. A subclass sets the class attributes and overrides the methods that differ."""
+
+    mode = "windowed"                       # the results files' kind (<stamp>-<mode>.json)
+    prog = "python -m benchmarks --windowed"
+    contenders = CONTENDERS
+    default_contenders = DEFAULT_CONTENDERS
+    baseline = BASELINE
+    exactly_once = EXACTLY_ONCE
+    self_exiting = SELF_EXITING
+    update_mode = UPDATE_MODE
+    processor = PROCESSOR
+    output_schema_path = WINDOW_SCHEMA_PATH
+    topic_prefix = "bench-win"
+    unit = "windows"                        # what the runs table counts in the output
+    kstreams_main = KSTREAMS_MAIN
+    spark_module = "benchmarks.contenders.spark_ss_windowed"
+
+    def kstreams_args(self, contender: str, args: argparse.Namespace) -> list[str]:
+        return ["--suppress", "false" if contender in self.update_mode else "true",
+                "--max-partition-fetch-bytes", str(args.kstreams_fetch_bytes)]
+
+    def spark_args(self) -> list[str]:
+        return []
+
+    def add_arguments(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--event-ms-per-record", type=float, default=None,
+                        help="created_at advances this many ms per order (default 2; 10 with --quick)")
+        ap.add_argument("--kstreams-fetch-bytes", type=int, default=65536,
+                        help="Kafka Streams: its consumer's max.partition.fetch.bytes (default 65536; Kafka's is "
+                             "1048576, a whole partition of a small run in one fetch: see the module's docstring)")
+
+    def finish_arguments(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if args.event_ms_per_record is None:
+            args.event_ms_per_record = 5.0 if args.quick else 2.0
+        if args.event_ms_per_record <= 0:
+            ap.error("--event-ms-per-record takes a positive number")
+
+    def seed(self, bootstrap: str, topic: str, args: argparse.Namespace):
+        log(f"seeding {args.records:,} orders into {topic} ({args.partitions} partitions, created_at "
+            f"+{args.event_ms_per_record:g} ms per order) ...")
+        return seed_windowed(bootstrap, topic, args.records, args.event_ms_per_record, progress=log)
+
+    def input_meta(self, inp, args: argparse.Namespace) -> dict:
+        must, may = expected_windows(inp)
+        meta = {"event_ms_per_record": args.event_ms_per_record,
+                "event_span_s": round((inp.max_event_ms - EVENT_START_MS) / 1000, 1),
+                "final_watermark": _iso(inp.final_watermark_ms), "windows": len(inp.windows),
+                "closed_windows": len(must), "optional_windows": len(may),
+                "orders_in_closed_windows": sum(v[0] for v in must.values())}
+        log(f"seeded: {meta['event_span_s']:.0f} s of event time, {len(inp.windows)} (window, currency) "
+            f"pairs, {len(must)} closed by the final watermark ({len(may)} at its edge)")
+        return meta
+
+    def extra_topics(self, app_id: str) -> list[str]:
+        return [f"{app_id}.units", f"{app_id}.state", f"{app_id}-by-currency-repartition",
+                f"{app_id}-currency-windows-changelog", f"{app_id}-until-window-closes-store-changelog"]
+
+    def target(self, inp, contender: str) -> int:
+        """What the output watcher must count to call the output complete (0: it never does; the
+        run ends on the stall), in the units `weight` counts."""
+        if contender in self.update_mode:
+            return 0
+        must, _may = expected_windows(inp)
+        return sum(v[0] for v in must.values())
+
+    def weight(self, contender: str, schema):
+        """Append mode: each window counts the orders it holds, so the count reaches the orders of
+        the closed windows when the output is complete."""
+        return None if contender in self.update_mode else (lambda value: decode(schema, value)["orders"])
+
+    def check(self, output, inp, contender: str, ctx: dict) -> dict:
+        update = contender in self.update_mode
+        must, may = expected_windows(inp, update)
+        check = check_windows(output, must, may, contender in self.exactly_once, update, ctx["output_schema"])
+        check["emitted"], check["expected"] = check["windows_emitted"], check["windows_expected"]
+        return check
+
+    def txstream_available(self) -> str | None:
+        return txstream_available()
+
+    def headline(self, meta: dict) -> list[str]:
+        args, inp = meta["args"], meta.get("input", {})
+        return [f"# Windowed count per currency per minute: {inp.get('records', args['records']):,} orders, "
+                f"{args['partitions']} partitions, {args['runs']} round(s)", "",
+                f"`window(created_at, 1 minute)`, watermark 30 s, count + sum(amount) per currency, append mode. "
+                f"created_at +{inp.get('event_ms_per_record', 0):g} ms per order: {inp.get('event_span_s', 0):,.0f} s of "
+                f"event time, {inp.get('windows', 0)} (window, currency) pairs, {inp.get('closed_windows', 0)} closed by "
+                f"the final watermark ({inp.get('final_watermark')}). {machine_line(meta)}"]
+
+    def notes(self, meta: dict) -> list[str]:
+        return [txstream_note(self.processor),
+                "- Spark SS: `benchmarks/contenders/spark_ss_windowed.py`, the same query on Spark's Kafka source "
+                "and sink (at-least-once), from_avro/to_avro, processingTime 0 trigger, maxOffsetsPerTrigger = "
+                "txstream's batch, shuffle partitions 8, state in its checkpoint directory (HDFS-backed store).",
+                "- Kafka Streams: `benchmarks/contenders/kstreams/src/main/java/txstream/bench/kstreams/"
+                "CurrencyWindows.java`, exactly_once_v2, 2 stream threads, event time from created_at, key by currency "
+                "(repartition topic), TimeWindows.ofSizeAndGrace(1 min, 30 s), count + sum, "
+                "suppress(untilWindowCloses) (final results). A record for a window its task already closed is "
+                "dropped (dropped-records-total).",
+                "- Check: every window ending 5 s or more before the final watermark present once with its exact "
+                "count and sum (1e-9 relative), none ending after it; key = currency. CPU: the contender's process "
+                "tree."]
+
+    def rate_note(self) -> str:
+        return ("records/s = input records / wall seconds (start-up included; txstream to its exit after the "
+                "no-data batch, the others to the moment their output held every closed window); steady = orders in "
+                "the windows emitted after the first output, scaled to input records, / (done - first output); "
+                "txstream vs: txstream's figure / the other's (records/s: > 1 is faster; CPU: > 1 uses more).")
+
+
+WINDOWED = Workload()
+
+
+def machine_line(meta: dict) -> str:
+    """The report's sentence on batches, the machine, its load and the commit."""
+    inp, hw = meta.get("input", {}), meta["hardware"]
+    return (f"Batches of {inp.get('records_per_batch', 0):,} records (txstream; Spark's maxOffsetsPerTrigger). "
+            f"Machine: {hw.get('cpu_model')}, {hw.get('logical_cores')} cores (shared), load "
+            f"{hw['loadavg_at_start'][0]:.2f} at start, {hw.get('loadavg_at_end', [0])[0]:.2f} at end. Started "
+            f"{meta['started_at']}; git {meta.get('git_at_start')}.")
+
+
+def txstream_note(processor: str) -> str:
+    return (f"- txstream: `python -m txstream.cli run {processor} --master {MASTER} --until-caught-up "
+            "--max-records-per-partition N --dead-letter-topic D` (exactly-once; state in Kafka).")
+
+
+# ---------------------------------------------------------------------------------------------
 # The contenders
 # ---------------------------------------------------------------------------------------------
 
@@ -305,27 +429,29 @@ def txstream_available() -> str | None:
 
 
 def _command(contender: str, ctx: dict, out: str, dlq: str, app_id: str, workdir: str) -> list[str]:
-    args = ctx["args"]
+    """The command of each kind of contender: txstream running the workload's processor, its
+    Kafka Streams application (`kstreams_main`) or its Spark SS query (`spark_module`)."""
+    args, work = ctx["args"], ctx.get("workload", WINDOWED)
     if contender.startswith("kafka-streams"):
         from benchmarks.contenders import jvm_collector
         from benchmarks.contenders.kafka_streams import JAR, LIB, THREADS
 
         return ["java", "-Xmx512m", jvm_collector(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                "-cp", f"{JAR}:{LIB}/*", KSTREAMS_MAIN, "--bootstrap-servers", ctx["bootstrap"],
+                "-cp", f"{JAR}:{LIB}/*", work.kstreams_main, "--bootstrap-servers", ctx["bootstrap"],
                 "--input", ctx["source"], "--output", out, "--application-id", app_id, "--state-dir", workdir,
                 "--threads", "1" if contender.endswith("-1t") else str(THREADS),
-                "--input-schema", str(ORDER_SCHEMA_PATH), "--output-schema", str(WINDOW_SCHEMA_PATH),
-                "--suppress", "false" if contender in UPDATE_MODE else "true",
-                "--max-partition-fetch-bytes", str(args.kstreams_fetch_bytes)]
-    if contender == "txstream-windowed":
-        return [sys.executable, "-m", "txstream.cli", "run", PROCESSOR, "-b", ctx["bootstrap"], "--app-id", app_id,
+                "--input-schema", str(ORDER_SCHEMA_PATH), "--output-schema", str(work.output_schema_path),
+                *work.kstreams_args(contender, args)]
+    if contender.startswith("txstream-"):
+        return [sys.executable, "-m", "txstream.cli", "run", work.processor, "-b", ctx["bootstrap"], "--app-id", app_id,
                 "--input", ctx["source"], "--output", out, "--dead-letter-topic", dlq, "--master", MASTER,
                 "--until-caught-up", "--max-records-per-partition", str(args.max_records_per_partition)]
-    return [sys.executable, "-m", "benchmarks.contenders.spark_ss_windowed", "--bootstrap-servers", ctx["bootstrap"],
+    return [sys.executable, "-m", work.spark_module, "--bootstrap-servers", ctx["bootstrap"],
             "--input", ctx["source"], "--output", out, "--group", app_id, "--workdir", workdir,
             "--jars", ",".join(ctx["spark_jars"]), "--input-schema", str(ORDER_SCHEMA_PATH),
-            "--output-schema", str(WINDOW_SCHEMA_PATH), "--master", MASTER,
-            "--max-offsets-per-trigger", str(args.max_records_per_partition * args.partitions)]
+            "--output-schema", str(work.output_schema_path), "--master", MASTER,
+            "--max-offsets-per-trigger", str(args.max_records_per_partition * args.partitions),
+            *work.spark_args()]
 
 
 SPARK_BATCH = re.compile(r"^spark-batch (\d+)\s+in (\d+)\s+([\d.]+)s", re.M)
@@ -420,34 +546,29 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
     from benchmarks.measure import ForeignLoad, OutputWatcher, TreeSampler, start_process, stop_process
     from tests.support.kafka import read_all
 
-    bootstrap, args, inp = ctx["bootstrap"], ctx["args"], ctx["input"]
-    update = contender in UPDATE_MODE
-    must, may = expected_windows(inp, update)
-    must_orders = sum(v[0] for v in must.values())
+    bootstrap, args, inp, work = ctx["bootstrap"], ctx["args"], ctx["input"], ctx["workload"]
+    target = work.target(inp, contender)
     tag = f"{contender}-{round_no}-{uuid.uuid4().hex[:6]}"
-    out, dlq, app_id = f"bench-win-out-{tag}", f"bench-win-out-{tag}-dlq", f"bench-win-{tag}"
+    prefix = work.topic_prefix
+    out, dlq, app_id = f"{prefix}-out-{tag}", f"{prefix}-out-{tag}-dlq", f"{prefix}-{tag}"
     create_topics(bootstrap, [out, dlq], args.partitions)
-    ctx["topics"] += [out, dlq, f"{app_id}.units", f"{app_id}.state", f"{app_id}-by-currency-repartition",
-                      f"{app_id}-currency-windows-changelog", f"{app_id}-until-window-closes-store-changelog"]
-    workdir = tempfile.mkdtemp(prefix="bench-windowed-")
+    ctx["topics"] += [out, dlq, *work.extra_topics(app_id)]
+    workdir = tempfile.mkdtemp(prefix=f"bench-{work.mode}-")
     log_path = ctx["logdir"] / f"{tag}.log"
     argv = _command(contender, ctx, out, dlq, app_id, workdir)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PYTHONUNBUFFERED": "1"}
     result: dict = {"contender": contender, "round": round_no, "output_topic": out, "log": str(log_path),
                     "loadavg_before": round(os.getloadavg()[0], 2)}
-    schema = ctx["window_schema"]
+    schema = ctx["output_schema"]
     sampler, foreign = TreeSampler(), ForeignLoad()
     proc = watcher = None
-    self_exiting = contender in SELF_EXITING
+    self_exiting = contender in work.self_exiting
     code = None
     try:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        # Append mode: each window counts the orders it holds, so the watcher's count reaches the
-        # orders of the closed windows when the output is complete. Update mode counts records and
-        # ends on the stall.
-        watcher = OutputWatcher(bootstrap, out, args.partitions, 0 if update else must_orders,
-                                weight=None if update else (lambda value: decode(schema, value)["orders"])).start()
+        # The workload says what the watcher counts (Workload.weight) and to what (target): 0 ends on the stall.
+        watcher = OutputWatcher(bootstrap, out, args.partitions, target, weight=work.weight(contender, schema)).start()
         foreign.start()
         started = time.monotonic()
         proc = start_process(argv, env, str(log_path), str(REPO))
@@ -469,8 +590,8 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
         wall = (done_at or time.monotonic()) - started
         result.update(done_by=how, cpu_by_role_s={k: round(v, 1) for k, v in sampler.cpu_by_role.items()})
         result["first_output_s"] = round(watcher.first_at - started, 2) if watcher.first_at else None
-        if done_at is not None and not update:
-            steady = steady_state(watcher, done_at, inp.records, must_orders)
+        if done_at is not None and target:
+            steady = steady_state(watcher, done_at, inp.records, target)
             result["steady_records_per_s"] = (round(steady["steady_records_per_s"])
                                               if steady.get("steady_records_per_s") else None)
             result["steady_note"] = steady.get("steady_note")
@@ -495,13 +616,13 @@ def run_one(contender: str, ctx: dict, round_no: int) -> dict:
         result.update(ok=False, problem=f"{how} after {wall:.0f}s; log {log_path}: {_tail(text)}")
         return result
     output = read_all(bootstrap, out, timeout=300)
-    check = check_windows(output, must, may, contender in EXACTLY_ONCE, update, schema)
-    if contender == "txstream-windowed":
+    check = work.check(output, inp, contender, ctx)
+    if contender == work.baseline:
         check["late_dead_lettered"] = len(read_all(bootstrap, dlq, timeout=120))
     if batches.get("kstreams_dropped_records") is not None:
         check["kstreams_dropped_records"] = batches["kstreams_dropped_records"]
     result["check"] = check
-    # Completed: its figures count. Exact: its windows match the input's (Kafka Streams drops the
+    # Completed: its figures count. Exact: its output matches the input's (Kafka Streams drops the
     # orders of windows its task has already closed, so its figures come with what it got wrong).
     result["completed"] = True
     result["ok"] = check["ok"]
@@ -518,23 +639,19 @@ def _terminate(_sig, _frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks --windowed", description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None, work: Workload = WINDOWED) -> argparse.Namespace:
+    doc = sys.modules[type(work).__module__].__doc__ or __doc__
+    ap = argparse.ArgumentParser(prog=work.prog, description=doc.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=None, help="input orders (default 200000; 20000 with --quick)")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
     ap.add_argument("--runs", type=int, default=None,
                     help="rounds; every contender runs once per round (default 2; 1 with --quick)")
-    ap.add_argument("--contenders", default=",".join(DEFAULT_CONTENDERS),
-                    help=f"comma-separated, from: {', '.join(CONTENDERS)} (default {','.join(DEFAULT_CONTENDERS)})")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 20000 records, 1 round, 10 ms of event time per order")
-    ap.add_argument("--event-ms-per-record", type=float, default=None,
-                    help="created_at advances this many ms per order (default 2; 10 with --quick)")
+    ap.add_argument("--contenders", default=",".join(work.default_contenders),
+                    help=f"comma-separated, from: {', '.join(work.contenders)} (default {','.join(work.default_contenders)})")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 20000 records, 1 round")
     ap.add_argument("--max-records-per-partition", type=int, default=10_000,
                     help="txstream's batch cap per partition; Spark's maxOffsetsPerTrigger is this x partitions "
                          "(default 10000)")
-    ap.add_argument("--kstreams-fetch-bytes", type=int, default=65536,
-                    help="Kafka Streams: its consumer's max.partition.fetch.bytes (default 65536; Kafka's is 1048576, "
-                         "a whole partition of a small run in one fetch: see the module's docstring)")
     ap.add_argument("--stall-seconds", type=float, default=30,
                     help="a contender that runs until stopped is done when its output stops coming for this long "
                          "(default 30)")
@@ -546,36 +663,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="where the results files go (default benchmarks/results; docs/performance.md is only "
                          "rewritten from the default)")
     ap.add_argument("--no-figures", action="store_true", help="do not regenerate docs/performance.md's figures")
+    work.add_arguments(ap)
     args = ap.parse_args(argv)
+    work.finish_arguments(ap, args)    # first: a workload may set --records' default from its own options
     if args.records is None:
         args.records = 20_000 if args.quick else 200_000
     if args.runs is None:
         args.runs = 1 if args.quick else 2
-    if args.event_ms_per_record is None:
-        args.event_ms_per_record = 5.0 if args.quick else 2.0
     if args.timeout is None:
         args.timeout = 600 if args.quick else 1800
-    if args.event_ms_per_record <= 0:
-        ap.error("--event-ms-per-record takes a positive number")
     args.contender_names = [n.strip() for n in args.contenders.split(",") if n.strip()]
-    unknown = [n for n in args.contender_names if n not in CONTENDERS]
+    unknown = [n for n in args.contender_names if n not in work.contenders]
     if unknown:
-        ap.error(f"unknown contender(s) {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
+        ap.error(f"unknown contender(s) {', '.join(unknown)}; choose from {', '.join(work.contenders)}")
     return args
 
 
-def _prepare(contenders: list[str], ctx: dict, meta: dict) -> dict[str, str]:
+def _prepare(contenders: list[str], ctx: dict, meta: dict, work: Workload = WINDOWED) -> dict[str, str]:
     """Build or check what each contender needs; {name: why} for those that cannot run."""
     from benchmarks.contenders import Unavailable
 
     unavailable: dict[str, str] = {}
     for name in contenders:
         try:
-            if name == "txstream-windowed":
-                why = txstream_available()
+            if name.startswith("txstream-"):
+                why = work.txstream_available()
                 if why:
                     raise Unavailable(why)
-            elif name == "spark-ss-windowed":
+            elif name.startswith("spark-ss-"):
                 from benchmarks.contenders.spark_ss import connector_jars
 
                 ctx["spark_jars"], meta["spark_connectors"] = connector_jars(log)
@@ -596,48 +711,41 @@ def _prepare(contenders: list[str], ctx: dict, meta: dict) -> dict[str, str]:
     return unavailable
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, work: Workload = WINDOWED) -> int:
+    args = parse_args(argv, work)
     signal.signal(signal.SIGTERM, _terminate)
     from benchmarks.harness import git_state, hardware, versions
 
-    logdir = Path(tempfile.mkdtemp(prefix="txstream-bench-windowed-logs-"))
+    logdir = Path(tempfile.mkdtemp(prefix=f"txstream-bench-{work.mode}-logs-"))
     log(f"logs: {logdir}")
-    ctx: dict = {"args": args, "logdir": logdir, "topics": [], "window_schema": load_schema(WINDOW_SCHEMA_PATH)}
+    ctx: dict = {"args": args, "logdir": logdir, "topics": [], "workload": work,
+                 "output_schema": load_schema(work.output_schema_path)}
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    meta: dict = {"mode": "windowed", "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    meta: dict = {"mode": work.mode, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                  "contenders": {c: CONTENDERS[c] for c in args.contender_names}, "master": MASTER,
-                  "processor": PROCESSOR, "hardware": hardware(), "logs": str(logdir), "git_at_start": git_state()}
+                  "contenders": {c: work.contenders[c] for c in args.contender_names}, "master": MASTER,
+                  "processor": work.processor, "baseline": work.baseline, "hardware": hardware(),
+                  "logs": str(logdir), "git_at_start": git_state()}
     results: list[dict] = []
-    unavailable = _prepare(args.contender_names, ctx, meta)
+    unavailable = _prepare(args.contender_names, ctx, meta, work)
     contenders = [c for c in args.contender_names if c not in unavailable]
     run_broker: RunBroker | None = None
     try:
-        run_broker = RunBroker.start(args.bootstrap_servers, log, "txstream-bench-windowed-kafka-")
+        run_broker = RunBroker.start(args.bootstrap_servers, log, f"txstream-bench-{work.mode}-kafka-")
         bootstrap, broker = run_broker.bootstrap, run_broker.description
         ctx["bootstrap"] = bootstrap
         meta["broker_warm_up_s"] = round(warm_up_broker(bootstrap, load_s=5 if args.quick else 30), 1)
         log(f"broker {bootstrap} warmed up in {meta['broker_warm_up_s']}s")
-        source = f"bench-win-in-{stamp}-{uuid.uuid4().hex[:6]}"
+        source = f"{work.topic_prefix}-in-{stamp}-{uuid.uuid4().hex[:6]}"
         create_topics(bootstrap, [source], args.partitions)
         ctx["source"] = source
         ctx["topics"].append(source)
-        log(f"seeding {args.records:,} orders into {source} ({args.partitions} partitions, created_at "
-            f"+{args.event_ms_per_record:g} ms per order) ...")
-        inp = seed_windowed(bootstrap, source, args.records, args.event_ms_per_record, progress=log)
+        inp = work.seed(bootstrap, source, args)
         ctx["input"] = inp
         ctx["input_ends"] = _input_ends(bootstrap, source, args.partitions)
-        must, may = expected_windows(inp)
         meta["input"] = {"topic": source, "records": inp.records, "bytes": inp.input_bytes,
-                         "partitions": args.partitions, "event_ms_per_record": args.event_ms_per_record,
-                         "event_span_s": round((inp.max_event_ms - EVENT_START_MS) / 1000, 1),
-                         "final_watermark": _iso(inp.final_watermark_ms), "windows": len(inp.windows),
-                         "closed_windows": len(must), "optional_windows": len(may),
-                         "orders_in_closed_windows": sum(v[0] for v in must.values()),
+                         "partitions": args.partitions, **work.input_meta(inp, args),
                          "records_per_batch": args.max_records_per_partition * args.partitions}
-        log(f"seeded: {meta['input']['event_span_s']:.0f} s of event time, {len(inp.windows)} (window, currency) "
-            f"pairs, {len(must)} closed by the final watermark ({len(may)} at its edge)")
         for round_no in range(1, args.runs + 1):
             shift = (round_no - 1) % max(1, len(contenders))
             order = contenders[shift:] + contenders[:shift]
@@ -656,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  {result['seconds']:.1f}s, {result['records_per_s']:,} records/s"
                     + (f", steady {result['steady_records_per_s']:,}" if result.get("steady_records_per_s") else "")
                     + (f", {result.get('cpu_s_per_m')} CPU s per M records" if result.get("cpu_s_per_m") else "")
-                    + f", {check.get('windows_emitted', '-')} windows emitted"
+                    + f", {check.get('emitted', '-')} {work.unit} emitted"
                     + f", other work {result.get('foreign_cores', 0):.2f} cores: {status}")
         meta["versions"] = versions([], broker)
     finally:
@@ -667,11 +775,11 @@ def main(argv: list[str] | None = None) -> int:
     meta["hardware"]["loadavg_at_end"] = os.getloadavg()
     meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     meta["unavailable"] = unavailable
-    summary = summarize(results, args.contender_names)
-    report = markdown(meta, results, summary, unavailable)
+    summary = summarize(results, args.contender_names, work.baseline)
+    report = markdown(meta, results, summary, unavailable, work)
     results_dir = args.results_dir.resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
-    out = results_dir / (f"{stamp}-windowed" + ("-quick" if args.quick else ""))
+    out = results_dir / (f"{stamp}-{work.mode}" + ("-quick" if args.quick else ""))
     Path(f"{out}.json").write_text(json.dumps({**meta, "summary": summary, "runs": results}, indent=2, default=str))
     Path(f"{out}.md").write_text(report)
     print(report)
@@ -690,7 +798,7 @@ SUMMARY_KEYS = ("records_per_s", "seconds", "first_output_s", "steady_records_pe
                 "batches", "cpu_s", "cpu_s_per_m", "peak_rss_mb", "foreign_cores")
 
 
-def summarize(results: list[dict], contenders: list[str]) -> dict:
+def summarize(results: list[dict], contenders: list[str], baseline: str = BASELINE) -> dict:
     """Medians per contender over its verified runs, and txstream's ratios against each other one
     (records/s, steady records/s: > 1 means txstream is faster; CPU per record: > 1 means it uses more)."""
     out: dict = {}
@@ -706,9 +814,9 @@ def summarize(results: list[dict], contenders: list[str]) -> dict:
         for key in SUMMARY_KEYS:
             entry[key] = _median([r.get(key) for r in ok])
         out[c] = entry
-    base = out.get(BASELINE) or {}
+    base = out.get(baseline) or {}
     for c, entry in out.items():
-        if c == BASELINE or not base.get("ok_runs") or not entry["ok_runs"]:
+        if c == baseline or not base.get("ok_runs") or not entry["ok_runs"]:
             continue
         for key in ("records_per_s", "steady_records_per_s", "cpu_s_per_m"):
             if base.get(key) and entry.get(key):
@@ -726,27 +834,16 @@ def output_check(entry: dict) -> str:
     return f"NOT exact in {entry['ok_runs'] - entry['exact_runs']}/{entry['ok_runs']} runs{late_note}: {why}"
 
 
-def markdown(meta: dict, results: list[dict], summary: dict, unavailable: dict) -> str:
-    args, inp, hw = meta["args"], meta.get("input", {}), meta["hardware"]
-
+def markdown(meta: dict, results: list[dict], summary: dict, unavailable: dict, work: Workload = WINDOWED) -> str:
     def fmt(value, spec=",.0f", none="-"):
         return none if value is None else format(value, spec)
 
-    lines = [f"# Windowed count per currency per minute: {inp.get('records', args['records']):,} orders, "
-             f"{args['partitions']} partitions, {args['runs']} round(s)", "",
-             f"`window(created_at, 1 minute)`, watermark 30 s, count + sum(amount) per currency, append mode. "
-             f"created_at +{inp.get('event_ms_per_record', 0):g} ms per order: {inp.get('event_span_s', 0):,.0f} s of "
-             f"event time, {inp.get('windows', 0)} (window, currency) pairs, {inp.get('closed_windows', 0)} closed by "
-             f"the final watermark ({inp.get('final_watermark')}). Batches of {inp.get('records_per_batch', 0):,} records "
-             f"(txstream; Spark's maxOffsetsPerTrigger). Machine: {hw.get('cpu_model')}, {hw.get('logical_cores')} "
-             f"cores (shared), load {hw['loadavg_at_start'][0]:.2f} at start, "
-             f"{hw.get('loadavg_at_end', [0])[0]:.2f} at end. Started {meta['started_at']}; git {meta.get('git_at_start')}.",
-             "",
+    lines = [*work.headline(meta), "",
              "| contender | records/s | steady records/s | first output s | CPU s per M records | peak RSS MB | "
              "other work (cores) | txstream vs: records/s | steady | CPU per record | output check |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, s in summary.items():
-        label = CONTENDERS[c]
+        label = work.contenders[c]
         if c in unavailable:
             lines.append(f"| {label} | unavailable: {unavailable[c].replace('|', '/')} | | | | | | | | | |")
             continue
@@ -756,20 +853,17 @@ def markdown(meta: dict, results: list[dict], summary: dict, unavailable: dict) 
             continue
 
         def ratio(key: str, c: str = c, s: dict = s) -> str:
-            if c == BASELINE:
+            if c == work.baseline:
                 return "1 (baseline)"
             return f"{s[f'txstream_vs_{key}']:.2f}x" if f"txstream_vs_{key}" in s else "-"
         lines.append(f"| {label} | {fmt(s['records_per_s'])} | {fmt(s['steady_records_per_s'])} | "
                      f"{fmt(s['first_output_s'], '.1f')} | {fmt(s['cpu_s_per_m'], ',.1f')} | {fmt(s['peak_rss_mb'])} | "
                      f"{fmt(s['foreign_cores'], '.2f')} | {ratio('records_per_s')} | {ratio('steady_records_per_s')} | "
                      f"{ratio('cpu_s_per_m')} | {output_check(s)} |")
-    lines += ["", "records/s = input records / wall seconds (start-up included; txstream to its exit after the "
-              "no-data batch, the others to the moment their output held every closed window); steady = orders in "
-              "the windows emitted after the first output, scaled to input records, / (done - first output); "
-              "txstream vs: txstream's figure / the other's (records/s: > 1 is faster; CPU: > 1 uses more).", "",
+    lines += ["", work.rate_note(), "",
               "## Runs", "",
               "| round | contender | wall s | records/s | first output s | steady records/s | CPU s | batches | "
-              "windows emitted / closed | duplicates | late (txstream DLQ / Kafka Streams dropped) | "
+              f"{work.unit} emitted / expected | duplicates | late (txstream DLQ / Kafka Streams dropped) | "
               "load before/after | other work | done by | check |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -780,22 +874,11 @@ def markdown(meta: dict, results: list[dict], summary: dict, unavailable: dict) 
         lines.append(f"| {r['round']} | {r['contender']} | {r['seconds']:.1f} | {r['records_per_s']:,} | "
                      f"{fmt(r.get('first_output_s'), '.1f')} | {fmt(r.get('steady_records_per_s'))} | "
                      f"{fmt(r.get('cpu_s'), '.1f')} | {fmt(r.get('batches'), 'g')} | "
-                     f"{check.get('windows_emitted', '-')} / {check.get('windows_expected', '-')} | "
+                     f"{check.get('emitted', '-')} / {check.get('expected', '-')} | "
                      f"{check.get('duplicates', '-')} | {fmt(late, 'g')} | "
                      f"{r['loadavg_before']:.2f}/{r['loadavg_after']:.2f} | {fmt(r.get('foreign_cores'), '.2f')} | "
                      f"{r.get('done_by', '-')} | {status} |")
-    lines += ["", "## Notes", "",
-              f"- txstream: `python -m txstream.cli run {PROCESSOR} --master {MASTER} --until-caught-up "
-              "--max-records-per-partition N --dead-letter-topic D` (exactly-once; state in Kafka).",
-              "- Spark SS: `benchmarks/contenders/spark_ss_windowed.py`, the same query on Spark's Kafka source and "
-              "sink (at-least-once), from_avro/to_avro, processingTime 0 trigger, maxOffsetsPerTrigger = txstream's "
-              "batch, shuffle partitions 8, state in its checkpoint directory (HDFS-backed store).",
-              "- Kafka Streams: `benchmarks/contenders/kstreams/src/main/java/txstream/bench/kstreams/CurrencyWindows.java`, "
-              "exactly_once_v2, 2 stream threads, event time from created_at, key by currency (repartition topic), "
-              "TimeWindows.ofSizeAndGrace(1 min, 30 s), count + sum, suppress(untilWindowCloses) (final results). "
-              "A record for a window its task already closed is dropped (dropped-records-total).",
-              "- Check: every window ending 5 s or more before the final watermark present once with its exact count "
-              "and sum (1e-9 relative), none ending after it; key = currency. CPU: the contender's process tree.",
+    lines += ["", "## Notes", "", *work.notes(meta),
               f"- Spark connectors: {meta.get('spark_connectors')}. Kafka Streams: {meta.get('kafka_streams')}. "
               f"Logs: {meta['logs']}.", ""]
     return "\n".join(lines)

@@ -2,8 +2,10 @@
 hand (no broker: the benchmark itself restores from one)."""
 from __future__ import annotations
 
-from benchmarks import figures
-from benchmarks.restore import extrapolate, markdown
+import types
+
+from benchmarks import figures, restore
+from benchmarks.restore import GeneratedState, extrapolate, fits, key_of, markdown, row
 
 
 def _run(store: str, keys: int, seconds: float, ok: bool = True) -> dict:
@@ -48,3 +50,26 @@ def test_figures_show_each_size_and_store_and_the_check(tmp_path):
     assert "| 10,000,000 | memory | 20.0 | 500,000 | 750,000 |" in lines
     assert "| 1,000,000 | rocksdb | 4.0 |" in lines and "key 10 lacks its tail update" in lines
     assert "50,000,000 keys memory ~100 s" in lines
+
+
+def test_the_seeded_state_is_generated_lazily_with_nothing_pending():
+    state = GeneratedState(range(5, 8), 2, str)
+    pairs = state.items()
+    assert isinstance(pairs, types.GeneratorType) and state.changes() == {} and state.version.batch == 2
+    assert list(pairs) == [(key_of(i), str(row(i, 2))) for i in (5, 6, 7)]
+
+
+def test_a_store_that_would_not_fit_is_skipped_with_its_reason_and_reported(monkeypatch):
+    monkeypatch.setattr(restore, "mem_available", lambda: 20 << 30)
+    measured = [_run("memory", 10_000_000, 20.0), _run("rocksdb", 10_000_000, 10.0)]   # 190 B/key both
+    assert fits(50_000_000, "rocksdb", [dict(measured[1], memory_bytes_per_key=60.0)]) is None
+    why = fits(100_000_000, "memory", measured)
+    assert why.startswith("skipped: needs ~21.2 GiB (228 B/key), 16.0 GiB free")
+    assert fits(1_000, "memory", []) is None
+    results = _results()
+    results["sizes"].append({"keys": 100_000_000, "seed": {"snapshot_bytes_per_key": 19.1},
+                             "runs": [{"store": "memory", "keys": 100_000_000, "ok": True, "skipped": why,
+                                       "problems": []}]})
+    assert f"| 100,000,000 | memory | {why} |" in markdown(results, results["sizes"])
+    path_lines = "\n".join(figures.restore_section(restore.RESULTS / "x-restore.json", results, restore.RESULTS))
+    assert f"| 100,000,000 | memory | {why} |" in path_lines

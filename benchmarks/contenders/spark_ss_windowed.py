@@ -31,31 +31,33 @@ def _stop(_sig, _frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.contenders.spark_ss_windowed")
+def arguments(prog: str) -> argparse.ArgumentParser:
+    """The options every Spark SS contender of benchmarks/windowed.py's harness takes."""
+    ap = argparse.ArgumentParser(prog=prog)
     for opt in ("--bootstrap-servers", "--input", "--output", "--group", "--workdir", "--jars",
                 "--input-schema", "--output-schema"):
         ap.add_argument(opt, required=True)
     ap.add_argument("--max-offsets-per-trigger", type=int, required=True)
     ap.add_argument("--master", default="local[2]")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def orders(args: argparse.Namespace):
+    """The Spark session and the input as a stream of (key, decoded order `value`)."""
     signal.signal(signal.SIGTERM, _stop)
     # Before the session starts (Spark starts workers with the bare python3 otherwise).
     os.environ["PYSPARK_PYTHON"] = sys.executable
 
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
-    from pyspark.sql.avro.functions import from_avro, to_avro
+    from pyspark.sql.avro.functions import from_avro
 
-    builder = SparkSession.builder.master(args.master).appName(f"bench-windowed-{args.group}")
+    builder = SparkSession.builder.master(args.master).appName(f"bench-{args.group}")
     builder = builder.config("spark.jars", args.jars)
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    in_schema = Path(args.input_schema).read_text()
-    out_schema = Path(args.output_schema).read_text()
-
     source = (spark.readStream.format("kafka")
               .option("kafka.bootstrap.servers", args.bootstrap_servers)
               .option("subscribe", args.input)
@@ -63,19 +65,17 @@ def main(argv: list[str] | None = None) -> int:
               .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
               .option("groupIdPrefix", args.group)
               .load())
-    batch = source.select(from_avro(F.col("value"), in_schema).alias("value"))
-    w = (batch.select("value.created_at", "value.currency", "value.amount")
-         .withWatermark("created_at", "30 seconds")
-         .groupBy(F.window("created_at", "1 minute"), "currency")
-         .agg(F.count("*").alias("orders"), F.sum("amount").alias("amount")))
-    out = w.select(F.col("currency").cast("binary").alias("key"),
-                   to_avro(F.struct(F.col("window.start").alias("start"), F.col("window.end").alias("end"),
-                                    "currency", "orders", "amount"), out_schema).alias("value"))
+    return spark, source.select("key", from_avro(F.col("value"), Path(args.input_schema).read_text()).alias("value"))
+
+
+def run(spark, out, args: argparse.Namespace, mode: str) -> int:
+    """Write `out` (key, value) to the output topic in `mode` and print a line per micro-batch
+    until SIGTERM."""
     query = (out.writeStream.format("kafka")
              .option("kafka.bootstrap.servers", args.bootstrap_servers)
              .option("topic", args.output)
              .option("checkpointLocation", os.path.join(args.workdir, "checkpoint"))
-             .outputMode("append")
+             .outputMode(mode)
              .trigger(processingTime="0 seconds")
              .start())
     printed = -1
@@ -97,6 +97,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments("python -m benchmarks.contenders.spark_ss_windowed").parse_args(argv)
+    spark, batch = orders(args)
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import to_avro
+
+    out_schema = Path(args.output_schema).read_text()
+    w = (batch.select("value.created_at", "value.currency", "value.amount")
+         .withWatermark("created_at", "30 seconds")
+         .groupBy(F.window("created_at", "1 minute"), "currency")
+         .agg(F.count("*").alias("orders"), F.sum("amount").alias("amount")))
+    out = w.select(F.col("currency").cast("binary").alias("key"),
+                   to_avro(F.struct(F.col("window.start").alias("start"), F.col("window.end").alias("end"),
+                                    "currency", "orders", "amount"), out_schema).alias("value"))
+    return run(spark, out, args, "append")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 package txstream.bench.kstreams;
 
-import java.io.ByteArrayOutputStream;
 import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -14,12 +13,9 @@ import java.util.concurrent.atomic.LongAdder;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericDatumReader;
-import org.apache.avro.generic.GenericDatumWriter;
 import org.apache.avro.generic.GenericRecord;
 import org.apache.avro.io.BinaryDecoder;
-import org.apache.avro.io.BinaryEncoder;
 import org.apache.avro.io.DecoderFactory;
-import org.apache.avro.io.EncoderFactory;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.common.Metric;
@@ -204,16 +200,8 @@ public final class CurrencyWindows {
                    out.put("currency", window.key());
                    out.put("orders", t.getLong());
                    out.put("amount", t.getDouble());
-                   ByteArrayOutputStream buffer = new ByteArrayOutputStream(64);
-                   BinaryEncoder encoder = EncoderFactory.get().binaryEncoder(buffer, null);
-                   try {
-                       new GenericDatumWriter<GenericRecord>(outSchema).write(out, encoder);
-                       encoder.flush();
-                   } catch (IOException e) {
-                       throw new UncheckedIOException(e);
-                   }
                    EMITTED.increment();
-                   return KeyValue.pair(window.key(), buffer.toByteArray());
+                   return KeyValue.pair(window.key(), StreamsApp.avro(outSchema, out));
                })
                .to(args.get("output"), Produced.with(Serdes.String(), Serdes.ByteArray()));
         Topology topology = builder.build();

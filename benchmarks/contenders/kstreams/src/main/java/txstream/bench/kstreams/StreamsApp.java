@@ -1,5 +1,9 @@
 package txstream.bench.kstreams;
 
+import java.io.ByteArrayOutputStream;
+import java.io.File;
+import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.time.Duration;
 import java.util.HashMap;
 import java.util.Map;
@@ -8,6 +12,11 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Supplier;
 
+import org.apache.avro.Schema;
+import org.apache.avro.generic.GenericDatumWriter;
+import org.apache.avro.generic.GenericRecord;
+import org.apache.avro.io.BinaryEncoder;
+import org.apache.avro.io.EncoderFactory;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsConfig;
@@ -28,6 +37,24 @@ final class StreamsApp {
 
     /** The running client, for a contender's counts line (e.g. CurrencyWindows' dropped records). */
     static volatile KafkaStreams current;
+
+    /** The Avro schema in the file the option `name` names. */
+    static Schema schema(Map<String, String> args, String name) throws IOException {
+        return new Schema.Parser().parse(new File(args.get(name)));
+    }
+
+    /** A record as schemaless Avro bytes (what the harness decodes). */
+    static byte[] avro(Schema schema, GenericRecord record) {
+        ByteArrayOutputStream buffer = new ByteArrayOutputStream(64);
+        BinaryEncoder encoder = EncoderFactory.get().binaryEncoder(buffer, null);
+        try {
+            new GenericDatumWriter<GenericRecord>(schema).write(record, encoder);
+            encoder.flush();
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        return buffer.toByteArray();
+    }
 
     static double seconds() {
         return (System.nanoTime() - STARTED) / 1e9;

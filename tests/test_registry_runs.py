@@ -266,3 +266,33 @@ def test_produce_and_consume_through_the_registry(bootstrap_servers, make_topic,
     assert consumed.exit_code == 0, consumed.output
     records = [json.loads(line) for line in consumed.stdout.splitlines() if line.startswith("{")]
     assert [(r["schema_id"], r["value"]["id"]) for r in records] == [(registered.schema_id, i) for i in (0, 1, 2)] * 2
+
+
+def test_registry_client_properties_reach_the_client_from_dash_x_and_the_file(bootstrap_servers, make_topic, registry,
+                                                                              tmp_path):
+    """`-X schema.registry.<property>` and `--schema-registry-config FILE` are SchemaRegistryClient
+    properties (a property it does not know is refused by name: it reached the client); on a
+    command without a registry, -X schema.registry.* is refused."""
+    from click.testing import CliRunner
+
+    from txstream.cli.main import main
+
+    topic = make_topic("orders", 1)
+    base = [topic, "-b", bootstrap_servers, "--schema-registry", registry, "--use-latest-version"]
+    refused = CliRunner().invoke(main, ["produce", *base, "-X", "schema.registry.no.such.property=1"], input="{}\n")
+    assert refused.exit_code != 0 and "no.such.property" in refused.output, refused.output
+    schema = tmp_path / "order.avsc"
+    schema.write_text(json.dumps(ORDER_V2))
+    lines = json.dumps({"id": 1, "amount": 0.5, "currency": "EUR"}) + "\n"
+    produced = CliRunner().invoke(main, ["produce", *base[:-1], "--value-schema", str(schema)], input=lines)
+    assert produced.exit_code == 0, produced.output
+    config = tmp_path / "registry.properties"
+    config.write_text("no.such.file.property=1\n")
+    refused = CliRunner().invoke(main, ["consume", *base[:-1], "--schema-registry-config", str(config)])
+    assert refused.exit_code != 0 and "no.such.file.property" in refused.output, refused.output
+    accepted = CliRunner().invoke(main, ["consume", *base[:-1], "-X", "schema.registry.max.retries=1", "--max", "1",
+                                         "--timeout", "5"])
+    assert accepted.exit_code == 0, accepted.output
+    elsewhere = CliRunner().invoke(main, ["offsets", "show", "--app-id", "x", "-b", bootstrap_servers,
+                                          "-X", "schema.registry.max.retries=1"])
+    assert elsewhere.exit_code != 0 and "uses no schema registry" in elsewhere.output, elsewhere.output

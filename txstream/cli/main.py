@@ -13,7 +13,6 @@ from txstream.cli.options import (
     kafka_options,
     pairs,
     registry_options,
-    split_registry_properties,
     timeout_option,
 )
 from txstream.kafka.config import KafkaClients
@@ -145,7 +144,6 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cls = run_settings.load_processor(processor)
-        client_properties, registry_properties = split_registry_properties(client_properties)
         resolved = run_settings.resolve(
             cls, bootstrap_servers=bootstrap_servers, app_id=app_id, inputs=list(inputs), output=output,
             dead_letter=dead_letter_topic, guarantee=guarantee, auto_offset_reset=auto_offset_reset,
@@ -162,7 +160,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
             allow_nondeterministic=allow_nondeterministic,
             task_slots=task_slots, producers_per_slot=producers_per_slot, first_batch_records=first_batch_records,
             schema_registry_url=schema_registry_url,
-            schema_registry_properties={**schema_registry_properties, **registry_properties},
+            schema_registry_properties=schema_registry_properties,
             subject_name_strategy=subject_name_strategy, auto_register=auto_register,
             use_latest_version=use_latest_version)
         # Human lines are for the terminal (stderr); JSON events are the run's output, for a pipe.
@@ -289,9 +287,11 @@ def _registry(url: str | None, properties: dict[str, str], **how: bool):
     """The command's schema registry (serde/registry.py RegistryConfig), None without a URL."""
     if not url:
         return None
-    from txstream.serde.registry import RegistryConfig
+    from txstream.serde.registry import RegistryConfig, client
 
-    return RegistryConfig(url=url, properties=tuple(sorted(properties.items())), **how)
+    config = RegistryConfig(url=url, properties=tuple(sorted(properties.items())), **how)
+    client(config)   # its properties checked now, not taken for a bad record later
+    return config
 
 
 # Command groups that live in modules of their own.

@@ -54,6 +54,12 @@ def kafka_options(fn: Callable[..., Any] | None = None, *, as_properties: bool =
                 props = command_properties(command_config, client_properties)
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint="-X/--command-config") from None
+            props, registry_props = split_registry_properties(props)
+            if registry_props:
+                if "schema_registry_config" not in kwargs:
+                    raise click.BadParameter(f"{REGISTRY_PREFIX}* properties: this command uses no schema registry",
+                                             param_hint="-X")
+                kwargs["schema_registry_x"] = registry_props   # for `registry_options`
             if as_properties:
                 return command(*args, bootstrap_servers=bootstrap_servers, client_properties=props, **kwargs)
             return command(*args, clients=KafkaClients.from_properties(bootstrap_servers, props), **kwargs)
@@ -80,17 +86,18 @@ REGISTRY_PREFIX = "schema.registry."
 def registry_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """`--schema-registry URL` and `--schema-registry-config FILE` (SchemaRegistryClient properties,
     key=value lines: basic.auth.user.info, ssl.*, bearer.auth.*); the command receives
-    `schema_registry_url` and `schema_registry_properties`. `-X schema.registry.<property>=...`
-    (where the command takes -X) is added by the command itself (`split_registry_properties`)."""
+    `schema_registry_url` and `schema_registry_properties`, to which a command's
+    `-X schema.registry.<property>=...` (split off by `kafka_options`) adds, winning over the file."""
     @functools.wraps(command)
-    def wrapper(*args: Any, schema_registry_config: str | None, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, schema_registry_config: str | None, schema_registry_x: dict[str, str] | None = None,
+                **kwargs: Any) -> Any:
         from txstream.kafka.config import load_properties
 
         try:
             properties = load_properties(schema_registry_config) if schema_registry_config else {}
         except (OSError, ValueError) as exc:
             raise click.BadParameter(str(exc), param_hint="--schema-registry-config") from None
-        return command(*args, schema_registry_properties=properties, **kwargs)
+        return command(*args, schema_registry_properties={**properties, **(schema_registry_x or {})}, **kwargs)
 
     wrapper = click.option("--schema-registry-config", type=click.Path(dir_okay=False), default=None, metavar="FILE",
                            help="Schema registry client properties (key=value lines: basic.auth.user.info, "

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from fastavro.schema import to_parsing_canonical_form
 
-from txstream.errors import SchemaError, SchemaRegistryRefused, SchemaRegistryUnreachable
+from txstream.errors import SchemaError, SchemaRegistryRefused, SchemaRegistryUnreachable, SettingsError
 from txstream.kafka.config import redacted
 from txstream.serde import columns as avro_columns
 from txstream.serde.avro import (
@@ -89,7 +89,10 @@ def client(config: RegistryConfig) -> Any:
     if found is None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
-        found = _CLIENTS[key] = SchemaRegistryClient.new_client(config.client_config())
+        try:
+            found = _CLIENTS[key] = SchemaRegistryClient.new_client(config.client_config())
+        except ValueError as exc:   # a property it does not know, or a bad value: the user's settings
+            raise SettingsError(f"schema registry client properties: {exc}") from None
     return found
 
 

@@ -375,3 +375,58 @@ class RunBroker:
         if self.data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
+
+
+def start_registry(log):
+    """A local schema registry for the run (txstream/local/registry.py), stopped by the caller."""
+    from txstream.local.cluster import free_port_block
+    from txstream.local.registry import LocalRegistry
+
+    registry = LocalRegistry(port=free_port_block(2, blocks=1), die_with_parent=True)
+    log("starting a local schema registry ...")
+    registry.start(progress=lambda m: log("  " + m), timeout=180)
+    return registry
+
+
+_FRAMED: dict[tuple[str, str], str] = {}   # (bootstrap, topic) -> its registry-framed copy
+
+
+def framed_copy(bootstrap: str, topic: str, registry_url: str) -> str:
+    """A copy of `topic` whose values carry Confluent's framing: order.avsc registered under the
+    copy's `<copy>-value`, its id before each value; same partitions, keys and order. Made once
+    per input (outside any contender's measured time)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from txstream.serde.registry import RegistryConfig, register_output
+
+    if (bootstrap, topic) in _FRAMED:
+        return _FRAMED[(bootstrap, topic)]
+    copy = f"{topic}-framed"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+    admin.create_topics([NewTopic(copy, partitions, 1)])[copy].result(30)
+    schema_id, _ = register_output(RegistryConfig(registry_url), f"{copy}-value", ORDER_SCHEMA)
+    prefix = b"\x00" + schema_id.to_bytes(4, "big")
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"framed-copy-{copy}", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "queue.buffering.max.messages": 1_000_000,
+                         "enable.idempotence": True})
+    for p in range(partitions):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+        consumer.assign([TopicPartition(topic, p, low)])
+        # The position, not the last record's offset: it passes the transaction markers too.
+        while consumer.position([TopicPartition(topic, p)])[0].offset < high:
+            for msg in consumer.consume(10_000, 1.0):
+                if msg.error():
+                    continue
+                while True:
+                    try:
+                        producer.produce(copy, prefix + msg.value(), msg.key(), partition=p)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+    consumer.close()
+    assert producer.flush(300) == 0
+    _FRAMED[(bootstrap, topic)] = copy
+    return copy

@@ -31,6 +31,7 @@ from benchmarks.common import (
     delete_topics,
     digest,
     seed_input,
+    start_registry,
     warm_up_broker,
 )
 from benchmarks.contenders import Contender, Job, Unavailable
@@ -76,7 +77,7 @@ def run_once(contender: Contender, ctx: dict, run_no: int) -> dict:
     ctx["topics"] += topics
     argv, env = contender.command(job)
     watcher = OutputWatcher(bootstrap, out_topic, partitions, expected,
-                            value_fn=digest if copies else None).start()
+                            value_fn=digest if copies else getattr(contender, "value_fn", None)).start()
     sampler = TreeSampler()
     foreign = ForeignLoad()
     proc = None
@@ -745,6 +746,7 @@ def main(argv=None) -> int:
     results_dir.mkdir(parents=True, exist_ok=True)
     logdir = Path(tempfile.mkdtemp(prefix="txstream-bench-logs-"))
     run_broker: RunBroker | None = None
+    registry = None   # a local schema registry, for the registry-framed contender
     ctx: dict = {"stamp": stamp, "partitions": args.partitions, "timeout": args.timeout, "logdir": logdir,
                  "topics": [], "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup": args.warmup,
                  "input_transactions_ms": args.input_transactions_ms}
@@ -760,6 +762,9 @@ def main(argv=None) -> int:
         bootstrap, broker = run_broker.bootstrap, run_broker.description
         ctx["bootstrap"] = bootstrap
         ctx["job_extra"] = {"secured": run_broker.secured} if run_broker.secured else {}
+        if any(getattr(c, "registry", False) for c in contenders):
+            registry = start_registry(log)
+            ctx["job_extra"]["registry"] = registry.url
         ctx["broker_pids"] = run_broker.cluster.alive_pids() if run_broker.cluster is not None else []
         log(f"broker: {bootstrap}; logs of each run under {logdir}")
         # Internal topics first, so that no contender pays for their creation (see warm_up_broker).
@@ -823,3 +828,5 @@ def main(argv=None) -> int:
             delete_topics(ctx["bootstrap"], ctx["topics"])
         if run_broker is not None:
             run_broker.stop(log)
+        if registry is not None:
+            registry.stop()

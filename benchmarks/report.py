@@ -9,6 +9,7 @@ from pathlib import Path
 TXS = "txstream-exactly-once"
 VERSUS = [("txstream-at-least-once", "at-least-once"), ("txstream-passthrough", "pass-through (no decode)"),
           ("txstream-exactly-once-tls-scram", "itself over TLS + SCRAM"),
+          ("txstream-exactly-once-registry", "itself on registry-framed Avro"),
           ("handwritten", "hand-written loop"), ("kafka-streams", "Kafka Streams"), ("quix", "Quix Streams"),
           ("spark-ss", "Spark SS"), ("ceiling", "the ceiling")]
 THROUGHPUT_KEYS = ["records_per_s", "steady_records_per_s", "cpu_s_per_m", "peak_rss_mb"]

@@ -29,6 +29,8 @@ def all_contenders() -> list[Contender]:
                      label="txstream exactly-once, --no-lineage", extra_args=("--no-lineage",)),
             TxStream("exactly-once", name="txstream-exactly-once-tls-scram",
                      label="txstream exactly-once over TLS + SCRAM-SHA-512", secured=True),
+            TxStream("exactly-once", name="txstream-exactly-once-registry",
+                     label="txstream exactly-once, registry-framed Avro", registry=True),
             HandWrittenLoop(),
             Instances(HandWrittenLoop(), 2, {"--transactional-id": "-{i}"}, name="handwritten-x2",
                       label="hand-written confluent-kafka EOS loop, 2 instances"),

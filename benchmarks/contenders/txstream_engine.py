@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import REPO
+from benchmarks.common import REPO, framed_copy
 from benchmarks.contenders import Contender, Job, Unavailable
 
 PROCESSOR = "processors/enrich_orders.py:EnrichOrders"
@@ -28,10 +28,14 @@ class TxStream(Contender):
 
     def __init__(self, guarantee: str, processor: str = PROCESSOR, name: str | None = None,
                  label: str | None = None, max_records_per_partition: int | None = None,
-                 extra_args: tuple[str, ...] = (), baseline: Path | None = None, secured: bool = False) -> None:
+                 extra_args: tuple[str, ...] = (), baseline: Path | None = None, secured: bool = False,
+                 registry: bool = False) -> None:
         self.guarantee = guarantee
         # Through the run broker's TLS + SCRAM-SHA-512 listener (what security costs: docs/security.md).
         self.secured = secured
+        # The input framed by a schema registry, read by schema id; the output registered and framed
+        # (docs/schemas.md). The output check reads past the framing.
+        self.registry = registry
         # A git worktree of another commit (TXSTREAM_BENCH_BASELINE): the same run with that
         # commit's txstream, side by side with this one's, for a change's measured effect.
         self.baseline = baseline
@@ -43,6 +47,14 @@ class TxStream(Contender):
         self.extra_args = extra_args   # e.g. the metrics endpoint on (its cost: docs/operations.md)
         self.copies = processor == PASSTHROUGH
         self.output_kind = "copy" if self.copies else "enriched"
+
+    def value_fn(self, value: bytes) -> bytes:
+        """What the output check decodes: the value past Confluent's framing (registry runs)."""
+        if self.registry:
+            if value[:1] != b"\x00" or len(value) < 5:
+                raise ValueError("an output value without the schema registry's framing")
+            return value[5:]
+        return value
 
     def expected_output(self, job: Job) -> int:
         return job.records if self.copies else job.expected
@@ -82,6 +94,11 @@ class TxStream(Contender):
             # The last --bootstrap-servers given wins.
             argv += ["--bootstrap-servers", job.extra["secured"]["bootstrap"],
                      "--command-config", job.extra["secured"]["config"]]
+        if self.registry:
+            if "registry" not in job.extra:
+                raise Unavailable("needs the harness's local schema registry")
+            argv[argv.index("--input") + 1] = framed_copy(job.bootstrap, job.input_topic, job.extra["registry"])
+            argv += ["--schema-registry", job.extra["registry"]]
         if self.baseline is not None:
             # Its driver (and so Spark's JVM and Python workers) start in the worktree, whose
             # txstream comes first on sys.path.

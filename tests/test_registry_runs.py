@@ -6,8 +6,8 @@ registered at start and readable by confluent-kafka's AvroDeserializer; the fail
 from __future__ import annotations
 
 import json
-import socket
-import threading
+import os
+import signal
 import uuid
 
 import pytest
@@ -118,61 +118,15 @@ def test_an_unknown_schema_id_is_dead_lettered_naming_the_id_and_the_subject(
     assert len(read_all(bootstrap_servers, output)) == 20
 
 
-class _Proxy:
-    """A TCP forwarder in front of the registry: `cut()` makes it unreachable (connections refused
-    from then on, open ones closed), as a registry that died would be."""
-
-    def __init__(self, target_url: str) -> None:
-        host_port = target_url.split("//", 1)[1].split("/", 1)
-        self.target = (host_port[0].rsplit(":", 1)[0], int(host_port[0].rsplit(":", 1)[1]))
-        self.path = "/" + host_port[1] if len(host_port) > 1 else ""
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}{self.path}"
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def cut(self) -> None:
-        try:   # shutdown, not close alone: a thread blocked in accept() keeps a closed socket listening
-            self.server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.server.close()
-        for s in self.open:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-                s.close()
-            except OSError:
-                pass
-
-
 def test_an_unreachable_registry_is_retried_then_stops_the_run_naming_it_and_dead_letters_nothing(
-        bootstrap_servers, make_topic, spark, registry):
-    """The registry goes away mid-run while a schema id the workers have not fetched yet arrives."""
+        bootstrap_servers, make_topic, spark):
+    """The run's registry (a private one) is killed with SIGKILL mid-run while a schema id the
+    workers have not fetched yet arrives."""
+    from txstream.local.cluster import free_port_block
+    from txstream.local.registry import LocalRegistry
+
+    private = LocalRegistry(port=free_port_block(2, blocks=1), die_with_parent=True)
+    registry = private.start(timeout=180)
     source, output, dead = make_topic("orders", 1), make_topic("priced", 1), make_topic("dlq", 1)
     produce_orders(bootstrap_servers, registry, source, [(ORDER_V2, {"id": i, "amount": 1.0, "currency": "EUR"})
                                                          for i in range(10)], 1)
@@ -181,24 +135,24 @@ def test_an_unreachable_registry_is_retried_then_stops_the_run_naming_it_and_dea
     v1_id = client.register_schema(f"{source}-archive-value", Schema(json.dumps(ORDER_V1), "AVRO"))
     late = b"\x00" + v1_id.to_bytes(4, "big") + avro_bytes(load_schema(ORDER_V1), {"id": 99, "note": None,
                                                                                   "amount": 2.0})
-    proxy = _Proxy(registry)
     settings = resolve_settings(PriceOrders, bootstrap_servers, inputs=[source], output=output, dead_letter=dead,
-                                schema_registry_url=proxy.url, max_consecutive_failures=2,
+                                schema_registry_url=registry, max_consecutive_failures=2,
                                 schema_registry_properties={"max.retries": "0"})
     run = DriverThread(settings, spark).start()
     try:
         wait_until(lambda: committed(bootstrap_servers, settings.app_id, source, 1) == {0: 10}, 180,
                    "the first records published", every=0.2)
-        proxy.cut()
+        os.kill(private.pid, signal.SIGKILL)
         produce(bootstrap_servers, source, [(b"o99", late)])
         wait_until(lambda: not run.alive(), 240, "the run to stop", every=0.2,
                    state=lambda: "\n".join(run.lines[-8:]))
     finally:
         if run.alive():
             run.stop()
+        private.stop()
     error = run.outcome.get("error")
     assert error is not None, run.lines[-10:]
-    assert proxy.url.split("/apis")[0] in str(error), str(error)
+    assert registry.split("/apis")[0] in str(error), str(error)
     assert any(e.get("event") == "retry" for e in run.events), [e.get("event") for e in run.events]
     assert read_all(bootstrap_servers, dead) == []
     assert committed(bootstrap_servers, settings.app_id, source, 1) == {0: 10}

@@ -29,6 +29,7 @@ from txstream.local.cluster import free_port_block
 OPS, OPS_PASSWORD = "ops", "ops-Pa55-" + uuid.uuid4().hex[:8]
 USER, PASSWORD = "orders-app", "scram-Pa55-" + uuid.uuid4().hex[:8]
 PRINCIPAL = f"User:{USER}"
+OAUTH_SECRET = "oidc-Secr3t-" + uuid.uuid4().hex[:8]
 WIDE = "tests.support.wide_processors:BucketTotals"
 STATEFUL = "tests.support.state_processors:BucketRunningTotals"
 
@@ -223,3 +224,62 @@ def test_without_an_internal_acl_a_wide_app_stops_at_start(secured: dict, left_o
     assert last.startswith("Error: The app's principal lacks 1 ACL(s)") and missing.describe() in last, \
         proc.stderr[-3000:]
     assert read_all(secured["plain"], sink, timeout=10) == []
+
+
+@pytest.fixture(scope="module")
+def oauth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A broker whose secured listener takes SASL/OAUTHBEARER tokens, validated against the JWKS of
+    a token endpoint of the test's own (tests/support/oidc.py); clients get their tokens from it
+    with librdkafka's OIDC client (client credentials)."""
+    from tests.support.oidc import TokenEndpoint
+    from txstream.local.cluster import LocalKafkaCluster
+
+    endpoint = TokenEndpoint({USER: OAUTH_SECRET})
+    cluster = LocalKafkaCluster(port=free_port_block(1, blocks=3), data_dir=str(tmp_path_factory.mktemp("oauth")),
+                                die_with_parent=True, oauth_jwks_url=endpoint.jwks_url)
+    config = tmp_path_factory.mktemp("oauth-client") / "client.properties"
+    config.write_text("".join(f"{k}={v}\n" for k, v in {
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER", "sasl.oauthbearer.method": "oidc",
+        "sasl.oauthbearer.client.id": USER, "sasl.oauthbearer.client.secret": OAUTH_SECRET,
+        "sasl.oauthbearer.token.endpoint.url": endpoint.token_url}.items()))
+    try:
+        cluster.start()
+        yield {"plain": cluster.bootstrap_servers, "secured": cluster.secured_bootstrap_servers,
+               "config": str(config), "endpoint": endpoint}
+    finally:
+        cluster.stop()
+        endpoint.close()
+
+
+def test_commands_and_an_exactly_once_run_through_oauthbearer(oauth: dict, tmp_path: Path) -> None:
+    topic, output = f"oidc-in-{uuid.uuid4().hex[:6]}", f"oidc-out-{uuid.uuid4().hex[:6]}"
+    _topics(oauth["plain"], topic, output)
+    exercise(oauth["secured"], topic, output, ["--command-config", oauth["config"]])
+    source, sink = f"oidc-run-in-{uuid.uuid4().hex[:6]}", f"oidc-run-out-{uuid.uuid4().hex[:6]}"
+    _topics(oauth["plain"], source, sink)
+    lines = "".join(json.dumps({"n": i}) + "\n" for i in range(200))
+    assert txstream("produce", source, "-b", oauth["secured"], "--command-config", oauth["config"],
+                    stdin=lines).returncode == 0
+    written = tmp_path / "written"
+    (written / "events").mkdir(parents=True)
+    proc = txstream("run", "processors.passthrough:PassThrough", "--input", source, "--output", sink,
+                    "--app-id", f"oidc-{uuid.uuid4().hex[:6]}", "--master", "local[1]", "-b", oauth["secured"],
+                    "--command-config", oauth["config"], "--conf", "spark.eventLog.enabled=true",
+                    "--conf", f"spark.eventLog.dir=file://{written}/events", "--conf", f"spark.local.dir={written}/local",
+                    "--until-caught-up", timeout=600, TMPDIR=str(written))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verified = txstream("verify", "--input", source, "--output", sink, "--one-to-one", "-b", oauth["secured"],
+                        "--command-config", oauth["config"], "--timeout", "30")
+    assert verified.returncode == 0 and "CLEAN" in verified.stdout, verified.stdout + verified.stderr
+    assert oauth["endpoint"].issued > 0
+    assert files_holding(written, OAUTH_SECRET) == {}
+    assert wrapped((proc.stdout + proc.stderr).encode(), OAUTH_SECRET.encode()) is None
+
+
+def test_a_wrong_client_secret_is_one_clear_line(oauth: dict) -> None:
+    proc = txstream("offsets", "show", "--app-id", "x", "-b", oauth["secured"], "--command-config", oauth["config"],
+                    "-X", "sasl.oauthbearer.client.secret=wrong", "--timeout", "5", timeout=90)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:") and "OAUTHBEARER token" in lines[0], proc.stderr
+    assert "sasl.* settings" in lines[0] and OAUTH_SECRET not in proc.stderr

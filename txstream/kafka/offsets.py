@@ -117,6 +117,8 @@ def unreachable(where: str, said: str, timeout: float | None = None) -> KafkaUnr
     if "SSL handshake failed" in said:
         hint = ("The brokers' certificate was not accepted: ssl.ca.location must name the CA that signed it "
                 "(-X key=value or --command-config FILE).")
+    elif "SASL" in said or "uthentication" in said:
+        hint = "The brokers refused the client's credentials: check its sasl.* settings."
     else:
         hint = ("Is a broker running there? `txstream kafka up` starts a local one; a secured cluster needs its "
                 "client settings (-X key=value or --command-config FILE).")

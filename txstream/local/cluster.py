@@ -187,6 +187,8 @@ class LocalKafkaCluster:
     die_with_parent: bool = False  # tests: the JVMs die when the test process dies
     sasl_users: dict[str, str] | None = None
     scram_users: dict[str, str] | None = None
+    # SASL/OAUTHBEARER: tokens validated against this JWKS endpoint (Kafka's OIDC validator).
+    oauth_jwks_url: str = ""
     tls: bool = False
     # KRaft's StandardAuthorizer, nothing allowed without an ACL; the plaintext listeners'
     # principal (User:ANONYMOUS: brokers, controllers and tests' admin clients) is a super user.
@@ -215,13 +217,13 @@ class LocalKafkaCluster:
 
     @property
     def secured(self) -> bool:
-        return bool(self.sasl_users or self.scram_users or self.tls)
+        return bool(self.sasl_users or self.scram_users or self.oauth_jwks_url or self.tls)
 
     @property
     def secured_protocol(self) -> str | None:
         if not self.secured:
             return None
-        sasl = bool(self.sasl_users or self.scram_users)
+        sasl = bool(self.sasl_users or self.scram_users or self.oauth_jwks_url)
         return ("SASL_SSL" if self.tls else "SASL_PLAINTEXT") if sasl else "SSL"
 
     @property
@@ -291,16 +293,24 @@ class LocalKafkaCluster:
                  f"advertised.listeners=PLAINTEXT://{public}:{node.port},SECURED://{public}:{port}",
                  f"listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SECURED:{self.secured_protocol}"]
         mechanisms = [*(["PLAIN"] if self.sasl_users else []),
-                      *(["SCRAM-SHA-512", "SCRAM-SHA-256"] if self.scram_users else [])]
+                      *(["SCRAM-SHA-512", "SCRAM-SHA-256"] if self.scram_users else []),
+                      *(["OAUTHBEARER"] if self.oauth_jwks_url else [])]
         if mechanisms:
             lines.append(f"listener.name.secured.sasl.enabled.mechanisms={','.join(mechanisms)}")
         if self.sasl_users:
             users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
             lines.append("listener.name.secured.plain.sasl.jaas.config="
                          f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};")
-        for mechanism in mechanisms[1 if self.sasl_users else 0:]:
+        for mechanism in (m for m in mechanisms if m.startswith("SCRAM")):
             lines.append(f"listener.name.secured.{mechanism.lower()}.sasl.jaas.config="
                          "org.apache.kafka.common.security.scram.ScramLoginModule required;")
+        if self.oauth_jwks_url:
+            lines += ["listener.name.secured.oauthbearer.sasl.jaas.config="
+                      "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
+                      "listener.name.secured.oauthbearer.sasl.server.callback.handler.class="
+                      "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
+                      f"listener.name.secured.oauthbearer.sasl.oauthbearer.jwks.endpoint.url={self.oauth_jwks_url}",
+                      f"sasl.oauthbearer.jwks.endpoint.url={self.oauth_jwks_url}"]
         if self.tls:
             material = self.tls_material
             lines += [f"listener.name.secured.ssl.keystore.location={material.broker_keystore}",
@@ -368,6 +378,9 @@ class LocalKafkaCluster:
         java = _require_java()
         return [java, f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                 "-Djava.awt.headless=true",
+                # Kafka 4 fetches only the OAuth URLs it is told it may (the JWKS endpoint).
+                *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={self.oauth_jwks_url}"]
+                  if self.oauth_jwks_url else []),
                 f"-Dlog4j2.configurationFile={os.path.join(node.directory, 'log4j2.properties')}",
                 "-cp", str(libs / "*"), main, *args]
 

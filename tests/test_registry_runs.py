@@ -250,3 +250,43 @@ def test_registry_client_properties_reach_the_client_from_dash_x_and_the_file(bo
     elsewhere = CliRunner().invoke(main, ["offsets", "show", "--app-id", "x", "-b", bootstrap_servers,
                                           "-X", "schema.registry.max.retries=1"])
     assert elsewhere.exit_code != 0 and "uses no schema registry" in elsewhere.output, elsewhere.output
+
+
+def test_a_registry_over_tls_is_reached_with_its_ca(bootstrap_servers, make_topic, run_processor, tmp_path):
+    """A registry serving HTTPS only (a private one, its certificate signed by a throwaway CA):
+    the client settings (-X schema.registry.ssl.ca.location, --schema-registry-config) reach the
+    commands' and the run's clients, the tasks' included; without the CA, one clear line."""
+    from click.testing import CliRunner
+
+    from txstream.cli.main import main
+    from txstream.local.cluster import free_port_block
+    from txstream.local.registry import LocalRegistry
+
+    private = LocalRegistry(port=free_port_block(3, blocks=1), die_with_parent=True, tls_dir=str(tmp_path / "tls"))
+    try:
+        url = private.start(timeout=180)
+        assert url.startswith("https://")
+        ca = private.client_properties()["ssl.ca.location"]
+        source, output = make_topic("orders", 1), make_topic("priced", 1)
+        schema = tmp_path / "order.avsc"
+        schema.write_text(json.dumps(ORDER_V2))
+        lines = "".join(json.dumps({"id": i, "amount": i / 2, "currency": "EUR"}) + "\n" for i in range(5))
+        base = [source, "-b", bootstrap_servers, "--schema-registry", url]
+        produced = CliRunner().invoke(main, ["produce", *base, "--value-schema", str(schema),
+                                             "-X", f"schema.registry.ssl.ca.location={ca}"], input=lines)
+        assert produced.exit_code == 0, produced.output
+        config = tmp_path / "registry.properties"
+        config.write_text(f"ssl.ca.location={ca}\n")
+        consumed = CliRunner().invoke(main, ["consume", *base, "--schema-registry-config", str(config)])
+        assert consumed.exit_code == 0, consumed.output
+        assert len([line for line in consumed.stdout.splitlines() if line.startswith("{")]) == 5
+        refused = CliRunner().invoke(main, ["consume", *base, "--timeout", "5"])
+        assert refused.exit_code != 0 and "cannot be reached" in refused.output, refused.output
+
+        driver = run_processor(PriceOrders, inputs=[source], output=output, schema_registry_url=url,
+                               schema_registry_properties={"ssl.ca.location": ca})
+        assert driver.exit_code == 0, driver.lines
+        out = read_all(bootstrap_servers, output)
+        assert len(out) == 5 and all(r.value[:1] == b"\x00" for r in out)
+    finally:
+        private.stop()

@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 import signal
+import ssl
 import subprocess
 import tarfile
 import time
@@ -26,6 +27,7 @@ from txstream.errors import UserError
 from txstream.local.cluster import _alive, _require_java, _signal_and_wait, port_is_free
 from txstream.local.paths import cache_dir
 from txstream.local.processes import die_with_parent
+from txstream.local.tls import TlsMaterial, make_tls_material
 
 APICURIO_VERSION = "3.0.9"
 DEFAULT_PORT = 8081
@@ -84,11 +86,22 @@ class LocalRegistry:
     pid: int | None = None
     log: str = ""
     die_with_parent: bool = False
+    # HTTPS only, its certificate signed by the CA local/tls.py makes in this directory. (Apicurio's
+    # build fixes client authentication off: no mutual TLS.)
+    tls_dir: str = ""
 
     @property
     def url(self) -> str:
         """The base URL of the Confluent-compatible API (what `--schema-registry` takes)."""
-        return f"http://127.0.0.1:{self.port}{API}"
+        return f"{'https' if self.tls_dir else 'http'}://{'localhost' if self.tls_dir else '127.0.0.1'}:{self.port}{API}"
+
+    @property
+    def tls(self) -> TlsMaterial | None:
+        return make_tls_material(self.tls_dir, ["localhost"]) if self.tls_dir else None
+
+    def client_properties(self) -> dict[str, str]:
+        """SchemaRegistryClient's settings to reach it (with TLS: the CA)."""
+        return {"ssl.ca.location": self.tls.ca_pem} if self.tls_dir else {}
 
     @property
     def state_file(self) -> Path:
@@ -99,7 +112,7 @@ class LocalRegistry:
         if existing is not None and existing.alive():
             raise RegistryError(f"A local schema registry already runs at {existing.url} (pid {existing.pid}); "
                                 "`txstream registry down` stops it.")
-        for port in (self.port, self.port + 1):
+        for port in (self.port, self.port + 1, *((self.port + 2,) if self.tls_dir else ())):
             if not port_is_free(port, "127.0.0.1"):
                 raise RegistryError(f"Port {port} is already in use; pick another with --port.")
         runner = apicurio_app(progress)
@@ -110,7 +123,7 @@ class LocalRegistry:
                    "-Dquarkus.management.host=127.0.0.1", f"-Dquarkus.management.port={self.port + 1}",
                    "-Dapicurio.rest.deletion.artifact.enabled=true",
                    "-Dapicurio.rest.deletion.artifact-version.enabled=true",
-                   "-Dquarkus.log.level=WARN", "-jar", str(runner)]
+                   "-Dquarkus.log.level=WARN", *self._tls_options(), "-jar", str(runner)]
         progress(f"Starting Apicurio Registry {APICURIO_VERSION} on 127.0.0.1:{self.port} ...")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(command, cwd=str(runner.parent), stdout=log, stderr=subprocess.STDOUT,
@@ -129,13 +142,28 @@ class LocalRegistry:
         # Confluent's default rule, set through Confluent's own API (what its clients read back).
         request = urllib.request.Request(f"{self.url}/config", b'{"compatibility": "BACKWARD"}', method="PUT",
                                          headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
-        with urllib.request.urlopen(request, timeout=10):
+        with urllib.request.urlopen(request, timeout=10, context=self._context()):
             pass
         return self.url
 
+    def _tls_options(self) -> list[str]:
+        if not self.tls_dir:
+            return []
+        tls = self.tls
+        return [f"-Dquarkus.http.ssl-port={self.port}", f"-Dquarkus.http.port={self.port + 2}",
+                "-Dquarkus.http.insecure-requests=disabled",
+                f"-Dquarkus.http.ssl.certificate.key-store-file={tls.broker_keystore}",
+                f"-Dquarkus.http.ssl.certificate.key-store-password={tls.password}",
+                "-Dquarkus.http.ssl.certificate.key-store-file-type=PKCS12"]
+
+    def _context(self) -> ssl.SSLContext | None:
+        if not self.tls_dir:
+            return None
+        return ssl.create_default_context(cafile=self.tls.ca_pem)
+
     def answers(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as reply:
+            with urllib.request.urlopen(f"{self.url}/subjects", timeout=2, context=self._context()) as reply:
                 return reply.status == 200
         except (urllib.error.URLError, OSError):
             return False

@@ -135,9 +135,10 @@ class LocalRegistry:
         deadline = time.monotonic() + timeout
         while not self.answers():
             if proc.poll() is not None or time.monotonic() > deadline:
+                tail = _tail(log_path)
                 self.stop()
                 raise RegistryError(f"The schema registry did not start within {timeout:.0f}s "
-                                    f"(exit {proc.poll()}). Last lines of {log_path}:\n{_tail(log_path)}")
+                                    f"(exit {proc.poll()}). Last lines of its log:\n{tail}")
             time.sleep(0.3)
         # Confluent's default rule, set through Confluent's own API (what its clients read back).
         request = urllib.request.Request(f"{self.url}/config", b'{"compatibility": "BACKWARD"}', method="PUT",
@@ -177,6 +178,8 @@ class LocalRegistry:
             if self.alive():
                 _signal_and_wait(self.pid, signal.SIGKILL, 10, self.__dict__.get("_proc"))
         self.state_file.unlink(missing_ok=True)
+        if self.log:
+            Path(self.log).unlink(missing_ok=True)   # its schemas are gone with it: nothing to look back at
 
     def save(self) -> None:
         self.state_file.write_text(json.dumps(asdict(self), indent=2))

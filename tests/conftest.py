@@ -24,10 +24,10 @@ _CLOSED_AT_END: list[str] = []   # clients the tests left open, closed before ex
 # Set by tests/cluster/conftest.py: whether the simulated hosts could be made, or why not.
 MULTI_HOST = {"state": ""}
 
-# Fixtures that need a Kafka broker or a Spark session: a test using any of them (directly or
-# through another fixture) is an integration test.
+# Fixtures that need a Kafka broker, a Spark session or a schema registry: a test using any of
+# them (directly or through another fixture) is an integration test.
 INTEGRATION_FIXTURES = {"kafka_cluster_factory", "bootstrap_servers", "admin", "make_topic", "spark",
-                        "run_processor", "cluster"}
+                        "run_processor", "cluster", "schema_registry"}
 _CHAOS_DIR = Path(__file__).parent / "chaos"
 _CLUSTER_DIR = Path(__file__).parent / "cluster"   # simulated hosts: always integration
 _PROCESS_MODULES = {"tests.chaos.harness", "tests.support.running"}

@@ -44,7 +44,7 @@ def registry_down(port: int | None, every: bool) -> None:
             raise click.ClickException(
                 f"no local schema registry runs on the default port {local_registry.DEFAULT_PORT}; running: "
                 + ", ".join(f"{r.url} (--port {r.port})" for r in running) + ". Name one with --port, or --all.")
-        click.echo("No local schema registry is running" + ("" if every else f" on port {port or 8081}") + ".",
+        click.echo("No local schema registry is running" + ("" if every else f" on port {port or local_registry.DEFAULT_PORT}") + ".",
                    err=True)
         return
     for found in chosen:

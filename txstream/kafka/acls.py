@@ -126,10 +126,10 @@ def _upper(operation: str) -> str:
 
 
 def check_access(admin, clients: KafkaClients, needs: list[Need], timeout: float) -> None:
-    """Raise AccessDenied naming the first ACL of `needs` the principal lacks (topics and groups by
+    """Raise AccessDenied naming every ACL of `needs` the principal lacks (topics and groups by
     their authorized operations; the transactional-id prefix by an `init_transactions`). Prefixed
     topics and groups are created or first used at start and are not checked here."""
-    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka import TopicCollection
 
     missing: list[Need] = []
     topics = [n for n in needs if n.resource == "topic" and not n.prefixed]
@@ -137,12 +137,12 @@ def check_access(admin, clients: KafkaClients, needs: list[Need], timeout: float
         futures = admin.describe_topics(TopicCollection([n.name for n in topics]),
                                         include_authorized_operations=True, request_timeout=timeout)
         for need in topics:
-            missing += _lacking(need, futures[need.name], "TOPIC_AUTHORIZATION_FAILED", KafkaException)
+            missing += _lacking(need, futures[need.name], "TOPIC_AUTHORIZATION_FAILED")
     for need in (n for n in needs if n.resource == "group" and not n.prefixed):
         # A group coordinator still loading answers NOT_COORDINATOR or LOAD_IN_PROGRESS for a moment.
         missing += retriable(lambda need=need: _lacking(need, admin.describe_consumer_groups(
             [need.name], include_authorized_operations=True, request_timeout=timeout)[need.name],
-            "GROUP_AUTHORIZATION_FAILED", KafkaException), timeout)
+            "GROUP_AUTHORIZATION_FAILED"), timeout)
     for need in (n for n in needs if n.resource == "transactional-id"):
         if not _may_use_transactional_ids(clients, need.name, timeout):
             missing.append(need)
@@ -150,11 +150,15 @@ def check_access(admin, clients: KafkaClients, needs: list[Need], timeout: float
         raise denied(missing)
 
 
-def _lacking(need: Need, future, denied: str, exception_type) -> list[Need]:
+def _lacking(need: Need, future, refusal: str) -> list[Need]:
+    """What of `need` the describe answer in `future` does not allow (`refusal`: the error name of
+    a describe refused outright)."""
+    from confluent_kafka import KafkaException
+
     try:
         allowed = {op.name for op in (future.result().authorized_operations or [])}
-    except exception_type as exc:
-        if exc.args and exc.args[0].name() == denied:
+    except KafkaException as exc:
+        if exc.args and exc.args[0].name() == refusal:
             return [need]
         if exc.args and exc.args[0].name() in ("UNKNOWN_TOPIC_OR_PART", "GROUP_ID_NOT_FOUND"):
             # Not an ACL (the principal may describe it, or it would have been refused): a topic

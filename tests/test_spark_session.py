@@ -332,3 +332,31 @@ def test_spark_output_goes_to_the_runs_log_file_unless_asked(bootstrap_servers, 
     shown = _run_passthrough(bootstrap_servers, source, make_topic("out"), "--spark-logs")
     assert shown.returncode == 0, shown.stderr
     assert "Using Spark's default log4j profile" in shown.stderr and "Spark's own log lines" not in shown.stderr
+
+
+def _has_registry_client(batches):  # a mapInArrow function
+    import sys
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"loaded": "confluent_kafka.schema_registry" in sys.modules}])
+
+
+def test_a_registry_runs_workers_start_with_its_client_imported(spark) -> None:
+    """build_spark(worker_imports=...) names modules in the executor environment; Spark starts a
+    daemon per environment, and that daemon imports them before forking (0.2 s of CPU per worker
+    otherwise). A run without a registry does not pay for the import."""
+    from txstream.serde.registry import CLIENT_MODULES
+    from txstream.spark.setup import WORKER_IMPORTS
+
+    def loaded() -> set[bool]:
+        return {r.loaded for r in spark.range(0, 2, 1, 2).mapInArrow(_has_registry_client, "loaded boolean").collect()}
+
+    environment = spark.sparkContext.environment
+    assert WORKER_IMPORTS not in environment
+    assert loaded() == {False}
+    environment[WORKER_IMPORTS] = ",".join(CLIENT_MODULES)
+    try:
+        assert loaded() == {True}
+    finally:
+        del environment[WORKER_IMPORTS]

@@ -39,6 +39,7 @@ from txstream.errors import (
     topic_missing,
 )
 from txstream.failures import one_line, understand
+from txstream.serde.registry import CLIENT_MODULES as REGISTRY_CLIENT_MODULES
 from txstream.settings import RunSettings
 from txstream.spark.arrow_batches import ArrowBatches
 from txstream.spark.session import build_spark, stop_spark, warm_python_workers
@@ -127,7 +128,8 @@ class Driver:
         s = self.settings
         faults.remember_driver()
         self.spark = build_spark(s.master, s.app_id, s.spark_conf, ui_port=s.spark_ui_port,
-                                 cores_hint=self.input_partitions or None, echo=self.echo)
+                                 cores_hint=self.input_partitions or None, echo=self.echo,
+                                 worker_imports=REGISTRY_CLIENT_MODULES if s.schema_registry is not None else ())
         if is_local(self.spark.sparkContext.master):
             threading.Thread(target=warm_python_workers, args=(self.spark,), name="txstream-warm-up",
                              daemon=True).start()

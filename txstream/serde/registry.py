@@ -79,6 +79,9 @@ def _number(value: str) -> Any:
     return value
 
 
+# What `client` imports lazily (most runs have no registry): a registry run's workers import it up front.
+CLIENT_MODULES = ("confluent_kafka.schema_registry",)
+
 _CLIENTS: dict[tuple, Any] = {}   # per process: one client (and its schema cache) per configuration
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from txstream.local.paths import cache_dir
 from txstream.spark.setup import (
+    WORKER_IMPORTS,
     SparkSetup,
     is_local,
     local_task_threads,
@@ -263,8 +264,12 @@ def _launch_jvm(app_name: str, master: str | None, settings: dict[str, str]) -> 
 
 
 def build_spark(master: str | None = None, app_name: str = "txstream", spark_conf: dict[str, str] | None = None,
-                ui_port: int | None = None, cores_hint: int | None = None, echo=None):
-    """The run's Spark session: the user's master and settings first (spark/setup.py)."""
+                ui_port: int | None = None, cores_hint: int | None = None, echo=None,
+                worker_imports: tuple[str, ...] = ()):
+    """The run's Spark session: the user's master and settings first (spark/setup.py).
+
+    `worker_imports`: modules the local worker daemon imports before it forks workers, beside the
+    engine's own (spark/worker_daemon.py), for what only some runs load (a registry client)."""
     import signal
     import threading
 
@@ -277,6 +282,8 @@ def build_spark(master: str | None = None, app_name: str = "txstream", spark_con
         os.environ["PYSPARK_PYTHON"] = setup.user_conf["spark.pyspark.python"]
     if setup.local:
         _local_environment(setup)
+        if worker_imports:
+            setup.to_set[f"spark.executorEnv.{WORKER_IMPORTS}"] = ",".join(worker_imports)
     if echo is not None:
         echo(setup.describe())
         if jvm_output() is not None and not under_spark_submit():

@@ -63,6 +63,8 @@ def with_arrow_options(options: str) -> str:
 LOCAL_DEFAULTS = {
     "spark.python.daemon.module": "txstream.spark.worker_daemon",
 }
+# The executor environment variable naming more modules for that daemon to import (comma-separated).
+WORKER_IMPORTS = "TXSTREAM_WORKER_IMPORTS"
 
 
 def is_local(master: str) -> bool:

@@ -14,6 +14,8 @@ local masters).
 from __future__ import annotations
 
 import gc
+import importlib
+import os
 import sys
 
 # Spark puts its spark-core jar (a zip of thousands of classes) on the workers' PYTHONPATH, and
@@ -34,6 +36,12 @@ import pyspark.worker  # noqa: F401
 
 import txstream.task.publish
 import txstream.task.reading  # noqa: F401
+from txstream.spark.setup import WORKER_IMPORTS
+
+# What only some runs load, named by the driver (spark/session.py build_spark): a registry run's
+# client costs each worker 0.2 s of CPU on its first batch otherwise.
+for _module in filter(None, os.environ.get(WORKER_IMPORTS, "").split(",")):
+    importlib.import_module(_module)
 
 _run_one_task = pyspark.daemon.worker
 

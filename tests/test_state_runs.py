@@ -172,6 +172,9 @@ def test_deduplication_keeps_each_id_once_across_batches(bootstrap_servers, make
     assert driver.exit_code == 0, driver.lines
     ids = Counter(AvroCodec(ORDER).decode(r.value)["id"] for r in read_all(bootstrap_servers, sink))
     assert ids == Counter(o["id"] for o in data)
+    # The state's key count (metric and batch event) counts ids, not their expiry index entries.
+    keys = [e["state_keys"] for e in driver.events if e.get("event") == "batch" and "state_keys" in e][-1]
+    assert 0.8 * len(data) <= keys <= 1.2 * len(data), keys
 
 
 class _ForgetfulUniqueOrders(UniqueOrders):

@@ -5,7 +5,9 @@ headers and partition) and verify must fail (exit 1) naming the duplicate.
 
 Processors: narrow keeping `offset`, narrow dropping it, a Python UDF, an explode (1:n), a filter
 to nothing, a fan-out to two topics, a wide groupBy (which filters: --count-field says so), a wide
-keyless distinct. Each input holds one undecodable record, so each app has a dead letter.
+keyless distinct, and stateful ones (docs/state.md): running totals in update mode, windows in
+append mode, a deduplication, each over batches of 10 records per partition so that state crosses
+batches. Each input holds one undecodable record, so each app has a dead letter.
 
 Duplicate shapes: a verbatim copy of one record committed by another transactional producer; a
 whole publication replayed by another producer (a second commit of the same range or unit: a new
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -94,9 +97,45 @@ class Distinct(_Orders):
         return batch.select(F.to_json(F.struct(F.col("value.currency").alias("c"))).alias("value")).distinct()
 
 
+class RunningTotals(_Orders):
+    """Per currency (4 keys, each in every batch): the total so far, each batch's changed ones."""
+
+    output_mode = "update"
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        totals = batch.groupBy(F.col("value.currency").alias("currency")).agg(F.sum("value.amount").alias("amount"))
+        return totals.select(F.col("currency").cast("binary").alias("key"), F.to_json(F.struct("amount")).alias("value"))
+
+
+class Windows(_Orders):
+    """Orders per currency in 500 ms windows of event time (the 60 orders span 2.2 s), emitted once
+    when the watermark (1 s behind: no order is late) passes their end."""
+
+    output_mode = "append"
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        w = (batch.select("value.created_at", "value.currency").withWatermark("created_at", "1 second")
+             .groupBy(F.window("created_at", "500 milliseconds"), "currency").agg(F.count("*").alias("n")))
+        return w.select(F.col("currency").cast("binary").alias("key"),
+                        F.to_json(F.struct(F.col("window.start").alias("start"), "n")).alias("value"))
+
+
+class Deduplicates(_Orders):
+    """The first order of each currency: the later batches' orders are dropped by the state."""
+
+    output_mode = "append"
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        orders = batch.select("key", "value", "value.currency", "value.created_at")
+        first = orders.withWatermark("created_at", "1 hour").dropDuplicatesWithinWatermark(["currency"])
+        return first.select("key", F.to_json("value").alias("value"))
+
+
 PROCESSORS = {"keeps-offset": KeepsOffset, "drops-offset": DropsOffset, "udf": PythonUdf, "explode": Explodes,
-              "filters-all": FiltersAll, "fan-out": FansOut, "group-by": GroupsBy, "distinct": Distinct}
-WIDE = {"group-by", "distinct"}
+              "filters-all": FiltersAll, "fan-out": FansOut, "group-by": GroupsBy, "distinct": Distinct,
+              "running-totals": RunningTotals, "windows": Windows, "dedup": Deduplicates}
+STATEFUL = {"running-totals", "windows", "dedup"}
+WIDE = {"group-by", "distinct"} | STATEFUL
 SHAPES = ["verbatim-copy", "publication-replayed", "other-partition", "dead-letter-in-output"]
 
 
@@ -154,17 +193,19 @@ def source(bootstrap_servers, topics) -> str:
 
 
 def _run(bootstrap: str, spark, cls: type[Processor], app_id: str, source: str, outputs: list[str],
-         dead_letter: str) -> None:
-    """Run `cls` as app `app_id` in the session's Spark until it has caught up."""
+         dead_letter: str, dead_letters: int | None = 1, **options) -> Any:
+    """Run `cls` as app `app_id` in the session's Spark until it has caught up; returns the driver."""
     from txstream.driver.loop import Driver
     from txstream.settings import resolve
 
     settings = resolve(cls, bootstrap_servers=bootstrap, master="local[2]", app_id=app_id,
-                       inputs=[source], output=outputs[0], dead_letter=dead_letter, until_caught_up=True)
+                       inputs=[source], output=outputs[0], dead_letter=dead_letter, until_caught_up=True, **options)
     lines: list[str] = []
     driver = Driver(settings, echo=lines.append, spark=spark)
     assert driver.run() == 0, lines
-    assert driver.totals["dead_letters"] == 1, lines
+    if dead_letters is not None:
+        assert driver.totals["dead_letters"] == dead_letters, lines
+    return driver
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +221,11 @@ def runs(bootstrap_servers, spark, topics, source):
         app = AppRun(name, f"vm-{name}-{uuid.uuid4().hex[:8]}", source, outputs, topics(f"{name}-dlq"))
         if name == "fan-out":
             cls = type("FansOutHere", (FansOut,), {"second": outputs[1]})
-        _run(bootstrap_servers, spark, cls, app.app_id, source, outputs, app.dead_letter)
+        # Stateful: 10 records per partition per batch, so that the state crosses batches.
+        options = {"max_records_per_partition": 10} if name in STATEFUL else {}
+        driver = _run(bootstrap_servers, spark, cls, app.app_id, source, outputs, app.dead_letter, **options)
+        if name in STATEFUL:
+            assert driver.totals["batches"] >= 3, driver.totals
         for topic in [*outputs, app.dead_letter]:
             app.records[topic] = read_all(bootstrap_servers, topic)
         assert len(app.records[app.dead_letter]) == 1
@@ -279,6 +324,15 @@ def test_verify_passes_the_real_output(name, runs, bootstrap_servers) -> None:
                 assert line.split()[3] == "-", output
     if name == "group-by":
         assert "filters them out" in output and data["wide"]["filtered_records"] > 0, output
+    if name in STATEFUL:
+        # Every record named its state key, and every batch's rows were accounted for.
+        wide = data["wide"]
+        assert wide["state_emissions"] == wide["records"] and wide["state_batches"] >= 3, output
+        # (A deduplication merges each batch's first row per key: fewer rows than the batch read.)
+        assert wide["state_reconciled"] == wide["state_batches"] or name == "dedup", output
+        # The state crossed batches: each currency once, each closed window once (2 per currency).
+        assert name != "dedup" or wide["records"] == 4, output
+        assert name != "windows" or wide["records"] == 8, output
     if name in WIDE:
         # Without --app-id the output's own lineage names the app whose batch records close it.
         code, output = CliRunner().invoke(cli, [

@@ -5,7 +5,9 @@ headers and partition) and verify must fail (exit 1) naming the duplicate.
 
 Processors: narrow keeping `offset`, narrow dropping it, a Python UDF, an explode (1:n), a filter
 to nothing, a fan-out to two topics, a wide groupBy (which filters: --count-field says so), a wide
-keyless distinct. Each input holds one undecodable record, so each app has a dead letter.
+keyless distinct, and stateful ones (docs/state.md): running totals in update mode, windows in
+append mode, a deduplication, each over batches of 10 records per partition so that state crosses
+batches. Each input holds one undecodable record, so each app has a dead letter.
 
 Duplicate shapes: a verbatim copy of one record committed by another transactional producer; a
 whole publication replayed by another producer (a second commit of the same range or unit: a new
@@ -13,9 +15,13 @@ publication id); a record copied into another partition; a dead letter copied in
 """
 from __future__ import annotations
 
+import functools
 import json
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -24,7 +30,7 @@ from confluent_kafka.admin import NewTopic
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from processors.sample_orders import orders
+from processors.sample_orders import EPOCH, orders
 from tests.support.kafka import Record, avro_bytes, produce, read_all
 from tests.support.waiting import wait_until
 from txstream import Processor
@@ -94,9 +100,45 @@ class Distinct(_Orders):
         return batch.select(F.to_json(F.struct(F.col("value.currency").alias("c"))).alias("value")).distinct()
 
 
+class RunningTotals(_Orders):
+    """Per currency (4 keys, each in every batch): the total so far, each batch's changed ones."""
+
+    output_mode = "update"
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        totals = batch.groupBy(F.col("value.currency").alias("currency")).agg(F.sum("value.amount").alias("amount"))
+        return totals.select(F.col("currency").cast("binary").alias("key"), F.to_json(F.struct("amount")).alias("value"))
+
+
+class Windows(_Orders):
+    """Orders per currency in 500 ms windows of event time (the 60 orders span 2.2 s), emitted once
+    when the watermark (1 s behind: no order is late) passes their end."""
+
+    output_mode = "append"
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        w = (batch.select("value.created_at", "value.currency").withWatermark("created_at", "1 second")
+             .groupBy(F.window("created_at", "500 milliseconds"), "currency").agg(F.count("*").alias("n")))
+        return w.select(F.col("currency").cast("binary").alias("key"),
+                        F.to_json(F.struct(F.col("window.start").alias("start"), "n")).alias("value"))
+
+
+class Deduplicates(_Orders):
+    """The first order of each currency: the later batches' orders are dropped by the state."""
+
+    output_mode = "append"
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        orders = batch.select("key", "value", "value.currency", "value.created_at")
+        first = orders.withWatermark("created_at", "1 hour").dropDuplicatesWithinWatermark(["currency"])
+        return first.select("key", F.to_json("value").alias("value"))
+
+
 PROCESSORS = {"keeps-offset": KeepsOffset, "drops-offset": DropsOffset, "udf": PythonUdf, "explode": Explodes,
-              "filters-all": FiltersAll, "fan-out": FansOut, "group-by": GroupsBy, "distinct": Distinct}
-WIDE = {"group-by", "distinct"}
+              "filters-all": FiltersAll, "fan-out": FansOut, "group-by": GroupsBy, "distinct": Distinct,
+              "running-totals": RunningTotals, "windows": Windows, "dedup": Deduplicates}
+STATEFUL = {"running-totals", "windows", "dedup"}
+WIDE = {"group-by", "distinct"} | STATEFUL
 SHAPES = ["verbatim-copy", "publication-replayed", "other-partition", "dead-letter-in-output"]
 
 
@@ -154,17 +196,19 @@ def source(bootstrap_servers, topics) -> str:
 
 
 def _run(bootstrap: str, spark, cls: type[Processor], app_id: str, source: str, outputs: list[str],
-         dead_letter: str) -> None:
-    """Run `cls` as app `app_id` in the session's Spark until it has caught up."""
+         dead_letter: str, dead_letters: int | None = 1, **options) -> Any:
+    """Run `cls` as app `app_id` in the session's Spark until it has caught up; returns the driver."""
     from txstream.driver.loop import Driver
     from txstream.settings import resolve
 
     settings = resolve(cls, bootstrap_servers=bootstrap, master="local[2]", app_id=app_id,
-                       inputs=[source], output=outputs[0], dead_letter=dead_letter, until_caught_up=True)
+                       inputs=[source], output=outputs[0], dead_letter=dead_letter, until_caught_up=True, **options)
     lines: list[str] = []
     driver = Driver(settings, echo=lines.append, spark=spark)
     assert driver.run() == 0, lines
-    assert driver.totals["dead_letters"] == 1, lines
+    if dead_letters is not None:
+        assert driver.totals["dead_letters"] == dead_letters, lines
+    return driver
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +224,11 @@ def runs(bootstrap_servers, spark, topics, source):
         app = AppRun(name, f"vm-{name}-{uuid.uuid4().hex[:8]}", source, outputs, topics(f"{name}-dlq"))
         if name == "fan-out":
             cls = type("FansOutHere", (FansOut,), {"second": outputs[1]})
-        _run(bootstrap_servers, spark, cls, app.app_id, source, outputs, app.dead_letter)
+        # Stateful: 10 records per partition per batch, so that the state crosses batches.
+        options = {"max_records_per_partition": 10} if name in STATEFUL else {}
+        driver = _run(bootstrap_servers, spark, cls, app.app_id, source, outputs, app.dead_letter, **options)
+        if name in STATEFUL:
+            assert driver.totals["batches"] >= 3, driver.totals
         for topic in [*outputs, app.dead_letter]:
             app.records[topic] = read_all(bootstrap_servers, topic)
         assert len(app.records[app.dead_letter]) == 1
@@ -279,6 +327,15 @@ def test_verify_passes_the_real_output(name, runs, bootstrap_servers) -> None:
                 assert line.split()[3] == "-", output
     if name == "group-by":
         assert "filters them out" in output and data["wide"]["filtered_records"] > 0, output
+    if name in STATEFUL:
+        # Every record named its state key, and every batch's rows were accounted for.
+        wide = data["wide"]
+        assert wide["state_emissions"] == wide["records"] and wide["state_batches"] >= 3, output
+        # (A deduplication merges each batch's first row per key: fewer rows than the batch read.)
+        assert wide["state_reconciled"] == wide["state_batches"] or name == "dedup", output
+        # The state crossed batches: each currency once, each closed window once (2 per currency).
+        assert name != "dedup" or wide["records"] == 4, output
+        assert name != "windows" or wide["records"] == 8, output
     if name in WIDE:
         # Without --app-id the output's own lineage names the app whose batch records close it.
         code, output = CliRunner().invoke(cli, [
@@ -346,3 +403,70 @@ def test_a_wide_replay_after_an_offsets_reset_is_not_a_duplicate(bootstrap_serve
     assert "published by 2" not in result.output, result.output
     # The dead letter was written twice, by two publications of its offset: that one is a duplicate
     # for the narrow audit, as every re-read of a dead letter after a reset would be.
+
+
+# -- deduplication with expiry: an id emitted again after it expired ----------------------------
+
+class ForgetfulDedup(_Orders):
+    """Orders deduplicated by id within 2 seconds of event time."""
+
+    output_mode = "append"
+
+    def transform(self, batch: DataFrame) -> DataFrame:
+        orders = batch.select("key", "value", "value.id", "value.created_at")
+        return (orders.withWatermark("created_at", "2 seconds").dropDuplicatesWithinWatermark(["id"])
+                .select("key", F.to_json("value").alias("value")))
+
+
+def test_an_id_emitted_again_after_its_expiry_is_not_a_duplicate(bootstrap_servers, spark, topics) -> None:
+    """dropDuplicatesWithinWatermark forgets an id once the watermark passes its event time plus
+    the delay; the same id seen after that is emitted again, legitimately (docs/state.md). verify
+    must pass that, and still catch a copy of the second emission."""
+    source, out, dlq = topics("dx-in", 1), topics("dx-out"), topics("dx-dlq")
+    early = list(orders(10))                                                     # event time 0 - 0.33 s
+    later = [dict(o, created_at=EPOCH + timedelta(seconds=5)) for o in orders(10, first=10)]
+    produce(bootstrap_servers, source, [(o["id"].encode(), avro_bytes(ORDER, o)) for o in early + later])
+    app_id = f"vm-expiry-{uuid.uuid4().hex[:6]}"
+    run = functools.partial(_run, bootstrap_servers, spark, ForgetfulDedup, app_id, source, [out], dlq,
+                            dead_letters=0, max_records_per_partition=10)
+    run()   # its last batch's watermark is 5 s - 2 s: the early ids (expiring by 2.33 s) are forgotten
+    retried = [dict(o, created_at=EPOCH + timedelta(seconds=6)) for o in early[:3] + later[:2]]
+    produce(bootstrap_servers, source, [(o["id"].encode(), avro_bytes(ORDER, o)) for o in retried])
+    run()
+    emitted = Counter(json.loads(r.value)["id"] for r in read_all(bootstrap_servers, out))
+    # The expired ids twice (their retry kept), the held ones once (their retry dropped).
+    assert emitted == Counter([o["id"] for o in early + later] + [o["id"] for o in early[:3]]), emitted
+    verify = AppRun("expiry", app_id, source, [out], dlq).verify
+    code, output = verify([out], dlq, bootstrap=bootstrap_servers)
+    assert code == 0 and "CLEAN" in output, output
+    assert "emitted again after it expired" in output, output
+    # A copy of a second emission, committed by another producer, is still a duplicate.
+    again = [r for r in read_all(bootstrap_servers, out) if json.loads(r.value)["id"] == early[0]["id"]][-1]
+    where, = _commit(bootstrap_servers, [(out, again.partition, again, list(again.headers.items()))])
+    code, output = verify([out], dlq, bootstrap=bootstrap_servers)
+    assert code == 1 and f"duplicate: {where} repeats publication" in output, output
+
+
+def test_a_key_emitted_again_before_its_expiry_is_still_a_duplicate() -> None:
+    """The rule the test above relies on, at its edges (no broker): a deduplicated key emitted in
+    batch 1 (expiring at 5000 ms) and again in batch 3 is legitimate only if batch 1 or 2 ran with a
+    watermark at or past 5000 (batch 3's own watermark comes too late: it forgets after merging)."""
+    from txstream.tools.verify_wide import WideAudit, WideLineage
+
+    def audit(watermarks: list[int | None], expires: bytes | None) -> WideAudit:
+        wide = WideAudit()
+        for batch, watermark in enumerate(watermarks, 1):
+            wide.add_batch("app", json.dumps({"batch": batch, "ranges": [], "unit_records": {"0": int(batch in (1, 3))},
+                                              "state": {"operator": "dedup", "kind": "dedup", "output_mode": "append",
+                                                        "watermark_ms": watermark, "unit_merged": {},
+                                                        "unit_late": {}}}).encode())
+        for batch in (1, 3):
+            wide.add(WideLineage("app", batch, 0, f"p{batch}".encode(), b"0"), b"{}", b'["a"]', expires)
+        wide.finish({}, {}, {}, "app")
+        return wide
+
+    assert audit([None, 5000, 5000], b"5000").clean                     # forgotten in batch 2
+    assert audit([4000, 4999, 5000], b"5000").problems == [              # batch 3 still held it
+        "app batch 1: state key b'[\"a\"]' emitted 2 times (batches [1, 3])"]
+    assert not audit([None, 5000, 5000], None).clean                   # no expiry: never forgotten
+    assert audit([None, 5000, 5000], b"5000").expired_again == 1

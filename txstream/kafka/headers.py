@@ -25,6 +25,8 @@ DLQ_STAGE = "txstream.dlq.stage"      # decode | transform | encode
 DLQ_ERROR = "txstream.dlq.error"      # the error, one line
 DLQ_APP_ID = "txstream.dlq.app.id"
 STATE_KEY = "txstream.state.key"       # a stateful output record's state key (docs/state.md)
+# A deduplicated key's expiry (epoch ms, ASCII): its first row's event time plus the watermark's delay.
+STATE_EXPIRES = "txstream.state.expires"
 DLQ_WATERMARK = "txstream.dlq.watermark"   # a late record's: the watermark it missed (ISO 8601, UTC)
 
 # One id per published range attempt (one Kafka transaction under exactly-once): `verify`

@@ -182,6 +182,8 @@ class Merged:
     late: list[tuple[bytes, int]]     # the late rows (JSON) and their event times
     events: int | None                # the latest event time among the partials
     rows: int                         # input rows the partials merge
+    # Deduplication with a watermark: each emitted row's expiry (ms), aligned with `emitted`.
+    expires: list[int | None] = field(default_factory=list)
 
 
 def merge_partials(spec: MergeSpec, store: StateStore, batches: list[pa.RecordBatch]) -> Merged:
@@ -208,7 +210,7 @@ def merge_partials(spec: MergeSpec, store: StateStore, batches: list[pa.RecordBa
     if partials is not None:
         events = _ms(pc.max(partials[EVENTS]).as_py())
         rows = pc.sum(partials[ROWS]).as_py()
-    return Merged(out, merger.emitted, late, events, int(rows or 0))
+    return Merged(out, merger.emitted, late, events, int(rows or 0), merger.expires)
 
 
 def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -238,7 +240,7 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         merged = merge_partials(spec, store, received)
         write_state(spec.side_dir, spec.batch_id, {
             "changes": dict(store.changes()), "late": merged.late, "events": merged.events,
-            "emitted": merged.emitted, "rows": merged.rows,
+            "emitted": merged.emitted, "expires": merged.expires, "rows": merged.rows,
             "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
                         "snapshot_seconds": snapshot_s},
             "keys": _user_keys(spec, store)})
@@ -338,6 +340,7 @@ class _Merger:
         self.fields = spec.out_schema
         self.watermark = spec.watermark_ms
         self.emitted: list[bytes] = []   # the state key of each row emitted, in order
+        self.expires: list[int | None] = []   # deduplication: when each emitted key expires (ms)
         # The Python type of each aggregate's emitted values when float or int (aggs.final_columns).
         self.kinds: list[type | None] = []
         for agg in self.aggregates:
@@ -499,6 +502,7 @@ class _Merger:
                 if expires is not None:
                     put(expiry_key(expires, key), EXPIRY_VALUE)
             self.emitted.extend(keys[j] for j in kept)
+            self.expires.extend(None if events[j] is None else events[j] + delay for j in kept)
             if kept:
                 rows = first.take(pa.array(kept, pa.int64()))
                 out = pa.Table.from_struct_array(rows).cast(self.spec.out_schema)

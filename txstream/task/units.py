@@ -259,7 +259,13 @@ class _UnitTransaction(Transaction):
         keys = self.merged.get("emitted") or []
         if len(keys) != sum(b.num_rows for b in self.batches):
             return
-        self.collector.row_headers = [[(headers.STATE_KEY, key)] for key in keys]
+        # A deduplicated key's expiry: `verify` tells a key emitted again after it expired from a duplicate.
+        expires = self.merged.get("expires") or []
+        if len(expires) != len(keys):
+            expires = [None] * len(keys)
+        self.collector.row_headers = [[(headers.STATE_KEY, key)] if ms is None else
+                                      [(headers.STATE_KEY, key), (headers.STATE_EXPIRES, str(ms).encode())]
+                                      for key, ms in zip(keys, expires, strict=True)]
 
     def _late_records(self) -> None:
         """Records behind the watermark: to the dead-letter topic in this transaction, or only

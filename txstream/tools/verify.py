@@ -370,7 +370,8 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
                     report.without_lineage += 1
                 else:
                     publications.add(unit.publication, unit.position, msg)
-                    wide.add(unit, msg.value(), next((v for k, v in headers if k == hdr.STATE_KEY), None))
+                    wide.add(unit, msg.value(), next((v for k, v in headers if k == hdr.STATE_KEY), None),
+                             next((v for k, v in headers if k == hdr.STATE_EXPIRES), None))
                 continue
             repeated = publications.add(lineage.publication, lineage.position, msg)
             key = (lineage.topic, lineage.partition)

@@ -53,8 +53,11 @@ class WideAudit:
     batches: dict[tuple[str | None, int], list[dict]] = field(default_factory=dict)
     units: dict[tuple[str | None, int, int], UnitSeen] = field(default_factory=dict)
     records: int = 0
-    # Stateful output (docs/state.md): (app, batch, unit, state key) of each output record naming one.
-    emissions: list[tuple[str | None, int, int, bytes]] = field(default_factory=list)
+    # Stateful output (docs/state.md): (app, batch, unit, state key, its expiry in ms for a
+    # deduplicated key) of each output record naming one.
+    emissions: list[tuple[str | None, int, int, bytes, int | None]] = field(default_factory=list)
+    expired_again: int = 0             # deduplicated keys emitted again after their expiry (not duplicates)
+    expired_samples: list[str] = field(default_factory=list)
     state_batches: int = 0             # batches whose state facts were checked
     state_reconciled: int = 0          # ... whose rows merged + late + dead letters = rows read
     changelogs_checked: int = 0        # stateful operators whose changelog was checked against the markers
@@ -89,9 +92,14 @@ class WideAudit:
         """The apps the wide output names."""
         return {app for app, _, _ in self.units if app is not None}
 
-    def add(self, lineage: WideLineage, value: bytes | None, state_key: bytes | None = None) -> None:
+    def add(self, lineage: WideLineage, value: bytes | None, state_key: bytes | None = None,
+            expires: bytes | None = None) -> None:
         if state_key is not None:
-            self.emissions.append((lineage.app, lineage.batch, lineage.unit, state_key))
+            try:
+                expires_ms = int(expires) if expires is not None else None
+            except ValueError:
+                expires_ms = None
+            self.emissions.append((lineage.app, lineage.batch, lineage.unit, state_key, expires_ms))
         seen = self.units.setdefault((lineage.app, lineage.batch, lineage.unit), UnitSeen())
         self.records += 1
         seen.records += 1
@@ -160,7 +168,8 @@ class WideAudit:
     def _state(self, visible: dict[tuple[str, int], set[int]], dead_offsets: dict[tuple[str, int], set[int]],
                default_app: str | None) -> None:
         """Stateful apps (their batch records carry `state`): each window or deduplicated key
-        emitted once in append mode, and not before the watermark closed its window; in update
+        emitted once in append mode (a deduplicated key again only after the watermark passed the
+        expiry its record names), and not before the watermark closed its window; in update
         mode a key at most once per batch and never after its window closed; per batch, the rows
         merged, the late rows and the undecodable records add up to no more than the rows read."""
         from txstream.state.keys import decode_key
@@ -169,14 +178,14 @@ class WideAudit:
                  for r in rs if r.get("state")}
         if not facts:
             return
-        seen: dict[tuple, list[int]] = {}
-        for app, batch, _unit, key in self.emissions:
+        seen: dict[tuple, list[tuple[int, int | None]]] = {}
+        for app, batch, _unit, key, expires in self.emissions:
             state = facts.get((app or default_app, batch))
             if state is None:
                 continue
             mode, windowed = state["output_mode"], state["kind"] in ("window", "session")
             slot = (app, key) if mode == "append" else (app, key, batch)
-            seen.setdefault(slot, []).append(batch)
+            seen.setdefault(slot, []).append((batch, expires if state["kind"] == "dedup" else None))
             watermark = state.get("watermark_ms")
             if windowed and watermark is not None:
                 _values, (_start, end) = decode_key(key, windowed=True)
@@ -186,11 +195,21 @@ class WideAudit:
                 elif mode == "update" and end <= watermark:
                     self._problem(f"{_name(app, batch)}: a window ending at {end} updated after the watermark "
                                   f"({watermark}) closed it")
-        for slot, batches in seen.items():
-            if len(batches) > 1:
+        for slot, emitted in seen.items():
+            if len(emitted) < 2:
+                continue
+            emitted.sort(key=lambda e: e[0])
+            again = [b for (b1, expires), (b, _) in zip(emitted, emitted[1:], strict=False)
+                     if not self._expired_between(facts, slot[0] or default_app, b1, b, expires)]
+            if again:
+                batches = [b for b, _ in emitted]
                 what = "emitted" if len(slot) == 2 else "updated"
                 self._problem(f"{_name(slot[0], batches[0])}: state key {slot[1][:60]!r} {what} {len(batches)} times "
-                              f"(batches {sorted(batches)[:5]})")
+                              f"(batches {batches[:5]})")
+            else:
+                self.expired_again += 1
+                if len(self.expired_samples) < SAMPLES:
+                    self.expired_samples.append(f"{slot[1][:60]!r} (batches {[b for b, _ in emitted][:5]})")
         for (app, batch), state in sorted(facts.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
             record = next(r for r in self.batches.get((app, batch), self.batches.get((None, batch), [])) if r.get("state"))
             read = 0
@@ -210,6 +229,18 @@ class WideAudit:
                               f"{read} record(s) the batch read: rows counted twice")
             elif accounted == read:
                 self.state_reconciled += 1
+
+    @staticmethod
+    def _expired_between(facts: dict, app: str | None, first: int, then: int, expires: int | None) -> bool:
+        """A deduplicated key emitted in batch `first`, expiring at `expires`, was forgotten before
+        batch `then` emitted it again: some batch from `first` to `then - 1` ran with a watermark at
+        or past its expiry (the merge forgets what the watermark reached after merging the batch's
+        rows: task/state_merge.py). Without an expiry (no watermark) a key is never forgotten."""
+        if expires is None or then == first:
+            return False
+        return any((state := facts.get((app, b))) is not None and state.get("watermark_ms") is not None
+                   and state["watermark_ms"] >= expires
+                   for b in range(first, then))
 
     def _reconcile(self, name: str, records: list[dict], units: dict[int, UnitSeen],
                    visible: dict[tuple[str, int], set[int]], dead_offsets: dict[tuple[str, int], set[int]]) -> None:
@@ -275,6 +306,9 @@ class WideAudit:
                        f"batch(es) checked, {self.state_reconciled} with rows merged + late + dead-lettered = rows "
                        "read (fewer: the transform filters before its stateful operator); "
                        f"{self.changelogs_checked} changelog(s) checked against the markers")
+        if self.expired_again:
+            out.append(f"state: {self.expired_again} deduplicated key(s) emitted again after it expired (the watermark "
+                       f"passed its expiry in between: not duplicates): {'; '.join(self.expired_samples[:5])}")
         if self.replays:
             out.append(f"wide output: {len(self.replays)} replayed batch(es) (input read again after an offsets "
                        f"reset: not duplicates): {'; '.join(self.replays[:5])}")
@@ -292,7 +326,7 @@ class WideAudit:
                 "filtered_batches": self.filtered_batches, "filtered_records": self.filtered_records,
                 "replays": self.replays, "problems": self.problems, "problem_count": self.problem_count,
                 "state_emissions": len(self.emissions), "state_batches": self.state_batches,
-                "state_reconciled": self.state_reconciled,
+                "state_reconciled": self.state_reconciled, "state_expired_again": self.expired_again,
                 "clean": self.clean}
 
 

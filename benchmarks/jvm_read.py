@@ -59,8 +59,12 @@ def log(message: str) -> None:
 
 def sink(frame):
     """Every value column touched, one row back: the decode cannot be pruned, and both paths'
-    rows can be compared."""
+    rows can be compared. Undecoded values (the `-raw` paths): their bytes counted."""
     from pyspark.sql import functions as F
+
+    if dict(frame.dtypes)["value"] == "binary":
+        return frame.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.length("value")).alias("value_bytes"),
+                         F.sum(F.length("key")).alias("key_bytes"), F.sum("offset").alias("offsets"))
 
     return frame.agg(
         F.count(F.lit(1)).alias("rows"), F.sum("value.amount").alias("amount"),
@@ -131,7 +135,7 @@ KAFKA_VARIANTS = {
 
 
 def kafka_frame(spark, bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]], schema_json: str,
-                variant: str = "b"):
+                variant: str = "b", decode: bool = True):
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
@@ -144,12 +148,14 @@ def kafka_frame(spark, bootstrap: str, topic: str, ranges: dict[int, tuple[int, 
               .option("endingOffsets", json.dumps(ending))
               .option("kafka.isolation.level", "read_committed")
               .option("includeHeaders", "true")
-              # A fixed group id: Spark's consumer pool is keyed by it (its default, a fresh id per
-              # query, would give every batch new consumers).
-              .option("kafka.group.id", GROUP)
+              # A fixed group id per variant: Spark's consumer pool is keyed by it and refuses other
+              # parameters under the same id (its default, a fresh id per query, would give every
+              # batch new consumers).
+              .option("kafka.group.id", f"{GROUP}-{variant}")
               .options(**KAFKA_VARIANTS[variant])
               .load())
-    return source.select("key", from_avro(F.col("value"), schema_json, {"mode": "PERMISSIVE"}).alias("value"),
+    value = from_avro(F.col("value"), schema_json, {"mode": "PERMISSIVE"}) if decode else F.col("value")
+    return source.select("key", value.alias("value"),
                          "topic", "partition", "offset", "timestamp", "headers")
 
 
@@ -267,11 +273,15 @@ def run(args, paths: list[str], broker: RunBroker, started_at: datetime) -> int:
     value_schema = load_schema(str(ORDER_SCHEMA_PATH))
     schema_json = ORDER_SCHEMA_PATH.read_text()
     spec = read_spec(bootstrap, value_schema, f"jvm-read-side-{os.getpid()}")
+    raw_spec = read_spec(bootstrap, None, f"jvm-read-side-{os.getpid()}")
 
     def frame_of(path: str, ranges):
+        # "<a|b|bt|bt8>[-raw][+h]": -raw reads without decoding (values as bytes).
         name = path.removesuffix("+h")
-        base = today_frame(spark, spec, topic, ranges) if name == "a" else \
-            kafka_frame(spark, bootstrap, topic, ranges, schema_json, name)
+        raw = name.endswith("-raw")
+        name = name.removesuffix("-raw")
+        base = today_frame(spark, raw_spec if raw else spec, topic, ranges) if name == "a" else \
+            kafka_frame(spark, bootstrap, topic, ranges, schema_json, name, decode=not raw)
         return handed_off(base) if path.endswith("+h") else sink(base)
 
     results: dict = {"kind": "jvm-read", "issue": 55, "started_at": started_at.isoformat(), "settings": vars(args),
@@ -297,7 +307,8 @@ def run(args, paths: list[str], broker: RunBroker, started_at: datetime) -> int:
             got = rows_dict(rows)
             if got["rows"] != args.records:
                 raise SystemExit(f"{path} read {got['rows']} rows, not {args.records}")
-            answers.setdefault("+h" if path.endswith("+h") else "sink", {})[path] = got
+            kind = ("raw" if "-raw" in path else "decoded") + ("+h" if path.endswith("+h") else "")
+            answers.setdefault(kind, {})[path] = got
             cpu_total = sum(v for k, v in m["cpu_s"].items() if k != "broker")
             entry = {"round": rnd + 1, "path": path, **m, "records_per_s": round(args.records / m["wall_s"]),
                      "cpu_s_per_million": {k: round(v * 1e6 / args.records, 2) for k, v in m["cpu_s"].items()},
@@ -328,10 +339,11 @@ def run(args, paths: list[str], broker: RunBroker, started_at: datetime) -> int:
     def kafka_batch(ranges):
         return sink(kafka_frame(spark, bootstrap, topic, ranges, schema_json, args.small_variant)).collect()
 
-    small: dict[str, list] = {"a": [], "b": []}
+    variant = args.small_variant
+    small: dict[str, list] = {"a": [], variant: []}
     for i in range(args.small_batches):
         ranges = {p: (i * per_partition, (i + 1) * per_partition) for p in ends}
-        for path in (("a", "b") if i % 2 == 0 else ("b", "a")):
+        for path in (("a", variant) if i % 2 == 0 else (variant, "a")):
             rows, m = meter.measure(lambda path=path, ranges=ranges: (today_batch if path == "a" else kafka_batch)(ranges))
             if rows[0]["rows"] != per_partition * args.partitions:
                 raise SystemExit(f"small batch {i} {path}: {rows[0]['rows']} rows")
@@ -360,7 +372,9 @@ LABELS = {"a": "a: today (librdkafka + columnar codec in Python)",
           "bt": "bt: b with kafka.max.poll.records=100000",
           "bt8": "bt8: bt with kafka.max.partition.fetch.bytes=8 MB",
           "a+h": "a+h: today + hand-off to Python", "b+h": "b+h: b + hand-off to Python",
-          "bt+h": "bt+h: bt + hand-off to Python", "bt8+h": "bt8+h: bt8 + hand-off to Python"}
+          "bt+h": "bt+h: bt + hand-off to Python", "bt8+h": "bt8+h: bt8 + hand-off to Python",
+          "a-raw": "a-raw: today's reader, values not decoded", "b-raw": "b-raw: b, values not decoded",
+          "bt-raw": "bt-raw: bt, values not decoded", "bt8-raw": "bt8-raw: bt8, values not decoded"}
 
 
 def summary_rows(results: dict) -> list[dict]:

@@ -72,9 +72,10 @@ def check_offsets(shown: dict, source: str, ends: dict[int, int], published: lis
 def kafka_consumer_groups(bootstrap: str, group: str) -> dict[tuple[str, int], dict[str, str]]:
     """`kafka-consumer-groups --describe --group G`: Kafka's own ConsumerGroupCommand, run from the
     broker jars the project resolves; its table by (topic, partition)."""
-    from txstream.local.cluster import _require_java, kafka_libs
+    from txstream.local.cluster import kafka_libs
+    from txstream.local.processes import require_java
 
-    proc = subprocess.run([_require_java(), "-cp", str(kafka_libs() / "*"),
+    proc = subprocess.run([require_java(), "-cp", str(kafka_libs() / "*"),
                            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
                            "--bootstrap-server", bootstrap, "--describe", "--group", group],
                           capture_output=True, text=True, timeout=120)

@@ -44,21 +44,6 @@ def registry_dir() -> Path:
 # Jars
 # ---------------------------------------------------------------------------------------------
 
-def _require_java() -> str:
-    java = shutil.which("java")
-    if not java:
-        raise BrokerError("Java was not found on PATH. Apache Kafka 4 and Spark 4 need Java 17 or "
-                          "newer: install a JDK 17 (e.g. `apt-get install openjdk-17-jdk-headless`).")
-    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
-    try:
-        major = int(out.split('"')[1].split(".")[0])
-    except (IndexError, ValueError):
-        major = 0
-    if major and major < 17:
-        raise BrokerError(f"Java {major} found at {java}; Apache Kafka 4 needs Java 17 or newer.")
-    return java
-
-
 def kafka_libs(progress: Callable[[str], None] = lambda _m: None) -> Path:
     """The directory of Kafka's jars, resolved from Maven Central on first use."""
     artifacts = [Artifact("org.apache.kafka", "kafka_2.13", KAFKA_VERSION),
@@ -375,7 +360,7 @@ class LocalKafkaCluster:
         return os.path.join(node.directory, "requests.log")
 
     def _java_command(self, libs: Path, node: Node, main: str, *args: str) -> list[str]:
-        java = _require_java()
+        java = processes.require_java()
         return [java, f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                 "-Djava.awt.headless=true",
                 # Kafka 4 fetches only the OAuth URLs it is told it may (the JWKS endpoint).
@@ -446,7 +431,7 @@ class LocalKafkaCluster:
         node = self.node(node_id)
         if node.pid is None:
             return
-        _signal_and_wait(node.pid, signal.SIGKILL if hard else signal.SIGTERM, timeout, self._procs.get(node_id))
+        processes.signal_and_wait(node.pid, signal.SIGKILL if hard else signal.SIGTERM, timeout, self._procs.get(node_id))
         node.pid = None
         self._procs.pop(node_id, None)
         self.save()
@@ -463,7 +448,7 @@ class LocalKafkaCluster:
         finally:
             for node in self.nodes:
                 if node.pid:
-                    _signal_and_wait(node.pid, signal.SIGKILL, 10, self._procs.get(node.node_id))
+                    processes.signal_and_wait(node.pid, signal.SIGKILL, 10, self._procs.get(node.node_id))
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     # -- readiness ----------------------------------------------------------------------------
@@ -474,7 +459,7 @@ class LocalKafkaCluster:
     def _wait_node(self, node: Node, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if node.pid is None or not _alive(node.pid, self._procs.get(node.node_id)):
+            if node.pid is None or not processes.alive(node.pid, self._procs.get(node.node_id)):
                 raise BrokerError(f"Kafka node {node.node_id} exited during start-up. "
                                   f"{self.log_errors(node)}Last lines of {node.log_file}:\n{self.log_tail(node)}")
             fresh_log = _read(node.log_file)[self._log_offsets.get(node.node_id, 0):]
@@ -508,7 +493,7 @@ class LocalKafkaCluster:
         except BrokerError:
             for node in self.nodes:
                 if node.pid:
-                    _signal_and_wait(node.pid, signal.SIGKILL, 10, self._procs.get(node.node_id))
+                    processes.signal_and_wait(node.pid, signal.SIGKILL, 10, self._procs.get(node.node_id))
                     node.pid = None
             self.state_file.unlink(missing_ok=True)
             raise
@@ -541,7 +526,7 @@ class LocalKafkaCluster:
         return ("Errors it logged:\n" + "\n".join(errors) + "\n") if errors else ""
 
     def alive_pids(self) -> list[int]:
-        return [n.pid for n in self.nodes if n.pid and _alive(n.pid, self._procs.get(n.node_id))]
+        return [n.pid for n in self.nodes if n.pid and processes.alive(n.pid, self._procs.get(n.node_id))]
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -622,41 +607,6 @@ def registered_clusters() -> list[LocalKafkaCluster]:
         if cluster is not None:
             clusters.append(cluster)
     return clusters
-
-
-# ---------------------------------------------------------------------------------------------
-# Process helpers
-# ---------------------------------------------------------------------------------------------
-
-def _alive(pid: int, proc: subprocess.Popen | None = None) -> bool:
-    if proc is not None:
-        return proc.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie of someone else's counts as gone
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _signal_and_wait(pid: int, sig: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while _alive(pid, proc):
-        if time.monotonic() > deadline:
-            if sig == signal.SIGKILL:
-                return
-            _signal_and_wait(pid, signal.SIGKILL, 10, proc)
-            return
-        time.sleep(0.1)
 
 
 def _read(path: Path) -> str:

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 from txstream.errors import UserError
-from txstream.local.cluster import _alive, _require_java, _signal_and_wait, port_is_free
+from txstream.local.cluster import port_is_free
 from txstream.local.paths import cache_dir
-from txstream.local.processes import die_with_parent
+from txstream.local.processes import alive, die_with_parent, require_java, signal_and_wait
 from txstream.local.tls import TlsMaterial, make_tls_material
 
 APICURIO_VERSION = "3.0.9"
@@ -116,7 +116,7 @@ class LocalRegistry:
             if not port_is_free(port, "127.0.0.1"):
                 raise RegistryError(f"Port {port} is already in use; pick another with --port.")
         runner = apicurio_app(progress)
-        java = _require_java()
+        java = require_java()
         log_path = registries_dir() / f"{self.port}.log"
         self.log = str(log_path)
         command = [java, "-Xmx512m", "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
@@ -170,13 +170,13 @@ class LocalRegistry:
             return False
 
     def alive(self) -> bool:
-        return self.pid is not None and _alive(self.pid, self.__dict__.get("_proc"))
+        return self.pid is not None and alive(self.pid, self.__dict__.get("_proc"))
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.pid is not None and self.alive():
-            _signal_and_wait(self.pid, signal.SIGTERM, timeout, self.__dict__.get("_proc"))
+            signal_and_wait(self.pid, signal.SIGTERM, timeout, self.__dict__.get("_proc"))
             if self.alive():
-                _signal_and_wait(self.pid, signal.SIGKILL, 10, self.__dict__.get("_proc"))
+                signal_and_wait(self.pid, signal.SIGKILL, 10, self.__dict__.get("_proc"))
         self.state_file.unlink(missing_ok=True)
         if self.log:
             Path(self.log).unlink(missing_ok=True)   # its schemas are gone with it: nothing to look back at

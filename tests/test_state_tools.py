@@ -308,3 +308,31 @@ def test_reset_dry_run_then_refusals_then_execute_with_offsets(bootstrap_servers
         assert gone.exit_code == 1 and f"its state topic {app_id}.state does not exist" in gone.output, gone.output
     finally:
         admin.delete_topics(fabricated.topics)
+
+
+def test_offsets_reset_of_a_stateful_app_refuses_to_move_the_offsets_alone(bootstrap_servers, admin) -> None:
+    """`offsets reset` would leave the state counting the input up to the old offsets: refused
+    with --execute (naming `state reset`), warned in a dry run, --force moves the offsets alone."""
+    fabricated = fabricate(bootstrap_servers, admin)
+    app_id, source = fabricated.app_id, fabricated.input_topic
+
+    def offsets_cli(*args: str) -> Result:
+        result = CliRunner().invoke(main, ["offsets", "reset", "--app-id", app_id, "--to-earliest", *args,
+                                           "--bootstrap-servers", bootstrap_servers])
+        assert "Traceback" not in result.output
+        return result
+
+    try:
+        refused = offsets_cli("--execute")
+        assert refused.exit_code == 1, refused.output
+        assert f"group {app_id} is a stateful app's" in refused.output, refused.output
+        assert f"`txstream state reset --app-id {app_id}` and the same target" in refused.output, refused.output
+        assert committed(bootstrap_servers, app_id, source, 2) == {0: 10, 1: 7}
+        dry = offsets_cli()
+        assert dry.exit_code == 0 and "warning: group" in dry.output and "stateful app's" in dry.output, dry.output
+        forced = offsets_cli("--execute", "--force")
+        assert forced.exit_code == 0 and "--force: moving the offsets alone" in forced.output, forced.output
+        assert committed(bootstrap_servers, app_id, source, 2) == {0: 0, 1: 0}
+        assert state_topic(app_id) in kofs.cluster_topics(admin)
+    finally:
+        admin.delete_topics(fabricated.topics)

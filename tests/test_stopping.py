@@ -53,6 +53,9 @@ class Run:
     def ctrl_c(self) -> None:
         os.killpg(self.proc.pid, signal.SIGINT)
 
+    def signal_group(self, signum: int) -> None:
+        os.killpg(self.proc.pid, signum)
+
     def finish(self, timeout: float = 120) -> int:
         code = self.proc.wait(timeout)
         self._reader.join(10)
@@ -115,6 +118,19 @@ def test_ctrl_c_during_a_backlog_finishes_the_batch(bootstrap_servers, admin, pi
     run.ctrl_c()
     printed = _stopped_cleanly(run, run.finish(), admin, app_id, "SIGINT")
     assert 0 < sum(map(int, printed.values())) < 4000, "the stop came after the backlog was done"
+
+
+def test_sigterm_to_the_process_group_during_a_backlog(bootstrap_servers, admin, pipeline) -> None:  # noqa: ANN001
+    """`kill -TERM -PGID` (systemd's stop of the unit's processes, a supervisor's group kill): the
+    Spark JVM shares the driver's group and must not die under the batch being finished (it did:
+    'Job cancelled because SparkContext was shut down', a traceback, exit 1)."""
+    source, sink, dlq, app_id = pipeline
+    run = Run(bootstrap_servers, app_id, source, sink, dlq, "--max-records-per-partition", "100")
+    run.wait_for_line("batch 2 ")
+    run.signal_group(signal.SIGTERM)
+    printed = _stopped_cleanly(run, run.finish(), admin, app_id, "SIGTERM")
+    assert 0 < sum(map(int, printed.values())) < 4000, "the stop came after the backlog was done"
+    assert not any(" failed (" in line for line in run.lines), run.text
 
 
 def test_sigterm_when_idle(bootstrap_servers, admin, pipeline) -> None:  # noqa: ANN001

@@ -82,3 +82,52 @@ def test_a_transform_spark_optimises_to_reading_nothing_is_refused(topics, run_p
     with pytest.raises(TransformError, match=r"reads none of the batch's input"):
         run_processor(NothingEver, inputs=[source], output=sink, dead_letter=dlq, app_id=app_id)
     assert not any(committed_offsets(admin, app_id, None, stable=True, timeout=30).values())
+
+
+def test_a_transform_that_fails_its_check_leaves_a_running_group_alone(bootstrap_servers, make_topic, topics,
+                                                                        run_processor) -> None:
+    """Issue 51: a newcomer's bad transform is refused before it joins a group with members, so a
+    running instance (here a consumer with the driver's assignment strategy, holding both
+    partitions; any rebalance calls its on_assign, a join takes a partition away) sees none. The
+    processor's setup, where Spark's start-up would be, gives a join the driver made 5 s (ten of
+    the member's heartbeats) to reach the member; a driver that joins early fails the test."""
+    import threading
+
+    from confluent_kafka import Consumer
+
+    from tests.support.waiting import wait_until
+
+    _, sink, dlq = topics
+    source = make_topic("in2", 2)
+    group = f"running-{uuid.uuid4().hex[:8]}"
+    changes: list[str] = []
+    rebalanced = threading.Event()
+
+    def revoked(_consumer, partitions) -> None:  # noqa: ANN001
+        changes.append(f"revoked {len(partitions)}")
+        rebalanced.set()
+
+    class SlowToFail(MissingField):
+        def setup(self, spark) -> None:  # noqa: ANN001
+            rebalanced.wait(5)
+
+    member = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False,
+                       "heartbeat.interval.ms": 500, "partition.assignment.strategy": "cooperative-sticky"})
+    member.subscribe([source], on_assign=lambda _c, ps: changes.append(f"assigned {len(ps)}"), on_revoke=revoked)
+    stop = threading.Event()
+
+    def poll() -> None:   # a live member heartbeats and takes part in any rebalance
+        while not stop.is_set():
+            member.poll(0.1)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    try:
+        poller.start()
+        wait_until(lambda: changes == ["assigned 2"], 60, "the running member's assignment")
+        with pytest.raises(SchemaError, match=r"`value.customer_id` is required"):
+            run_processor(SlowToFail, inputs=[source], output=sink, dead_letter=dlq, app_id=group)
+        assert changes == ["assigned 2"], changes
+    finally:
+        stop.set()
+        poller.join(10)
+        member.close()

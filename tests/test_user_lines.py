@@ -26,6 +26,20 @@ def test_a_wide_transform_is_described_in_words() -> None:
         assert describe_wide([part]) == words, part
 
 
+def test_a_computed_grouping_key_is_named_from_the_plan() -> None:
+    """groupBy(F.col("value.customer_id").alias(...)): Spark shuffles by `_groupingexpression#7`,
+    which the plan's Project computes; the user is told the expression (Spark 4.3's plan text)."""
+    plan = ("+- HashAggregate(keys=[_groupingexpression#7], functions=[count(1)], output=[customer_id#1, count(1)#4L])\n"
+            "   +- Exchange hashpartitioning(_groupingexpression#7, 200), ENSURE_REQUIREMENTS, [plan_id=15]\n"
+            "      +- Project [amount#3, concat(value#0.a, -, upper(value#0.b)) AS _groupingexpression#70, "
+            "value#0.customer_id AS _groupingexpression#7]\n")
+    part = "Exchange hashpartitioning(_groupingexpression#7, 200), ENSURE_REQUIREMENTS, [plan_id=15]"
+    assert describe_wide([part], plan) == "it brings rows together by value.customer_id (a shuffle)"
+    both = "Exchange hashpartitioning(_groupingexpression#70, _groupingexpression#7, 200), ENSURE_REQUIREMENTS"
+    assert describe_wide([both], plan) == \
+        "it brings rows together by concat(value.a, -, upper(value.b)), value.customer_id (a shuffle)"
+
+
 def row(index: int, status: str, records: int = 10) -> dict:
     return dict(index=index, status=status, records_in=records, records_out=records, dead_letters=0,
                 committed=-1, read_s=0.1, upstream_s=0.2, produce_s=0.05, commit_s=0.02, init_s=0.0,

@@ -174,8 +174,8 @@ def reset_target(to_earliest: bool, to_latest: bool, to_offset: int | None, to_d
 @click.option("--dry-run/--execute", "dry_run", default=True, show_default=True,
               help="Only show what would change (default), or change it.")
 @click.option("--force", is_flag=True,
-              help="Reset a wide app with a pending batch (planned, not closed), abandoning that batch "
-                   "(docs/offsets.md).")
+              help="Reset a wide app with a pending batch (planned, not closed), abandoning that batch, or a "
+                   "stateful app's offsets without its state (docs/offsets.md).")
 @_TIMEOUT
 def reset(app_id: str, clients: KafkaClients, to_earliest: bool, to_latest: bool, to_offset: int | None,
           to_datetime: str | None, shift_by: int | None, topics: tuple[str, ...], dry_run: bool, force: bool,

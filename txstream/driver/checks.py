@@ -41,23 +41,52 @@ def check_output(out, settings: RunSettings) -> None:
     if "partition" in fields and not isinstance(fields["partition"], (T.IntegerType, T.LongType, T.ShortType)):
         raise TransformError(f"The output `partition` column is {fields['partition'].simpleString()}; it must be int.")
 
+def physical_plan(frame) -> str:
+    return frame._jdf.queryExecution().executedPlan().toString()
+
+
 def wide_parts(frame, own_coalesce: bool = False) -> list[str]:
     """The exchanges (shuffles) and partition merges of the frame's physical plan: empty for a
     narrow transform, whose rows keep the reading task they came from. `own_coalesce`: the
     topmost merge is the driver's own, grouping ranges into slots (driver/slots.py)."""
-    plan_text = frame._jdf.queryExecution().executedPlan().toString()
+    plan_text = physical_plan(frame)
     shuffles = [line.strip() for line in plan_text.splitlines()
                 if "Exchange" in line and "BroadcastExchange" not in line]
     merges = [line.strip() for line in plan_text.splitlines() if "Coalesce" in line and "coalesce(" not in line]
     return shuffles + merges[1 if own_coalesce else 0:]
 
 
-def describe_wide(parts: list[str]) -> str:
-    """What makes a transform wide, in words, from the first of its `wide_parts` (plan lines)."""
+def _aliased(plan: str, name: str) -> str | None:
+    """The expression the plan computes as `name` (`... AS _groupingexpression#7` in a Project:
+    Spark's name for a groupBy key that is not a plain column), without its `#N` ids."""
+    found = re.search(rf" AS {re.escape(name)}(?![\w#])", plan)
+    if found is None:
+        return None
+    depth, start = 0, found.start()
+    at = start
+    while start > 0:   # back to the list's `[` or `, ` at the expression's own depth
+        char = plan[start - 1]
+        if char in ")]":
+            depth += 1
+        elif char in "([":
+            if depth == 0:
+                break
+            depth -= 1
+        elif char == "," and depth == 0:
+            break
+        start -= 1
+    return re.sub(r"#\d+L?", "", plan[start:at]).strip() or None
+
+
+def describe_wide(parts: list[str], plan: str = "") -> str:
+    """What makes a transform wide, in words, from the first of its `wide_parts` (plan lines);
+    `plan`, the whole physical plan, names the keys Spark computes under its own names."""
     part = parts[0] if parts else ""
 
     def columns(text: str) -> str:
-        names = [re.sub(r"#\d+L?$", "", c.strip().split(" ")[0]) for c in text.split(",")[:-1]]
+        ids = [c.strip().split(" ")[0] for c in text.split(",")[:-1]]
+        names = [(_aliased(plan, i) if i.startswith("_groupingexpression") else None)
+                 or re.sub(r"#\d+L?$", "", i) for i in ids]
         named = [n for n in names if n and not n.startswith("_groupingexpression")]
         return ", ".join(named) if named else "a computed key"
 

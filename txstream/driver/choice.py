@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from txstream.driver.batches import BatchProtocol
-from txstream.driver.checks import describe_wide, wide_parts
+from txstream.driver.checks import describe_wide, physical_plan, wide_parts
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.narrow import NarrowBatches, first_job
 from txstream.driver.pacing import Pacing
@@ -56,7 +56,7 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
     from txstream.driver.determinism import check_deterministic
     from txstream.driver.wide import WideBatches
 
-    echo(f"the transform is wide: {describe_wide(parts)}")
+    echo(f"the transform is wide: {describe_wide(parts, physical_plan(frame))}")
     loose = check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
                                 s.allow_nondeterministic)
     for part in loose:

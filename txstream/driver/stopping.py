@@ -5,7 +5,7 @@ The first SIGINT or SIGTERM only sets the loop's stop event: the batch in flight
 aborts) as one unit either way, so waiting for it loses nothing and the next run starts where the
 group's offsets say. A second signal cancels Spark's jobs (the tasks' open transactions abort) for
 a user who cannot wait. A terminal's Ctrl-C reaches the whole foreground process group, but the
-Spark JVM ignores SIGINT and its Python workers run in a group of their own, so the stop is ours
+Spark JVM ignores SIGINT and SIGTERM and its Python workers run in a group of their own, so the stop is ours
 (SparkContext's own SIGINT handler, which cancels every job, is replaced again: spark/session.py).
 
 Exit codes: 0 after a stop on request, 128 + the signal's number (130 SIGINT, 143 SIGTERM) when a

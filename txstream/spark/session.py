@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -240,11 +241,12 @@ def _launch_jvm(app_name: str, master: str | None, settings: dict[str, str]) -> 
     (`launch_gateway` takes Popen's arguments, the builder does not pass any). Nothing is launched
     when a JVM already exists (spark-submit's, or a session's before).
 
-    The JVM stays in the driver's process group, so a kill of the group still ends driver, JVM and
-    workers together; pyspark starts it ignoring SIGINT, and Spark's Python daemon puts itself and
-    its workers in a group of their own, so a terminal's Ctrl-C reaches the driver only."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
+    The JVM stays in the driver's process group, so a kill -9 of the group still ends driver, JVM
+    and workers together; pyspark starts it ignoring SIGINT and txstream makes it ignore SIGTERM
+    too (a `kill -TERM -PGID`, systemd's stop, would end it under the batch the driver is
+    finishing); it exits when the driver does (its stdin closes). Spark's Python daemon puts itself
+    and its workers in a group of their own, so a group's signal reaches the driver only."""
+    from pyspark import SparkConf, SparkContext, java_gateway
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:  # noqa: SLF001
         return
@@ -258,8 +260,26 @@ def _launch_jvm(app_name: str, master: str | None, settings: dict[str, str]) -> 
     for key, value in settings.items():
         conf.set(key, value)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as output:   # the JVM keeps its own descriptor
-        gateway = launch_gateway(conf, popen_kwargs={"stdout": output, "stderr": subprocess.STDOUT})
+    popen = java_gateway.Popen
+
+    def ignoring_sigterm(command, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        # launch_gateway sets its own preexec_fn (SIGINT ignored); SIGTERM is added to it. An
+        # ignored signal stays ignored across exec, and the JVM then installs no handler for it.
+        first = kwargs.get("preexec_fn")
+
+        def preexec() -> None:
+            if first is not None:
+                first()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+        return popen(command, **{**kwargs, "preexec_fn": preexec})
+
+    java_gateway.Popen = ignoring_sigterm
+    try:
+        with open(path, "ab") as output:   # the JVM keeps its own descriptor
+            gateway = java_gateway.launch_gateway(conf, popen_kwargs={"stdout": output, "stderr": subprocess.STDOUT})
+    finally:
+        java_gateway.Popen = popen
     SparkContext._ensure_initialized(gateway=gateway)  # noqa: SLF001
 
 

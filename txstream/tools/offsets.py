@@ -195,14 +195,29 @@ def wide_app_state(admin: AdminClient, group_id: str, timeout: float = DEFAULT_T
                       "abandon it")
 
 
+def stateful_refusal(admin: AdminClient, group_id: str, timeout: float = DEFAULT_TIMEOUT) -> str | None:
+    """Why the offsets of a stateful app must not move alone, or None: its state (changelog and
+    snapshots, described in `<app>.state`, which the engine creates for every stateful app) counts
+    the input up to the committed offsets, and would count records again or miss them."""
+    from txstream.state.operator import state_topic
+
+    if state_topic(group_id) not in cluster_topics(admin, timeout):
+        return None
+    return (f"group {group_id} is a stateful app's (its state described in {state_topic(group_id)}): moving its "
+            "offsets without its state makes the two disagree (the state would count again the records read "
+            f"again, or keep those skipped). Reset both with `txstream state reset --app-id {group_id}` and the "
+            "same target, or pass --force to move the offsets alone")
+
+
 def reset_offsets(admin: AdminClient, group_id: str, target: ResetTarget,
                   selection: Mapping[str, Sequence[int] | None] | None = None, *, execute: bool = False,
-                  timeout: float = DEFAULT_TIMEOUT, force: bool = False) -> ResetResult:
+                  timeout: float = DEFAULT_TIMEOUT, force: bool = False, with_state: bool = False) -> ResetResult:
     """`--reset-offsets` end to end: check the group is idle, plan, and with `execute` commit.
 
     `selection` maps topic -> partitions (None = all of the topic); without it the reset covers
     every partition the group has committed offsets for. A dry run (execute=False) changes nothing.
-    A wide app's pending batch refuses an executed reset unless `force` (wide_app_state).
+    A wide app's pending batch refuses an executed reset unless `force` (wide_app_state), and so
+    does a stateful app's state unless `with_state` (`state reset` deletes it) or `force`.
     """
     if selection:
         parts = select_partitions(admin, selection, timeout)
@@ -222,6 +237,12 @@ def reset_offsets(admin: AdminClient, group_id: str, target: ResetTarget,
             raise OffsetsError(refusal)
         result.warnings.append(refusal.replace("or pass --force to abandon it", "or --force abandons it")
                                if not force else f"abandoning it: {refusal.split(';')[0]}")
+    stateful = None if with_state else stateful_refusal(admin, group_id, timeout)
+    if stateful is not None:
+        if execute and not force:
+            raise OffsetsError(stateful)
+        result.warnings.append(stateful.replace("or pass --force to move", "or --force moves")
+                               if not force else f"--force: moving the offsets alone: {stateful.split(':')[0]}")
     if execute:
         # Re-check just before writing: a member may have joined while we planned.
         ensure_inactive(describe_group(admin, group_id, timeout))

@@ -148,7 +148,7 @@ def reset_state(clients: KafkaClients, app_id: str, target: ofs.ResetTarget | No
         result.warnings.append(f"--force: {refusal.split('. Resetting')[0]}")
     if target is not None:
         result.offsets = ofs.reset_offsets(admin, app_id, target, selection or None, execute=execute,
-                                           timeout=timeout, force=force)
+                                           timeout=timeout, force=force, with_state=True)
     if execute:
         ofs.ensure_inactive(kofs.describe_group(admin, app_id, timeout))   # a member may have joined meanwhile
         delete_topics(admin, [t.name for t in topics], timeout)

@@ -113,6 +113,11 @@ def test_status_of_an_unknown_app_lists_the_known_ones(bootstrap_servers: str, m
     assert real in result.output.split("app ids with committed offsets:")[1]
     found = CliRunner().invoke(main, ["status", "--app-id", real, "-b", bootstrap_servers])
     assert found.exit_code == 0 and topic in found.output, found.output
+    # offsets show says the same of a typo; with --topic it shows the topic for a group yet to commit.
+    shown = CliRunner().invoke(main, ["offsets", "show", "--app-id", typo, "-b", bootstrap_servers])
+    assert shown.exit_code == 1 and f"did you mean {real!r}" in shown.output, shown.output
+    planned = CliRunner().invoke(main, ["offsets", "show", "--app-id", typo, "--topic", topic, "-b", bootstrap_servers])
+    assert planned.exit_code == 0 and topic in planned.output, planned.output
 
 
 def test_produce_says_what_it_wrote_when_the_broker_dies(kafka_cluster_factory, tmp_path: Path) -> None:  # noqa: ANN001

@@ -69,10 +69,10 @@ def test_dash_x_wins_over_the_file(sasl_cluster: LocalKafkaCluster, topics: tupl
                                    tmp_path: Path) -> None:
     config = tmp_path / "client.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in {**SASL, "sasl.password": "wrong"}.items()))
-    proc = txstream("offsets", "show", "--app-id", "sasl-app", "--bootstrap-servers",
+    proc = txstream("offsets", "show", "--app-id", "sasl-app", "--topic", topics[0], "--bootstrap-servers",
                     sasl_cluster.sasl_bootstrap_servers, "--command-config", str(config),
                     "-X", f"sasl.password={PASSWORD}", "--timeout", "20")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0 and topics[0] in proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("command", ["produce", "consume", "offsets", "verify"])

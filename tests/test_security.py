@@ -91,10 +91,12 @@ def test_commands_work_through_tls_and_scram(secured: dict) -> None:
 def test_a_client_certificate_is_accepted(secured: dict) -> None:
     ca = load_properties(secured["config"])["ssl.ca.location"]
     tls = Path(ca).parent
-    proc = txstream("offsets", "show", "--app-id", "x", "--bootstrap-servers", secured["secured"],
+    topic = f"cert-{uuid.uuid4().hex[:6]}"
+    _topics(secured["plain"], topic)
+    proc = txstream("offsets", "show", "--app-id", "x", "--topic", topic, "--bootstrap-servers", secured["secured"],
                     "--command-config", secured["config"], "-X", f"ssl.keystore.location={tls / 'client.p12'}",
                     "-X", f"ssl.keystore.password={(tls / 'password').read_text().strip()}", "--timeout", "20")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0 and topic in proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("wrong", [

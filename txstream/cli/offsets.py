@@ -88,6 +88,11 @@ def _show(admin: kofs.AdminClient, group_id: str, selection: dict[str, list[int]
     named = kofs.select_partitions(admin, selection, timeout) if selection else []
     group = kofs.describe_group(admin, group_id, timeout)
     committed = kofs.committed_offsets(admin, group_id, None, stable=False, timeout=timeout)
+    if not group.members and not committed and not selection:   # a typo, most likely: as `status` says
+        from txstream.errors import OffsetsError
+        from txstream.tools.status import unknown_app
+
+        raise OffsetsError(unknown_app(admin, group_id, timeout))
     # Partitions of topics whose commits outlived them cannot be measured; say so instead of failing.
     gone = sorted({p.topic for p in committed if p.topic not in known})
     parts = sorted({p for p in committed if p.topic in known} | set(named))

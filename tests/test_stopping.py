@@ -160,9 +160,23 @@ def test_a_second_ctrl_c_aborts(bootstrap_servers, admin, pipeline, tmp_path) ->
     code = run.finish()
     assert code == 128 + signal.SIGINT, run.text
     assert any("SIGINT again: aborting the batch in flight" in line for line in run.lines), run.text
-    stops = [line for line in run.lines if line.startswith("stopped after batch")]
-    assert len(stops) == 1 and "SIGINT, then SIGINT aborted the last batch" in stops[0], run.text
+    stops = [line for line in run.lines if line.startswith("stopped ")]
+    assert len(stops) == 1 and stops[0].startswith("stopped in batch 1: SIGINT, then SIGINT aborted it;"), run.text
     assert "Traceback" not in run.text and "Aborted!" not in run.text, run.text
     assert not any(" failed (" in line for line in run.lines), "the aborted batch was reported as a failure"
     assert not describe_group(admin, app_id, timeout=30).members, "the run did not leave its group"
     assert not describe_group(admin, app_id, timeout=30).members
+
+
+def test_the_stop_line_says_when_no_batch_ran_and_what_has_no_offset() -> None:
+    import threading
+
+    from txstream.driver.stopping import StopSignals
+
+    stop = StopSignals(threading.Event(), lambda _line: None, lambda: None)
+    stop.signal_name = "SIGTERM"
+    assert stop.line(0, {("orders", 0): None, ("orders", 1): 7}) == \
+        "stopped before any batch: SIGTERM; committed up to orders[0]@-, orders[1]@7"
+    assert stop.line(3, {("orders", 0): 12}) == "stopped after batch 3: SIGTERM; committed up to orders[0]@12"
+    stop.aborted_by = signal.SIGINT
+    assert stop.line(4, None).startswith("stopped in batch 4: SIGTERM, then SIGINT aborted it; ")

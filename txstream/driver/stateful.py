@@ -160,7 +160,7 @@ class StatefulBatches(WideBatches):
                 continue
             try:
                 self.admin.create_topics([NewTopic(name, partitions, min(3, brokers), config=dict(config))])[name].result(30)
-                self.echo(f"created the state topic {name} ({partitions} partitions)")
+                self.echo(f"created the state topic {name} ({partitions} partition{'s' if partitions != 1 else ''})")
             except Exception as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
                     raise (create_refused(exc, app) or exc) from None

@@ -58,7 +58,7 @@ class StopSignals:
 
     def line(self, batch_id: int, committed: dict[tuple[str, int], int | None] | None) -> str:
         """`stopped after batch N: SIGINT; committed up to orders[0]@120, ...`"""
-        how = f"{self.signal_name}, then {signal.Signals(self.aborted_by).name} aborted the last batch" \
+        how = f"{self.signal_name}, then {signal.Signals(self.aborted_by).name} aborted it" \
             if self.aborted_by is not None else self.signal_name
         if committed is None and self.aborted_by is not None:
             where = ("the committed offsets could not be read: the aborted batch's transactions may "
@@ -69,6 +69,8 @@ class StopSignals:
             where = "no partition was assigned"
         else:
             where = "committed up to " + ", ".join(
-                f"{topic}[{partition}]@{'none' if offset is None else offset}"
+                f"{topic}[{partition}]@{'-' if offset is None else offset}"   # '-': as kafka-consumer-groups.sh
                 for (topic, partition), offset in sorted(committed.items()))
-        return f"stopped after batch {batch_id}: {how}; {where}"
+        if self.aborted_by is not None:
+            return f"stopped in batch {batch_id}: {how}; {where}"
+        return f"stopped after batch {batch_id}: {how}; {where}" if batch_id else f"stopped before any batch: {how}; {where}"

@@ -470,3 +470,43 @@ def test_a_key_emitted_again_before_its_expiry_is_still_a_duplicate() -> None:
         "app batch 1: state key b'[\"a\"]' emitted 2 times (batches [1, 3])"]
     assert not audit([None, 5000, 5000], None).clean                   # no expiry: never forgotten
     assert audit([None, 5000, 5000], b"5000").expired_again == 1
+
+
+def test_a_key_emitted_again_after_a_state_reset_is_not_a_duplicate(bootstrap_servers, spark, topics) -> None:
+    """`txstream state reset --to-earliest` starts the state and the offsets over: every id is
+    emitted again, legitimately. verify tells the two lives of the state apart by their epochs."""
+    source, out, dlq = topics("dr-in", 1), topics("dr-out"), topics("dr-dlq")
+    data = list(orders(20))
+    produce(bootstrap_servers, source, [(o["id"].encode(), avro_bytes(ORDER, o)) for o in data])
+    app_id = f"vm-reset-{uuid.uuid4().hex[:6]}"
+    run = functools.partial(_run, bootstrap_servers, spark, Deduplicates, app_id, source, [out], dlq,
+                            dead_letters=0, max_records_per_partition=10)
+    run()
+    reset = CliRunner().invoke(cli, ["state", "reset", "--app-id", app_id, "--to-earliest", "--execute",
+                                     "-b", bootstrap_servers])
+    assert reset.exit_code == 0, reset.output
+    run()
+    emitted = Counter(json.loads(r.value)["currency"] for r in read_all(bootstrap_servers, out))
+    assert set(emitted.values()) == {2}, emitted   # each currency once per life of the state
+    code, output = AppRun("reset", app_id, source, [out], dlq).verify([out], dlq, bootstrap=bootstrap_servers)
+    assert code == 0 and "CLEAN" in output, output
+
+
+def test_a_key_emitted_twice_in_one_life_of_the_state_is_a_duplicate() -> None:
+    """The epoch rule at its edges (no broker): the same key in batches of two epochs is clean, in
+    two batches of one epoch a duplicate."""
+    from txstream.tools.verify_wide import WideAudit, WideLineage
+
+    def audit(epochs: list[str]) -> WideAudit:
+        wide = WideAudit()
+        for batch, epoch in enumerate(epochs, 1):
+            wide.add_batch("app", json.dumps({"batch": batch, "ranges": [], "unit_records": {"0": 1},
+                                              "state": {"operator": "dedup", "kind": "dedup", "output_mode": "append",
+                                                        "epoch": epoch, "watermark_ms": None, "unit_merged": {},
+                                                        "unit_late": {}}}).encode())
+            wide.add(WideLineage("app", batch, 0, f"p{batch}".encode(), b"0"), b"{}", b'["a"]', None)
+        wide.finish({}, {}, {}, "app")
+        return wide
+
+    assert audit(["e1", "e2"]).clean
+    assert audit(["e1", "e1"]).problems == ["app batch 1: state key b'[\"a\"]' emitted 2 times (batches [1, 2])"]

@@ -253,7 +253,8 @@ class StatefulBatches(WideBatches):
         d = self.description
         # A hopping window counts a row in each window that holds it: its rows merged exceed the rows read.
         hopping = bool(d.window and d.window.get("slide_ms", 0) < d.window.get("size_ms", 0))
-        return {"state": {"operator": d.operator, "kind": d.kind, "output_mode": d.output_mode,
+        # The epoch: after a `txstream state reset` keys start over, and their second emission is no duplicate.
+        return {"state": {"operator": d.operator, "kind": d.kind, "output_mode": d.output_mode, "epoch": d.epoch,
                           "watermark_ms": batch.watermark_ms, "rows_once": not hopping,
                           "unit_merged": {str(i): m.merged for i, m in sorted(done.items())},
                           "unit_late": {str(i): m.late for i, m in sorted(done.items())}}}

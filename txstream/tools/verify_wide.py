@@ -184,7 +184,8 @@ class WideAudit:
             if state is None:
                 continue
             mode, windowed = state["output_mode"], state["kind"] in ("window", "session")
-            slot = (app, key) if mode == "append" else (app, key, batch)
+            # Keyed by the state's epoch too: a `state reset` starts every key over (docs/state.md).
+            slot = (app, state.get("epoch"), key) if mode == "append" else (app, state.get("epoch"), key, batch)
             seen.setdefault(slot, []).append((batch, expires if state["kind"] == "dedup" else None))
             watermark = state.get("watermark_ms")
             if windowed and watermark is not None:
@@ -203,13 +204,13 @@ class WideAudit:
                      if not self._expired_between(facts, slot[0] or default_app, b1, b, expires)]
             if again:
                 batches = [b for b, _ in emitted]
-                what = "emitted" if len(slot) == 2 else "updated"
-                self._problem(f"{_name(slot[0], batches[0])}: state key {slot[1][:60]!r} {what} {len(batches)} times "
+                what = "emitted" if len(slot) == 3 else "updated"
+                self._problem(f"{_name(slot[0], batches[0])}: state key {slot[2][:60]!r} {what} {len(batches)} times "
                               f"(batches {batches[:5]})")
             else:
                 self.expired_again += 1
                 if len(self.expired_samples) < SAMPLES:
-                    self.expired_samples.append(f"{slot[1][:60]!r} (batches {[b for b, _ in emitted][:5]})")
+                    self.expired_samples.append(f"{slot[2][:60]!r} (batches {[b for b, _ in emitted][:5]})")
         for (app, batch), state in sorted(facts.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
             record = next(r for r in self.batches.get((app, batch), self.batches.get((None, batch), [])) if r.get("state"))
             read = 0

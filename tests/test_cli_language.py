@@ -154,3 +154,32 @@ def test_produce_says_what_it_wrote_when_the_broker_dies(kafka_cluster_factory, 
     assert acknowledged <= 100 and acknowledged + missing == 150, error
     assert "Message timed out" in error and "may or may not be in the topic" in error, error
     assert time.monotonic() - began < 4 * 2 + 10, "produce waited longer than its timeout allows"
+
+
+def test_produce_stops_reading_its_input_once_kafka_stops_acknowledging(kafka_cluster_factory) -> None:  # noqa: ANN001
+    """A large input and a broker that dies: the rest of the input is not read (each record would
+    only wait its timeout too); the error says how far the input was read."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from txstream.errors import KafkaFailure
+    from txstream.tools.topic_io import produce_lines
+
+    cluster = kafka_cluster_factory(1, controlled=True)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    admin.create_topics([NewTopic("big", 1, 1)])["big"].result(30)
+    wait_until(lambda: "big" in admin.list_topics(timeout=10).topics, 30, "the topic in the metadata")
+    total, pulled = 3_000_000, [0]
+
+    def lines():
+        for i in range(total):
+            pulled[0] += 1
+            if i == 1000:
+                for node in cluster.local.nodes:
+                    cluster.local.stop_node(node.node_id, hard=True)
+            yield f'{{"n": {i}}}'
+
+    began = time.monotonic()
+    with pytest.raises(KafkaFailure, match=r"the input was read up to its record \d+ only") as failed:
+        produce_lines(cluster.bootstrap_servers, "big", lines(), timeout=3)
+    assert pulled[0] < total // 2, (pulled[0], str(failed.value))
+    assert time.monotonic() - began < 60, "produce went on reading after Kafka stopped answering"

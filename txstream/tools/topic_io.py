@@ -102,7 +102,9 @@ def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str],
         if transactional:
             producer.init_transactions(timeout)
             producer.begin_transaction()
-        count = _produce_all(producer, topic, lines, encode, value_schema, key_field, partition)
+        # Once Kafka stops acknowledging, the rest of the input is not read: it would only time out too.
+        count, read_all = _produce_all(producer, topic, lines, encode, value_schema, key_field, partition,
+                                       failing=lambda: bool(errors))
         if transactional:
             producer.commit_transaction(timeout)
     except KafkaException as exc:
@@ -116,14 +118,18 @@ def produce_lines(clients: KafkaClients | str, topic: str, lines: Iterable[str],
             f"producing to {topic}: {delivered[0]} of {count} records acknowledged, {count - delivered[0]} not"
             + (f" ({remaining} still unacknowledged after {timeout:g}s)" if remaining else "")
             + (f"; Kafka said: {said}" if said else "")
-            + "; the unacknowledged ones may or may not be in the topic")
+            + "; the unacknowledged ones may or may not be in the topic"
+            + ("" if read_all else f"; the input was read up to its record {count} only"))
     return count
 
 
 def _produce_all(producer: Producer, topic: str, lines: Iterable[str], encode: Any, value_schema: dict | None,
-                 key_field: str | None, partition: int | None) -> int:
+                 key_field: str | None, partition: int | None, failing: Any = lambda: False) -> tuple[int, bool]:
+    """(records produced, whether the input was read to its end: not once `failing()`)."""
     count = 0
     for number, line in enumerate(lines, 1):
+        if number % 1000 == 0 and failing():
+            return count, False
         line = line.strip()
         if not line:
             continue
@@ -142,7 +148,7 @@ def _produce_all(producer: Producer, topic: str, lines: Iterable[str], encode: A
             raise ValueError(f"line {number} does not fit the Avro schema: {exc}") from None
         produce_waiting(producer, topic, payload, key, partition)
         count += 1
-    return count
+    return count, True
 
 
 def _jsonable(value: Any) -> Any:

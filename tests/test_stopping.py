@@ -51,7 +51,7 @@ class Run:
         assert any(line.startswith(prefix) for line in self.lines), "\n".join(self.lines)
 
     def ctrl_c(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGINT)
+        self.signal_group(signal.SIGINT)
 
     def signal_group(self, signum: int) -> None:
         os.killpg(self.proc.pid, signum)

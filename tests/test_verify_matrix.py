@@ -37,6 +37,7 @@ from txstream import Processor
 from txstream.cli import main as cli
 from txstream.kafka import headers as hdr
 from txstream.serde.avro import load_schema
+from txstream.tools.verify_wide import WideAudit, WideLineage
 
 ORDER_SCHEMA = "schemas/order.avsc"
 ORDER = load_schema(ORDER_SCHEMA)
@@ -447,23 +448,29 @@ def test_an_id_emitted_again_after_its_expiry_is_not_a_duplicate(bootstrap_serve
     assert code == 1 and f"duplicate: {where} repeats publication" in output, output
 
 
+def _dedup_audit(batches: list[tuple[int | None, str]], emitted_in: tuple[int, ...],
+                 expires: bytes | None) -> WideAudit:
+    """verify's wide audit of a deduplication's batches 1.. (each its watermark and the state's
+    epoch) whose output emits key ["a"] in the batches `emitted_in`, each naming `expires`."""
+    wide = WideAudit()
+    for batch, (watermark, epoch) in enumerate(batches, 1):
+        wide.add_batch("app", json.dumps({"batch": batch, "ranges": [], "unit_records": {"0": int(batch in emitted_in)},
+                                          "state": {"operator": "dedup", "kind": "dedup", "output_mode": "append",
+                                                    "epoch": epoch, "watermark_ms": watermark, "unit_merged": {},
+                                                    "unit_late": {}}}).encode())
+    for batch in emitted_in:
+        wide.add(WideLineage("app", batch, 0, f"p{batch}".encode(), b"0"), b"{}", b'["a"]', expires)
+    wide.finish({}, {}, {}, "app")
+    return wide
+
+
 def test_a_key_emitted_again_before_its_expiry_is_still_a_duplicate() -> None:
     """The rule the test above relies on, at its edges (no broker): a deduplicated key emitted in
     batch 1 (expiring at 5000 ms) and again in batch 3 is legitimate only if batch 1 or 2 ran with a
     watermark at or past 5000 (batch 3's own watermark comes too late: it forgets after merging)."""
-    from txstream.tools.verify_wide import WideAudit, WideLineage
 
     def audit(watermarks: list[int | None], expires: bytes | None) -> WideAudit:
-        wide = WideAudit()
-        for batch, watermark in enumerate(watermarks, 1):
-            wide.add_batch("app", json.dumps({"batch": batch, "ranges": [], "unit_records": {"0": int(batch in (1, 3))},
-                                              "state": {"operator": "dedup", "kind": "dedup", "output_mode": "append",
-                                                        "watermark_ms": watermark, "unit_merged": {},
-                                                        "unit_late": {}}}).encode())
-        for batch in (1, 3):
-            wide.add(WideLineage("app", batch, 0, f"p{batch}".encode(), b"0"), b"{}", b'["a"]', expires)
-        wide.finish({}, {}, {}, "app")
-        return wide
+        return _dedup_audit([(w, "e") for w in watermarks], (1, 3), expires)
 
     assert audit([None, 5000, 5000], b"5000").clean                     # forgotten in batch 2
     assert audit([4000, 4999, 5000], b"5000").problems == [              # batch 3 still held it
@@ -495,18 +502,9 @@ def test_a_key_emitted_again_after_a_state_reset_is_not_a_duplicate(bootstrap_se
 def test_a_key_emitted_twice_in_one_life_of_the_state_is_a_duplicate() -> None:
     """The epoch rule at its edges (no broker): the same key in batches of two epochs is clean, in
     two batches of one epoch a duplicate."""
-    from txstream.tools.verify_wide import WideAudit, WideLineage
 
     def audit(epochs: list[str]) -> WideAudit:
-        wide = WideAudit()
-        for batch, epoch in enumerate(epochs, 1):
-            wide.add_batch("app", json.dumps({"batch": batch, "ranges": [], "unit_records": {"0": 1},
-                                              "state": {"operator": "dedup", "kind": "dedup", "output_mode": "append",
-                                                        "epoch": epoch, "watermark_ms": None, "unit_merged": {},
-                                                        "unit_late": {}}}).encode())
-            wide.add(WideLineage("app", batch, 0, f"p{batch}".encode(), b"0"), b"{}", b'["a"]', None)
-        wide.finish({}, {}, {}, "app")
-        return wide
+        return _dedup_audit([(None, e) for e in epochs], (1, 2), None)
 
     assert audit(["e1", "e2"]).clean
     assert audit(["e1", "e1"]).problems == ["app batch 1: state key b'[\"a\"]' emitted 2 times (batches [1, 2])"]

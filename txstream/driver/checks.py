@@ -41,15 +41,16 @@ def check_output(out, settings: RunSettings) -> None:
     if "partition" in fields and not isinstance(fields["partition"], (T.IntegerType, T.LongType, T.ShortType)):
         raise TransformError(f"The output `partition` column is {fields['partition'].simpleString()}; it must be int.")
 
+
 def physical_plan(frame) -> str:
+    """The frame's physical plan as Spark prints it (`wide_parts`, `describe_wide` read it)."""
     return frame._jdf.queryExecution().executedPlan().toString()
 
 
-def wide_parts(frame, own_coalesce: bool = False) -> list[str]:
-    """The exchanges (shuffles) and partition merges of the frame's physical plan: empty for a
-    narrow transform, whose rows keep the reading task they came from. `own_coalesce`: the
+def wide_parts(plan_text: str, own_coalesce: bool = False) -> list[str]:
+    """The exchanges (shuffles) and partition merges of a physical plan (`physical_plan`): empty
+    for a narrow transform, whose rows keep the reading task they came from. `own_coalesce`: the
     topmost merge is the driver's own, grouping ranges into slots (driver/slots.py)."""
-    plan_text = physical_plan(frame)
     shuffles = [line.strip() for line in plan_text.splitlines()
                 if "Exchange" in line and "BroadcastExchange" not in line]
     merges = [line.strip() for line in plan_text.splitlines() if "Coalesce" in line and "coalesce(" not in line]
@@ -112,7 +113,7 @@ def check_narrow(frame, own_coalesce: bool = False) -> None:
     Checked on the very DataFrame the batch collects, whose physical plan Spark then reuses
     (not planned twice per batch). Checked every batch, not only at start: a join whose static side outgrows Spark's broadcast threshold turns into
     a shuffled join without the processor changing."""
-    parts = wide_parts(frame, own_coalesce)
+    parts = wide_parts(physical_plan(frame), own_coalesce)
     if parts:
         raise TransformError(
             "The transform turned wide after the run started: its physical plan now has "

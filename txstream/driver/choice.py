@@ -47,7 +47,8 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
         description, (first, frame) = describe_operator(s, units, build)
         if description is not None:
             return _stateful(settings, specs, jobs, admin, topic_partitions, echo, description, frame)
-    parts = wide_parts(frame)
+    plan = physical_plan(frame)
+    parts = wide_parts(plan)
     protocol: BatchProtocol
     if not parts:
         protocol = NarrowBatches(s, specs, jobs, pacing, echo, first)
@@ -56,7 +57,7 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
     from txstream.driver.determinism import check_deterministic
     from txstream.driver.wide import WideBatches
 
-    echo(f"the transform is wide: {describe_wide(parts, physical_plan(frame))}")
+    echo(f"the transform is wide: {describe_wide(parts, plan)}")
     loose = check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
                                 s.allow_nondeterministic)
     for part in loose:

@@ -18,8 +18,6 @@ import os
 import pickle
 import time
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +26,7 @@ import pyarrow.compute as pc
 
 from txstream.kafka.config import KafkaClients
 from txstream.state import aggregates as aggs
+from txstream.state import values
 from txstream.state.codec import StateCodec
 from txstream.state.errors import StateStoreError
 from txstream.state.keys import (
@@ -81,42 +80,10 @@ class MergeSpec:
         return self.description.operator
 
 
-def _ms(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return round(value.timestamp() * 1000)
-    return int(value)
 
 
-def _plain(value: Any) -> Any:
-    """A partial's value as the state keeps it (JSON-able; timestamps as epoch microseconds)."""
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return round(value.timestamp() * 1_000_000)
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
-def _typed(value: Any, typ: pa.DataType) -> Any:
-    """A value the state or a key kept, back in its column's type."""
-    if value is None:
-        return None
-    if pa.types.is_date(typ) and isinstance(value, str):
-        return date.fromisoformat(value)
-    if pa.types.is_binary(typ) and isinstance(value, str):
-        return value.encode()
-    if pa.types.is_decimal(typ):
-        return Decimal(str(value))
-    return value
 
 
 def _store(spec: MergeSpec, unit: int) -> tuple[StateStore, Path | None]:
@@ -208,7 +175,7 @@ def merge_partials(spec: MergeSpec, store: StateStore, batches: list[pa.RecordBa
     out = merger.run(partials)
     events = rows = None
     if partials is not None:
-        events = _ms(pc.max(partials[EVENTS]).as_py())
+        events = values.ms(pc.max(partials[EVENTS]).as_py())
         rows = pc.sum(partials[ROWS]).as_py()
     return Merged(out, merger.emitted, late, events, int(rows or 0), merger.expires)
 
@@ -282,33 +249,10 @@ def _snapshot_if_due(spec: MergeSpec, unit: int, store: StateStore, report: Any)
     return time.perf_counter() - started
 
 
-def _plain_column(column: Any) -> list[Any]:
-    """A partial column's values as `_plain` gives them, converted by Arrow where it can
-    (timestamps to epoch microseconds, decimals to floats)."""
-    typ = column.type
-    if pa.types.is_timestamp(typ):
-        return pc.cast(column.cast(pa.timestamp("us", typ.tz), safe=False), pa.int64()).to_pylist()
-    if pa.types.is_decimal(typ):
-        return pc.cast(column, pa.float64()).to_pylist()
-    if pa.types.is_date(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ):
-        return [_plain(value) for value in column.to_pylist()]
-    return column.to_pylist()
 
 
-def _ms_column(column: Any) -> list[int | None]:
-    """Epoch milliseconds of a timestamp column (`_ms` of each value)."""
-    micros = pc.cast(column.cast(pa.timestamp("us", column.type.tz), safe=False), pa.int64())
-    return pc.cast(pc.round(pc.divide(micros, 1000.0), round_mode="half_to_even"), pa.int64()).to_pylist()
 
 
-def _arrow_column(values: list[Any], typ: pa.DataType, scale: int = 1) -> pa.Array:
-    """Values the state or a key kept, as an Arrow column of `typ` (`_typed` for each value);
-    `scale` turns a timestamp's integers into microseconds (keys keep milliseconds)."""
-    if pa.types.is_timestamp(typ):
-        return pa.array([v * scale if isinstance(v, int) else v for v in values], typ)
-    if pa.types.is_date(typ) or pa.types.is_binary(typ) or pa.types.is_decimal(typ):
-        return pa.array([_typed(v, typ) for v in values], typ)
-    return pa.array(values, typ)
 
 
 def _distinct_rounds(keys: list[bytes]) -> list[list[int]]:
@@ -374,10 +318,10 @@ class _Merger:
         windows = None
         if self.windowed:
             window = partials[names[0]]
-            windows = (_ms_column(pc.struct_field(window, "start")), _ms_column(pc.struct_field(window, "end")))
+            windows = (values.ms_column(pc.struct_field(window, "start")), values.ms_column(pc.struct_field(window, "end")))
             names = names[1:]
         keys = encode_keys([partials[n] for n in names], partials.num_rows, windows)
-        columns = [_plain_column(partials[n]) for n in self.spec.partial_names]
+        columns = [values.plain_column(partials[n]) for n in self.spec.partial_names]
         changed: dict[bytes, dict] = {}
         decode, encode, put = self.codec.decode, self.codec.encode, self.store.put
         for rows in _distinct_rounds(keys):
@@ -405,14 +349,14 @@ class _Merger:
         if windowed:
             typ = self.fields.field(names[0]).type
             columns[names[0]] = pa.StructArray.from_arrays(
-                [_arrow_column(windows[0], typ.field("start").type, 1000),
-                 _arrow_column(windows[1], typ.field("end").type, 1000)], fields=list(typ))
+                [values.arrow_column(windows[0], typ.field("start").type, 1000),
+                 values.arrow_column(windows[1], typ.field("end").type, 1000)], fields=list(typ))
             names = names[1:]
         for name, column in zip(names, values, strict=True):
-            columns[name] = _arrow_column(column, self.fields.field(name).type, 1000)
+            columns[name] = values.arrow_column(column, self.fields.field(name).type, 1000)
         finals = aggs.final_columns(self.aggregates, [state for _, state in pairs], self.kinds)
         for agg, column in zip(self.aggregates, finals, strict=True):
-            columns[agg.name] = _arrow_column(column, self.fields.field(agg.name).type)
+            columns[agg.name] = values.arrow_column(column, self.fields.field(agg.name).type)
         return pa.Table.from_arrays([columns[f.name] for f in self.fields], schema=self.fields)
 
     def _sessions(self, partials: pa.Table | None) -> pa.Table | None:
@@ -432,10 +376,10 @@ class _Merger:
             rows = by_key[key]
             before = self.codec.decode(stored)["sessions"] if stored is not None else []
             sessions = before
-            for row in sorted(rows, key=lambda r: _ms(r[window]["start"])):
-                start, end = _ms(row[window]["start"]), _ms(row[window]["end"])
+            for row in sorted(rows, key=lambda r: values.ms(r[window]["start"])):
+                start, end = values.ms(row[window]["start"]), values.ms(row[window]["end"])
                 state = aggs.merge(self.aggregates, aggs.empty(self.aggregates),
-                                   [_plain(row[n]) for n in self.spec.partial_names])
+                                   [values.plain(row[n]) for n in self.spec.partial_names])
                 joined = [s for s in sessions if s["start"] < end and start < s["end"]]
                 for other in joined:
                     state = aggs.merge_states(self.aggregates, state, other)
@@ -444,7 +388,7 @@ class _Merger:
             sessions.sort(key=lambda s: s["start"])
             self._put_sessions(key, before, sessions)
             changed += [(key, s) for s in sessions if any(
-                _ms(r[window]["start"]) >= s["start"] and _ms(r[window]["end"]) <= s["end"] for r in rows)]
+                values.ms(r[window]["start"]) >= s["start"] and values.ms(r[window]["end"]) <= s["end"] for r in rows)]
         out: list[tuple[bytes, dict]] = []
         if self.mode == "update":
             out += [self._session_pair(key, s) for key, s in changed]
@@ -486,7 +430,7 @@ class _Merger:
             event_column = self.spec.event_column
             keys = encode_keys([partials[n] for n in self.spec.group_names], partials.num_rows)
             first = pc.struct_field(partials[FIRST], "row")
-            events = _ms_column(pc.struct_field(first, event_column)) if event_column else [None] * len(keys)
+            events = values.ms_column(pc.struct_field(first, event_column)) if event_column else [None] * len(keys)
             stored = self.store.get_many(keys)
             kept: list[int] = []
             seen: set[bytes] = set()

@@ -34,6 +34,7 @@ from txstream.driver.specs import TaskSpecs
 from txstream.driver.stateful_query import BatchContext, recording
 from txstream.driver.wide import WideBatch, WideBatches
 from txstream.errors import InfrastructureError, TransformError, UserError
+from txstream.operators.base import next_watermark
 from txstream.protocol import EXACTLY_ONCE, UNITS
 from txstream.settings import RunSettings
 from txstream.state.changelog import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, changelog_topic, snapshot_topic
@@ -180,9 +181,8 @@ class StatefulBatches(WideBatches):
         if watermark is None:
             return None
         last = last_watermark(log)
-        events = max((m.events for m in markers.values() if m.events is not None), default=None)
-        candidate = events - watermark["delay_ms"] if events is not None else None
-        known = [w for w in (last, candidate) if w is not None]
+        computed = next_watermark(last, [m.events for m in markers.values()], watermark["delay_ms"])
+        known = [computed] if computed is not None else []
         idle_s = self.settings.watermark_idle_s
         if clock and idle_s is not None and self._idle_since is not None and time.monotonic() - self._idle_since >= idle_s:
             # Opt-in: an idle stream's watermark follows wall-clock time, so quiet windows close.

@@ -51,6 +51,10 @@ class BatchContext:
     batch_id: int = 0
     watermark_ms: int | None = None
     merge_spec: Callable[..., MergeSpec] | None = None   # (description, group_names, partials, schema, event) -> spec
+    # How the frame of partials (routed by ROUTE) becomes the merged rows: (grouped, spec, out_schema)
+    # -> DataFrame. None: Spark's tasks merge each unit into its state (`_unit_merge`); a test
+    # harness plugs its own here to merge into a memory store without Kafka.
+    merge_frame: Callable[[Any, MergeSpec, Any], Any] | None = None
 
 
 @dataclass
@@ -300,7 +304,7 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
             grouped = grouped.unionByName(late, allowMissingColumns=True)
     spec = context.merge_spec(description, group_names, tuple(f"_txs_p{i}" for i in range(len(partials))),
                               _arrow_schema(schema), None)
-    return grouped.repartition(context.units, ROUTE).mapInArrow(functools.partial(merge_unit, spec), schema)
+    return (context.merge_frame or _unit_merge)(grouped, spec, schema)
 
 
 def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
@@ -340,4 +344,10 @@ def _dedup_frame(context: BatchContext, description: OperatorDescription, source
         grouped = grouped.unionByName(late, allowMissingColumns=True)
     spec = context.merge_spec(description, tuple(subset), (), _arrow_schema(source.schema),
                               watermark[0] if watermark else None)
-    return grouped.repartition(context.units, ROUTE).mapInArrow(functools.partial(merge_unit, spec), source.schema)
+    return (context.merge_frame or _unit_merge)(grouped, spec, source.schema)
+
+
+def _unit_merge(grouped: Any, spec: MergeSpec, out_schema: Any) -> Any:
+    """The merge in Spark's tasks: the partials routed to the K units, each merged into its state."""
+    return grouped.repartition(spec.description.units, ROUTE).mapInArrow(functools.partial(merge_unit, spec),
+                                                                         out_schema)

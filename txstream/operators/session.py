@@ -106,8 +106,9 @@ class SessionWindow(RunningAggregate):
 
     @staticmethod
     def overlaps(start: int, end: int, other_start: int, other_end: int) -> bool:
-        """Whether two sessions [start, end) are one."""
-        return start < other_end and other_start < end
+        """Whether two sessions [start, end) are one: they overlap or touch, as Spark's
+        MergingSessionsIterator merges a session starting exactly where the last one ends."""
+        return start <= other_end and other_start <= end
 
 
 def _put_sessions(store: StateStore, codec: StateCodec, key: bytes, before: list[dict], after: list[dict]) -> None:

@@ -209,3 +209,16 @@ def test_sessions_exactly_one_gap_apart_merge_across_batches(session: Any, tmp_p
     assert emitted(ours) == emitted(theirs)
     assert late == []
 
+
+def test_drop_duplicates_keeps_its_keys_past_the_watermark(session: Any, tmp_path: Any) -> None:
+    """Issue 60 #8: dropDuplicates("k") with a watermark on ts (not a key) never forgets "a":
+    Spark drops its copy at 12:05:10, long after 12:01:00 + the delay passed the watermark. The
+    row at 12:00:00 in the last cut is behind the watermark: Spark drops it as late."""
+    def unique(stream: Any) -> Any:
+        return stream.withWatermark("ts", "30 seconds").dropDuplicates(["k"])
+
+    cuts = [[("a", at(60), 1)], [("b", at(300), 2)], [("a", at(310), 3), ("c", at(0), 4)]]
+    theirs, ours, late = both(session, tmp_path, unique, "append", cuts)
+    assert emitted(ours) == emitted(theirs)
+    assert [row["k"] for row in late] == ["c"]
+

@@ -222,3 +222,11 @@ def test_drop_duplicates_keeps_its_keys_past_the_watermark(session: Any, tmp_pat
     assert emitted(ours) == emitted(theirs)
     assert [row["k"] for row in late] == ["c"]
 
+
+def test_complete_mode_runs_no_batch_without_records(session: Any, tmp_path: Any) -> None:
+    """Issue 60 #20: in complete mode Spark runs no batch with no records (nothing closes), so
+    the table is emitted once per batch of records, not again each time the watermark moves."""
+    cuts = [[("a", at(50), 1)], [("a", at(200), 1)], [("b", at(400), 1)]]
+    theirs, ours, _late = both(session, tmp_path, window_counts, "complete", cuts)
+    assert len(ours) == len(theirs) == len(cuts)
+    assert ours[-1] == theirs[-1]

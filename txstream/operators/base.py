@@ -144,8 +144,10 @@ class StatefulOperator:
     def owes_batch(self, description: OperatorDescription, last_watermark: int | None,
                    next_watermark: int | None) -> bool:
         """Spark's shouldRunAnotherBatch: whether a batch with no records would change the state
-        or the output (close windows, forget keys) at `next_watermark`. Default: when it moved."""
-        if description.watermark is None or next_watermark is None:
+        or the output (close windows, forget keys) at `next_watermark`. Default: when it moved, in
+        append or update mode (complete mode closes nothing; Spark runs none there)."""
+        if (description.watermark is None or next_watermark is None
+                or description.output_mode not in ("append", "update")):
             return False
         return last_watermark is None or next_watermark > last_watermark
 

@@ -35,8 +35,13 @@ host-tools:
 		{ [ "$$(id -u)" = 0 ] && apt-get install -y --no-install-recommends iproute2 util-linux; } || true
 
 # pytest exits 5 when no test ran; make then fails like on any other non-zero exit.
+# TEST_WORKERS pytest-xdist workers, each its own pytest session (its own broker and Spark
+# session); a test file's tests stay on one worker, and the chaos files that share the 3-node
+# cluster form one group (tests/conftest.py). Most of the suite waits (brokers restarting, runs
+# making progress), so two workers overlap the waits even on 2 cores. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: kafka-jars spark-archive host-tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The unit tests only (no broker, no Spark, no subprocess; tests/conftest.py marks the others
 # `integration` and `chaos`): seconds, no jars needed. Fails, like `test`, when nothing is selected.

@@ -43,10 +43,25 @@ def _starts_processes(item: pytest.Item) -> bool:
                or getattr(value, "__module__", "") in _PROCESS_MODULES for value in imported)
 
 
+# The chaos modules whose tests take the 3-node cluster (tests/chaos/conftest.py `cluster`): one
+# xdist group, so one worker starts that cluster once and runs them one after another.
+_THREE_NODE_GROUP = "chaos-3-node-cluster"
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """Under `make test` (pytest-xdist, --dist loadgroup): a file's tests stay on one worker, so
+    its module fixtures (a run shared by its tests, a cluster of its own) are built once."""
+    path = Path(str(item.path))
+    if _CHAOS_DIR in path.parents and "cluster" in getattr(item, "fixturenames", ()):
+        return _THREE_NODE_GROUP
+    return path.relative_to(Path(__file__).parent).as_posix()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`chaos`: everything under tests/chaos. `integration`: a broker, Spark or processes.
     `make test-fast` runs the rest (`-m "not integration and not chaos"`)."""
     for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
         if _CHAOS_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.chaos)
         if (INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_processes(item)
@@ -127,14 +142,33 @@ def bootstrap_servers(kafka_cluster_factory: Callable[..., KafkaClusterFixture])
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_sessionfinish() -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """After every fixture's teardown: whatever client is still open (one of a cluster a test
-    module stopped) is closed now, not by the interpreter's shutdown."""
+    module stopped) is closed now, not by the interpreter's shutdown. An xdist worker hands its
+    summary lines to the controller, which prints them."""
     _CLOSED_AT_END.extend(close_clients_left_open())
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["txstream"] = {"broker": _BROKER_KIND["kind"], "multi_host": MULTI_HOST["state"],
+                              "closed": list(_CLOSED_AT_END)}
+
+
+_WORKERS: dict[str, dict] = {}   # xdist controller: each worker's summary (pytest_sessionfinish)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's hook, in the controller: a worker finished."""
+    summary = getattr(node, "workeroutput", {}).get("txstream")
+    if summary:
+        _WORKERS[node.gateway.id] = summary
+        _CLOSED_AT_END.extend(summary["closed"])
+        MULTI_HOST["state"] = MULTI_HOST["state"] or summary["multi_host"]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    terminalreporter.write_line(f"txstream tests ran against: {_BROKER_KIND['kind']}")
+    kinds = [f"{worker}: {w['broker']}" for worker, w in sorted(_WORKERS.items())] or [_BROKER_KIND["kind"]]
+    terminalreporter.write_line(f"txstream tests ran against: {'; '.join(kinds)}")
     if MULTI_HOST["state"]:
         terminalreporter.write_line(f"multi-host tests (tests/cluster): {MULTI_HOST['state']}")
     if _CLOSED_AT_END:

@@ -187,104 +187,126 @@ class Driver:
             self.spark.sparkContext.cancelAllJobs()
 
     def run(self) -> int:
-        s = self.settings
+        """Preflight, Spark, the protocol's start and the group, then batches until told to stop."""
         self._install_signals()
         try:
-            # Kafka reachable and the topics there before Spark's seconds of start-up: an
-            # unreachable cluster or a missing topic is reported at once.
-            self.telemetry.start()
-            self.check_topics()
-            if s.schema_registry is not None:
-                # The schemas decided before Spark starts and anything is read (the specs carry them).
-                from txstream.driver.preflight import check_registry
-
-                check_registry(s, self.echo)
-                self.specs = TaskSpecs(s)
-            if self._group_is_empty():
-                self.membership = self._join_group()
+            self._preflight()
         except Exception as exc:
             self.telemetry.event("fatal", None, error_type=type(understand(exc)).__name__, error=one_line(exc))
             self.close()
             raise
         try:
-            if self.spark is None:
-                self._start_spark()
-            s.processor.setup(self.spark)
-            self.arrow = ArrowBatches(self.spark)
-            self.jobs = SparkJobs(self.spark, s, self.specs, self.echo)
-            self.validate()
-            protocol = self.protocol
-            assert protocol is not None
-            if self.membership is not None:
-                self._wait_for_assignment()   # its own member id known to the protocol's start
-            protocol.start(self.membership)
-            if self.membership is None:
-                self.membership = self._join_group()
-            protocol.joined(self.membership)
-            planner = Planner(self.admin, s.app_id, s.auto_offset_reset, s.max_records_per_partition)
-            self._wait_for_assignment()
-            idle = 0.05
-            while not self.stop_requested.is_set():
-                started = time.monotonic()
-                self.membership.poll(0)
-                owned = self.membership.owned()
-                marks_before = planner.marks
-                try:
-                    committed = self.membership.committed(owned)
-                    self._remember_targets(owned)
-                    if s.until_caught_up and self._caught_up(owned, committed) and not protocol.owes_batch(owned):
-                        self.telemetry.event("caught_up", self.summary("caught up"), **self.totals)
-                        return 0
-                    plans = protocol.next_plans(planner, owned, committed, self.pacing.cap(len(owned))) if owned else []
-                except Exception as exc:
-                    # A broker restarting or a coordinator moving: plan again shortly.
-                    self._failed("planning", exc)
-                    # The admin client's metadata (leader epochs) may be stale after a broker
-                    # bounce, and it does not refresh on FENCED_LEADER_EPOCH: start a new one.
-                    self.admin = self._admin_client()
-                    planner.admin = self.admin
-                    continue
-                for warning in planner.warnings:
-                    self.echo(warning)
-                planner.warnings.clear()
-                if not plans:
-                    self.telemetry.idle(planner.marks, {(tp.topic, tp.partition) for tp in owned})
-                    # Planned from fresh watermarks and found nothing: wake on the next record.
-                    # (A wide driver that waits for all the input partitions did not plan.)
-                    looked = planner.marks is not marks_before
-                    self._idle(idle, watch=[TopicPartition(t, p, mark.last_stable)
-                                            for (t, p), mark in planner.marks.items()] if looked else None)
-                    idle = min(idle * 2, s.idle_backoff_max_s)
-                    continue
-                idle = 0.05
-                try:
-                    self.arrow.before_batch()
-                    report = self._run_batch(plans, started)
-                    self.arrow.after_batch(report.rows)
-                    self._failures = 0
-                    self.pacing.first_batch_done()
-                except Exception as exc:
-                    self.arrow.after_batch(None)
-                    self._batch_failed(plans, exc)
-                    continue
-                self._report(report, planner.marks, report.line(self._lag(owned, report)))
-                faults.maybe_fail("driver.between_batches")
-                if s.max_batches is not None and self.totals["batches"] >= s.max_batches:
-                    break
-                wait = s.trigger_interval - (time.monotonic() - started)
-                if wait > 0:
-                    self._idle(wait)
-            if self.stopping.signal_name is None:
-                self.telemetry.event("stopped", self.summary("stopped"), **self.totals)
-                return 0
-            self.telemetry.event("stopped", self.stopping.line(self.batch_id, self._committed_now()),
-                                 signal=self.stopping.signal_name, **self.totals)
-            return self.stopping.exit_code
+            protocol, planner = self._start()
+            return self._loop(protocol, planner)
         except Exception as exc:
             self.telemetry.event("fatal", None, error_type=type(understand(exc)).__name__, error=one_line(exc))
             raise
         finally:
             self.close()
+
+    def _preflight(self) -> None:
+        """Kafka reachable and the topics there before Spark's seconds of start-up: an unreachable
+        cluster or a missing topic is reported at once."""
+        s = self.settings
+        self.telemetry.start()
+        self.check_topics()
+        if s.schema_registry is not None:
+            # The schemas decided before Spark starts and anything is read (the specs carry them).
+            from txstream.driver.preflight import check_registry
+
+            check_registry(s, self.echo)
+            self.specs = TaskSpecs(s)
+        if self._group_is_empty():
+            self.membership = self._join_group()
+
+    def _start(self) -> tuple[BatchProtocol, Planner]:
+        """Spark started, the transform checked, the protocol chosen and started, the group joined."""
+        s = self.settings
+        if self.spark is None:
+            self._start_spark()
+        s.processor.setup(self.spark)
+        self.arrow = ArrowBatches(self.spark)
+        self.jobs = SparkJobs(self.spark, s, self.specs, self.echo)
+        self.validate()
+        protocol = self.protocol
+        assert protocol is not None
+        if self.membership is not None:
+            self._wait_for_assignment()   # its own member id known to the protocol's start
+        protocol.start(self.membership)
+        if self.membership is None:
+            self.membership = self._join_group()
+        protocol.joined(self.membership)
+        planner = Planner(self.admin, s.app_id, s.auto_offset_reset, s.max_records_per_partition)
+        self._wait_for_assignment()
+        return protocol, planner
+
+    def _loop(self, protocol: BatchProtocol, planner: Planner) -> int:
+        """Plan, run and report batches until a stop, `--max-batches` or `--until-caught-up`."""
+        s = self.settings
+        idle = 0.05
+        while not self.stop_requested.is_set():
+            started = time.monotonic()
+            self.membership.poll(0)
+            owned = self.membership.owned()
+            marks_before = planner.marks
+            try:
+                committed = self.membership.committed(owned)
+                self._remember_targets(owned)
+                if s.until_caught_up and self._caught_up(owned, committed) and not protocol.owes_batch(owned):
+                    self.telemetry.event("caught_up", self.summary("caught up"), **self.totals)
+                    return 0
+                plans = protocol.next_plans(planner, owned, committed, self.pacing.cap(len(owned))) if owned else []
+            except Exception as exc:
+                # A broker restarting or a coordinator moving: plan again shortly.
+                self._failed("planning", exc)
+                # The admin client's metadata (leader epochs) may be stale after a broker
+                # bounce, and it does not refresh on FENCED_LEADER_EPOCH: start a new one.
+                self.admin = self._admin_client()
+                planner.admin = self.admin
+                continue
+            for warning in planner.warnings:
+                self.echo(warning)
+            planner.warnings.clear()
+            if not plans:
+                self.telemetry.idle(planner.marks, {(tp.topic, tp.partition) for tp in owned})
+                # Planned from fresh watermarks and found nothing: wake on the next record.
+                # (A wide driver that waits for all the input partitions did not plan.)
+                looked = planner.marks is not marks_before
+                self._idle(idle, watch=[TopicPartition(t, p, mark.last_stable)
+                                        for (t, p), mark in planner.marks.items()] if looked else None)
+                idle = min(idle * 2, s.idle_backoff_max_s)
+                continue
+            idle = 0.05
+            report = self._one_batch(plans, started)
+            if report is None:
+                continue
+            self._report(report, planner.marks, report.line(self._lag(owned, report)))
+            faults.maybe_fail("driver.between_batches")
+            if s.max_batches is not None and self.totals["batches"] >= s.max_batches:
+                break
+            wait = s.trigger_interval - (time.monotonic() - started)
+            if wait > 0:
+                self._idle(wait)
+        if self.stopping.signal_name is None:
+            self.telemetry.event("stopped", self.summary("stopped"), **self.totals)
+            return 0
+        self.telemetry.event("stopped", self.stopping.line(self.batch_id, self._committed_now()),
+                             signal=self.stopping.signal_name, **self.totals)
+        return self.stopping.exit_code
+
+    def _one_batch(self, plans: list[PartitionPlan], started: float) -> BatchReport | None:
+        """Run one planned batch; None when it failed (the failure policy has decided what next)."""
+        try:
+            self.arrow.before_batch()
+            report = self._run_batch(plans, started)
+        except Exception as exc:
+            self.arrow.after_batch(None)
+            self._batch_failed(plans, exc)
+            return None
+        self.arrow.after_batch(report.rows)
+        self._failures = 0
+        self.pacing.first_batch_done()
+        return report
 
     def _committed_now(self) -> dict[tuple[str, int], int | None] | None:
         """The group's offsets of the owned partitions, for the stop line (None: unreadable)."""

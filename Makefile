@@ -41,7 +41,7 @@ host-tools:
 # making progress), so two workers overlap the waits even on 2 cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: kafka-jars spark-archive host-tools
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The unit tests only (no broker, no Spark, no subprocess; tests/conftest.py marks the others
 # `integration` and `chaos`): seconds, no jars needed. Fails, like `test`, when nothing is selected.

@@ -43,25 +43,41 @@ def _starts_processes(item: pytest.Item) -> bool:
                or getattr(value, "__module__", "") in _PROCESS_MODULES for value in imported)
 
 
-# The chaos modules whose tests take the 3-node cluster (tests/chaos/conftest.py `cluster`): one
-# xdist group, so one worker starts that cluster once and runs them one after another.
-_THREE_NODE_GROUP = "chaos-3-node-cluster"
+# The chaos files whose tests take the 3-node cluster (tests/chaos/conftest.py `cluster`): one
+# pytest-xdist work unit, so one worker starts that cluster once and runs them one after another.
+_THREE_NODE_FILES = {"tests/chaos/test_broker_bounces.py", "tests/chaos/test_soak.py",
+                     "tests/chaos/test_cluster_bounces.py"}
 
 
-def _xdist_group(item: pytest.Item) -> str:
-    """Under `make test` (pytest-xdist, --dist loadgroup): a file's tests stay on one worker, so
-    its module fixtures (a run shared by its tests, a cluster of its own) are built once."""
-    path = Path(str(item.path))
-    if _CHAOS_DIR in path.parents and "cluster" in getattr(item, "fixturenames", ()):
-        return _THREE_NODE_GROUP
-    return path.relative_to(Path(__file__).parent).as_posix()
+def _work_unit(nodeid: str) -> str:
+    """Under `make test` (pytest-xdist): a file's tests stay on one worker, so its module
+    fixtures (a run its tests share, a cluster of its own) are built once; the 3-node files share one."""
+    path = nodeid.split("::", 1)[0]
+    return "3-node cluster" if path in _THREE_NODE_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's hook: its own `--dist loadgroup` cannot group under pytest 9 (it renames
+    node ids through an attribute pytest 9 no longer reads), so the work units are made here."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`chaos`: everything under tests/chaos. `integration`: a broker, Spark or processes.
     `make test-fast` runs the rest (`-m "not integration and not chaos"`)."""
+    root = Path(__file__).parent.parent
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+        if (_CHAOS_DIR in Path(str(item.path)).parents and "cluster" in getattr(item, "fixturenames", ())
+                and Path(str(item.path)).relative_to(root).as_posix() not in _THREE_NODE_FILES):
+            raise pytest.UsageError(f"{item.nodeid} takes the 3-node cluster: name its file in "
+                                    "tests/conftest.py _THREE_NODE_FILES")
         if _CHAOS_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.chaos)
         if (INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_processes(item)

@@ -35,8 +35,14 @@ host-tools:
 		{ [ "$$(id -u)" = 0 ] && apt-get install -y --no-install-recommends iproute2 util-linux; } || true
 
 # pytest exits 5 when no test ran; make then fails like on any other non-zero exit.
+# TEST_WORKERS pytest-xdist workers, each its own pytest session (its own broker and Spark
+# session); a test file's tests stay on one worker, and the chaos files that share the 3-node
+# cluster are one work unit (tests/conftest.py _work_unit). Most of the suite waits (brokers
+# restarting, runs making progress), which two workers can overlap on 2 cores; 0 (the default
+# until two workers are measured on CI's quiet machine) runs it in one process, as before.
+TEST_WORKERS ?= 0
 test: kafka-jars spark-archive host-tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The unit tests only (no broker, no Spark, no subprocess; tests/conftest.py marks the others
 # `integration` and `chaos`): seconds, no jars needed. Fails, like `test`, when nothing is selected.

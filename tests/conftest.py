@@ -43,10 +43,41 @@ def _starts_processes(item: pytest.Item) -> bool:
                or getattr(value, "__module__", "") in _PROCESS_MODULES for value in imported)
 
 
+# The chaos files whose tests take the 3-node cluster (tests/chaos/conftest.py `cluster`): one
+# pytest-xdist work unit, so one worker starts that cluster once and runs them one after another.
+_THREE_NODE_FILES = {"tests/chaos/test_broker_bounces.py", "tests/chaos/test_soak.py",
+                     "tests/chaos/test_cluster_bounces.py"}
+
+
+def _work_unit(nodeid: str) -> str:
+    """Under `make test` (pytest-xdist): a file's tests stay on one worker, so its module
+    fixtures (a run its tests share, a cluster of its own) are built once; the 3-node files share one."""
+    path = nodeid.split("::", 1)[0]
+    return "3-node cluster" if path in _THREE_NODE_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's hook: its own `--dist loadgroup` cannot group under pytest 9 (it renames
+    node ids through an attribute pytest 9 no longer reads), so the work units are made here."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`chaos`: everything under tests/chaos. `integration`: a broker, Spark or processes.
     `make test-fast` runs the rest (`-m "not integration and not chaos"`)."""
+    root = Path(__file__).parent.parent
     for item in items:
+        if (_CHAOS_DIR in Path(str(item.path)).parents and "cluster" in getattr(item, "fixturenames", ())
+                and Path(str(item.path)).relative_to(root).as_posix() not in _THREE_NODE_FILES):
+            raise pytest.UsageError(f"{item.nodeid} takes the 3-node cluster: name its file in "
+                                    "tests/conftest.py _THREE_NODE_FILES")
         if _CHAOS_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.chaos)
         if (INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_processes(item)
@@ -127,14 +158,33 @@ def bootstrap_servers(kafka_cluster_factory: Callable[..., KafkaClusterFixture])
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_sessionfinish() -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """After every fixture's teardown: whatever client is still open (one of a cluster a test
-    module stopped) is closed now, not by the interpreter's shutdown."""
+    module stopped) is closed now, not by the interpreter's shutdown. An xdist worker hands its
+    summary lines to the controller, which prints them."""
     _CLOSED_AT_END.extend(close_clients_left_open())
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["txstream"] = {"broker": _BROKER_KIND["kind"], "multi_host": MULTI_HOST["state"],
+                              "closed": list(_CLOSED_AT_END)}
+
+
+_WORKERS: dict[str, dict] = {}   # xdist controller: each worker's summary (pytest_sessionfinish)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's hook, in the controller: a worker finished."""
+    summary = getattr(node, "workeroutput", {}).get("txstream")
+    if summary:
+        _WORKERS[node.gateway.id] = summary
+        _CLOSED_AT_END.extend(summary["closed"])
+        MULTI_HOST["state"] = MULTI_HOST["state"] or summary["multi_host"]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    terminalreporter.write_line(f"txstream tests ran against: {_BROKER_KIND['kind']}")
+    kinds = [f"{worker}: {w['broker']}" for worker, w in sorted(_WORKERS.items())] or [_BROKER_KIND["kind"]]
+    terminalreporter.write_line(f"txstream tests ran against: {'; '.join(kinds)}")
     if MULTI_HOST["state"]:
         terminalreporter.write_line(f"multi-host tests (tests/cluster): {MULTI_HOST['state']}")
     if _CLOSED_AT_END:

@@ -16,10 +16,12 @@ import pytest
 from txstream.local.cluster import LocalKafkaCluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(kafka_cluster_factory) -> Iterator[LocalKafkaCluster]:
     """Three KRaft nodes (broker+controller), RF 3 / min ISR 2 internal topics; killed at the end,
-    whatever the tests did."""
+    whatever the tests did. One for the session (the broker bounces, the soak and the cluster
+    bounces take it in turn: one xdist group, tests/conftest.py): each scenario makes its own
+    topics and waits for the cluster to be fully replicated before and after its bounces."""
     fixture = kafka_cluster_factory(brokers=3, controlled=True)
     try:
         yield fixture.local

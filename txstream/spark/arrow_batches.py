@@ -10,7 +10,7 @@ Spark's per-row check; after a clean batch the check is off and a batch holds 64
 the largest record that batch read, at most 10,000 rows (Spark's default). Both are session
 settings that Spark reads each time a job runs (the mapInArrow operator's runner is made per
 execution, and the tasks get the session's SQL settings with the job), so the batch's job, built
-once and run again, follows them without being built again (tests/test_arrow_batches.py). A
+once and run again, follows them without being built again (tests/spark/test_arrow_batches.py). A
 record up to 16 times larger than any of the batch before still fits Spark's bound; a larger jump
 makes one larger batch (the reader's own batches stay within 64 MB, task/reading.py), and should
 that batch fail, its retry measures every row again. A user's own setting of either key is left

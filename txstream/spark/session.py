@@ -375,7 +375,7 @@ SIMPLIFIED_TRACEBACK_SETTING = "spark.sql.execution.pyspark.udf.simplifiedTraceb
 def warm_python_workers(spark) -> set[int]:
     """Start Spark's Python daemon and workers, with the engine imported, while the driver
     validates the transform and joins the group, instead of in the first batch (seconds on a
-    busy machine). Returns the daemons' process ids (tests/test_spark_session.py).
+    busy machine). Returns the daemons' process ids (tests/spark/test_spark_session.py).
 
     An RDD job, not a DataFrame's: it needs none of Catalyst's planning, which on a cold JVM
     competes with the driver's own first DataFrame. Its workers must come from the daemon

@@ -17,7 +17,7 @@ from tests.support.kafka import avro_bytes, produce, read_all
 from txstream.kafka import headers as hdr
 from txstream.serde.avro import load_schema
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ORDER = load_schema(str(REPO / "schemas/order.avsc"))
 ENRICHED = load_schema(str(REPO / "schemas/order_enriched.avsc"))
 # A newer Order with one more field: read with the old schema, its last field is left over.

@@ -22,7 +22,7 @@ from txstream.cli.main import main
 from txstream.cli.options import DEFAULT_TIMEOUT_S
 from txstream.local.cluster import free_port_block
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()):  # noqa: ANN202

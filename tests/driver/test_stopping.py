@@ -21,7 +21,7 @@ from tests.support.waiting import wait_until
 from txstream.kafka.offsets import committed_offsets, describe_group
 from txstream.tools.topic_io import produce_lines
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROCESSOR = "processors.enrich_orders:EnrichOrders"
 STOP_LINE = re.compile(r"^stopped after batch (\d+): (SIG\w+)(.*); committed up to (.*)$")
 

@@ -21,7 +21,7 @@ from tests.support.waiting import wait_until
 from txstream.errors import NoCommittedOffsetError
 from txstream.tools.topic_io import end_offsets
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def seed(bootstrap: str, topic: str, partitions: int, per_partition: int, tag: str = "", first: int = 0) -> list[bytes]:

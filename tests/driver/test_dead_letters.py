@@ -25,7 +25,7 @@ from txstream.kafka import headers as hdr
 from txstream.serde.avro import load_schema
 from txstream.tools.topic_io import end_offsets
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ORDER = load_schema(str(REPO / "schemas/order.avsc"))
 ENRICHED = load_schema(str(REPO / "schemas/order_enriched.avsc"))
 WRONG = {"type": "record", "name": "Customer", "fields": [

@@ -1,6 +1,6 @@
 """Credentials never leave the process in the clear (issue 54): the configuration's repr and the
 job property a narrow batch's tasks read. The end-to-end scan of a secured run's files is in
-tests/test_client_properties.py."""
+tests/cli/test_client_properties.py."""
 from __future__ import annotations
 
 import base64

@@ -141,7 +141,7 @@ def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offse
     from txstream.task.reading import read_planned_range
     from txstream.task.sidefile import read_side_files
 
-    order = load_schema(str(Path(__file__).resolve().parents[1] / "schemas/order.avsc"))
+    order = load_schema(str(Path(__file__).resolve().parents[2] / "schemas/order.avsc"))
     partitions, per_partition, poisoned = 12, 30, {2: 7, 9: 0}   # partition -> offset of its bad record
     topic = make_topic("slot", partitions)
     good = iter(orders(partitions * per_partition, seed=3))

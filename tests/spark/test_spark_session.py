@@ -249,7 +249,7 @@ def test_txstream_run_serves_the_spark_ui_on_the_port_asked(bootstrap_servers, m
     import urllib.request
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     source, sink = make_topic("in"), make_topic("out")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -293,7 +293,7 @@ def _run_passthrough(bootstrap: str, source: str, sink: str, *extra: str):  # no
     import uuid
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     return subprocess.run(
         [sys.executable, "-m", "txstream.cli", "run", "processors.passthrough:PassThrough", "-b", bootstrap,
          "--input", source, "--output", sink, "--app-id", f"logs-{uuid.uuid4().hex[:8]}", "--master", "local[1]",

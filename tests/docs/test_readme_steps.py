@@ -18,7 +18,7 @@ import pytest
 
 from txstream.local.cluster import free_port_block, port_is_free
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 

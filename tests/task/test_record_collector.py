@@ -81,7 +81,7 @@ def test_a_batch_encoded_once_for_several_runs_gives_the_records_each_run_encode
     from txstream.serde.avro import AvroCodec, arrow_type
     from txstream.task.collector import encoded_batch
 
-    schema = json.loads((Path(__file__).parent.parent / "schemas" / "order_enriched.avsc").read_text())
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "order_enriched.avsc").read_text())
     codec = AvroCodec(schema)
     rows = [{"id": f"o{i}", "customer_id": f"c{i % 3}", "amount_cents": i * 100, "currency": "EUR",
              "created_at": 1_700_000_000_000 + i, "items": i % 4, "is_large": i % 2 == 0} for i in range(9)]

@@ -29,7 +29,7 @@ from txstream.cli.main import main
 from txstream.serde.avro import load_schema
 from txstream.tools.topic_io import end_offsets
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ORDER = load_schema(str(REPO / "schemas/order.avsc"))
 
 

@@ -1,6 +1,6 @@
 """Registry-framed Avro, decoded grouped by schema id (serde/registry.py), against confluent-kafka's
 own `mock://` SchemaRegistryClient: no server, so these are the codec's unit tests (the server's are
-in tests/test_registry_runs.py)."""
+in tests/serde/test_registry_runs.py)."""
 from __future__ import annotations
 
 import io

@@ -9,7 +9,7 @@ from processors.enrich_orders import EnrichOrders
 from txstream.driver.metrics import Telemetry
 from txstream.settings import resolve
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 NAME = re.compile(r"\btxstream_[a-z_]+\b")
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
             "gauge": ("",), "info": ("_info",)}

@@ -47,7 +47,7 @@ from txstream.state.restore import restore
 from txstream.state.store import StateStore, StoreVersion
 from txstream.state.stores import open_store
 from txstream.task import worker_heap
-from txstream.task.sidefile import run_directory, write_state
+from txstream.task.sidefile import MergeResult, run_directory, write_state
 
 # Columns the driver adds to the merge's input (driver/stateful_query.py).
 ROUTE = "_txs_route"      # what routed the row to its unit
@@ -184,7 +184,7 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     worker_heap.settle()
     from pyspark import TaskContext
 
-    from txstream.task.units import read_markers
+    from txstream.records import read_markers
 
     unit = TaskContext.get().partitionId()
     received = list(batches)
@@ -192,7 +192,7 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     marker = markers[unit]
     if marker.done_through >= spec.batch_id:
         # Published by an earlier attempt: its state is in the changelog already, nothing to merge.
-        write_state(spec.side_dir, spec.batch_id, {"skip": True})
+        write_state(spec.side_dir, spec.batch_id, MergeResult.skipped())
         return
     store, path = _store(spec, unit)
     try:
@@ -205,12 +205,10 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         restored_s = time.perf_counter() - started
         snapshot_s = _snapshot_if_due(spec, unit, store, report)
         merged = merge_partials(spec, store, received)
-        write_state(spec.side_dir, spec.batch_id, {
-            "changes": dict(store.changes()), "late": merged.late, "events": merged.events,
-            "emitted": merged.emitted, "expires": merged.expires, "rows": merged.rows,
-            "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
-                        "snapshot_seconds": snapshot_s},
-            "keys": _user_keys(spec, store)})
+        write_state(spec.side_dir, spec.batch_id, MergeResult(
+            changes=dict(store.changes()), late=merged.late, events=merged.events, emitted=merged.emitted,
+            expires=merged.expires, rows=merged.rows, keys=_user_keys(spec, store), restore_source=report.source,
+            restore_records=report.changelog_records, restore_s=restored_s, snapshot_s=snapshot_s))
         _save_pending(spec, path, store)
         store.abort()
     finally:

@@ -158,7 +158,7 @@ def restore_child(bootstrap: str, app: str, keys: int, store_kind: str, workdir:
     from txstream.state.codec import StateCodec
     from txstream.state.restore import restore
     from txstream.state.stores import open_store
-    from txstream.task.units import Marker
+    from txstream.records import Marker
 
     clients = KafkaClients(bootstrap)
     path = os.path.join(workdir, f"store-{store_kind}")

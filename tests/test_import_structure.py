@@ -182,3 +182,26 @@ def test_operators_are_shared_by_the_driver_and_the_workers() -> None:
                     problems.append(f"{name} line {node.lineno} imports {target} at module level")
     assert not problems, "\n".join(problems)
     assert (PACKAGE / "operators" / "__init__.py").read_text() == ""
+
+
+def _reaching(prefix: str, forbidden: tuple[str, ...], edges: dict[str, dict[str, int]]) -> list[str]:
+    """The imports (direct, TYPE_CHECKING ones left out) from modules under `prefix` into
+    `forbidden` packages, each with its line."""
+    return [f"{name} line {line} imports {target}" for name, targets in sorted(edges.items())
+            if name == prefix or name.startswith(prefix + ".")
+            for target, line in sorted(targets.items()) if target.startswith(forbidden)]
+
+
+def test_the_offline_commands_need_nothing_of_the_driver() -> None:
+    """tools/ (verify, offsets, state show/reset) reads what the driver wrote through records.py:
+    importing driver/ would start nothing, but would tie the commands to the run's code."""
+    problems = _reaching("txstream.tools", ("txstream.driver",), graph())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_records_sit_below_driver_task_and_tools() -> None:
+    """records.py is what the driver, the tasks and the tools all read and write: it imports
+    none of them (nor the CLI), so each can use it without reaching the others."""
+    problems = _reaching("txstream.records", ("txstream.driver", "txstream.task", "txstream.tools", "txstream.cli"),
+                         graph())
+    assert not problems, "\n".join(problems)

@@ -7,7 +7,7 @@ from typing import Any
 from txstream.operators.base import MergeSpec
 from txstream.state.memory import MemoryStore
 from txstream.task import state_unit
-from txstream.task.units import Marker
+from txstream.records import Marker
 
 
 def _spec(batch_id: int) -> MergeSpec:
@@ -34,5 +34,5 @@ def test_a_failed_attempts_pending_changes_are_not_applied_after_another_attempt
 
 def test_the_marker_carries_the_attempt_that_committed() -> None:
     marker = Marker(4, "plan", 2, "h", "v", events=10, merged=2, late=0, attempt="attempt-B")
-    assert Marker.parse(4, marker.metadata()) == marker
-    assert Marker.parse(4, "p=plan;r=2;h=h;v=v;x=10;m=2;l=0").attempt == ""   # a marker written before it
+    assert Marker.decode(4, marker.encode()) == marker
+    assert Marker.decode(4, "p=plan;r=2;h=h;v=v;x=10;m=2;l=0").attempt == ""   # a marker written before it

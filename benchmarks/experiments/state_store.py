@@ -349,7 +349,7 @@ def measure_restore(keys: int, store_kind: str) -> dict:
     from txstream.state.restore import restore
     from txstream.state.snapshot import write_snapshot
     from txstream.state.stores import open_store
-    from txstream.task.units import Marker
+    from txstream.records import Marker
 
     work = tempfile.mkdtemp(prefix="state-restore-")
     cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=os.path.join(work, "kafka"), die_with_parent=True)

@@ -19,8 +19,8 @@ from tests.support.running import App
 from tests.support.seeding import ORDER, seed_numbered, seed_orders
 from tests.support.waiting import wait_until
 from tests.support.wide_processors import BucketTotals, RandomBuckets, expected_totals, output_totals
-from txstream.driver.planlog import LoggedPartition, PlanShare, pending_batch
 from txstream.errors import TransformError
+from txstream.records import LoggedPartition, PlanShare, pending_batch
 from txstream.serde.avro import AvroCodec, load_schema
 from txstream.tools.verify import audit
 

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from txstream.kafka.config import KafkaClients
+from txstream.records import Marker, markers_name, read_markers
 from txstream.state.changelog import (
     CHANGELOG_CONFIG,
     SNAPSHOT_CONFIG,
@@ -26,7 +27,6 @@ from txstream.state.restore import restore
 from txstream.state.snapshot import latest_manifest, write_snapshot
 from txstream.state.store import StoreVersion
 from txstream.state.stores import open_store
-from txstream.task.units import Marker, markers_name, read_markers
 
 OPERATOR = "agg"
 UNITS = 2

@@ -190,10 +190,10 @@ def _restored_state(bootstrap: str, app: str, operator: str) -> tuple[dict[bytes
     """The state each unit of `operator` restores from Kafka (snapshot + changelog, as a new
     executor would): its keys and values, its expiry index keys, and the restores' sources."""
     from txstream.kafka.config import KafkaClients
+    from txstream.records import read_markers
     from txstream.state.keys import is_index_key
     from txstream.state.memory import MemoryStore
     from txstream.state.restore import restore
-    from txstream.task.units import read_markers
     from txstream.tools.state_view import read_descriptions
 
     clients = KafkaClients.from_properties(bootstrap)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from txstream.kafka import headers
+from txstream.records import DeadLetter
 from txstream.task.collector import RecordCollector
 
 
@@ -64,7 +65,7 @@ def test_positions_count_every_record_of_a_publication_across_batches_and_dead_l
     collector = RecordCollector(producer=calls, default_topic="out", value_codec=None, key_codec=None,
                                 source=("in", 3), publication="pub-1")
     collector.add_batch(_batch([5, 6, 7], False))
-    collector.add_dead_letter("dlq", (b"k", b"v", None, 0, 8, "decode", "bad"), "app")
+    collector.add_dead_letter("dlq", DeadLetter(b"k", b"v", None, 0, 8, "decode", "bad"), "app")
     collector.add_batch(_batch([9, 10, 11], True))
     seqs = [headers.lineage_of(r[4]).position for r in calls.records]
     assert seqs == [str(i).encode() for i in range(7)]

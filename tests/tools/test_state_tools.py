@@ -17,6 +17,7 @@ from tests.support.kafka import committed, live_member
 from txstream.cli.main import main
 from txstream.kafka import offsets as kofs
 from txstream.kafka.config import KafkaClients
+from txstream.records import markers_name, read_markers
 from txstream.state.changelog import (
     CHANGELOG_CONFIG,
     SNAPSHOT_CONFIG,
@@ -30,7 +31,6 @@ from txstream.state.keys import encode_key
 from txstream.state.memory import MemoryStore
 from txstream.state.operator import DEDUP, STATE_TOPIC_CONFIG, WINDOW, Aggregate, OperatorDescription, state_topic
 from txstream.state.snapshot import write_snapshot
-from txstream.task.units import markers_name, read_markers
 from txstream.tools.state_view import iso
 
 UNITS = 2
@@ -98,7 +98,7 @@ class App:
 
 
 def commit_plan(bootstrap: str, app_id: str, topic: str, offsets: dict[int, tuple[int, int]], batch: int) -> None:
-    """The app group's offsets with plan shares (driver/planlog.py) carrying the watermark:
+    """The app group's offsets with plan shares (records.py PlanShare) carrying the watermark:
     partition -> (committed offset, the share's end); an end beyond the offset is a pending batch."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": app_id, "enable.auto.commit": False})
     try:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from txstream.driver.membership import GroupMembership
     from txstream.driver.planning import Planner
     from txstream.driver.report import BatchReport
+    from txstream.records import DeadLetter
     from txstream.task.spec import PartitionPlan
 
 
@@ -48,7 +49,7 @@ class BatchProtocol(Protocol):
         """A failed batch is about to be re-planned by the poison isolator: make sure no attempt
         of it can still commit, or raise when it cannot be replaced."""
 
-    def dead_letter(self, plan: PartitionPlan, record: tuple) -> None:
+    def dead_letter(self, plan: PartitionPlan, record: DeadLetter) -> None:
         """`record` (a raw input record of `plan`'s partition) to the dead-letter topic, and the
         partition's committed offset past it."""
 

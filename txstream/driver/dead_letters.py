@@ -15,15 +15,16 @@ from confluent_kafka import TopicPartition
 from txstream.kafka import transactions
 from txstream.kafka.transactions import Publication, publish_plain
 from txstream.protocol import COMMITTED, EXACTLY_ONCE, STALE_PLAN
+from txstream.records import DeadLetter
 from txstream.task.publish import current_offsets, fence_pool, range_collector
 from txstream.task.spec import PartitionPlan, PublishSpec
 
 
-def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: tuple, membership: Any) -> str:
-    """`record` (a reader's undecodable-record tuple) to the dead-letter topic, the partition's
+def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: DeadLetter, membership: Any) -> str:
+    """`record` (the poison record, as read) to the dead-letter topic, the partition's
     committed offset past it. COMMITTED, or STALE_PLAN when the committed offset is not the
     record's (the partition moved on meanwhile: nothing is published)."""
-    offset = record[4]
+    offset = record.offset
     next_offset = [TopicPartition(plan.topic, plan.partition, offset + 1)]
 
     def produce(producer: Any) -> None:

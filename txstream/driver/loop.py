@@ -39,6 +39,7 @@ from txstream.errors import (
     topic_missing,
 )
 from txstream.failures import one_line, understand
+from txstream.records import DeadLetter
 from txstream.serde.registry import CLIENT_MODULES as REGISTRY_CLIENT_MODULES
 from txstream.settings import RunSettings
 from txstream.spark.arrow_batches import ArrowBatches
@@ -381,14 +382,14 @@ class Driver:
         self.telemetry.event("dead_letter", None, topic=plan.topic, partition=plan.partition, offset=offset,
                              stage="transform", count=1, error=message)
 
-    def _raw_record(self, plan: PartitionPlan, offset: int, message: str, timeout: float = 30) -> tuple:
+    def _raw_record(self, plan: PartitionPlan, offset: int, message: str, timeout: float = 30) -> DeadLetter:
         from txstream.kafka.scan import read_one
 
         msg = read_one(self.settings.clients, plan.topic, plan.partition, offset, timeout,
                        group_id=f"{self.settings.app_id}-poison")
         if msg is None:
             raise InfrastructureError(f"could not read {plan.topic}[{plan.partition}]@{offset} to dead-letter it")
-        return (msg.key(), msg.value(), msg.headers(), msg.timestamp()[1], offset, "transform", message)
+        return DeadLetter(msg.key(), msg.value(), msg.headers(), msg.timestamp()[1], offset, "transform", message)
 
     def _wait_for_assignment(self, timeout: float = 60.0) -> None:
         assert self.membership is not None

@@ -24,6 +24,7 @@ from txstream.driver.slots import SlotLayout, Slots
 from txstream.driver.specs import TaskSpecs
 from txstream.errors import InfrastructureError, TransformError
 from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, STALE_PLAN
+from txstream.records import DeadLetter
 from txstream.settings import RunSettings
 from txstream.task.spec import PartitionPlan
 
@@ -185,12 +186,12 @@ class NarrowBatches:
     def abandon(self, plans: list[PartitionPlan]) -> None:
         """Nothing to do: each slot's next attempt fences the failed one's producers."""
 
-    def dead_letter(self, plan: PartitionPlan, record: tuple) -> None:
+    def dead_letter(self, plan: PartitionPlan, record: DeadLetter) -> None:
         """One transaction of the partition's own transactional.id under exactly-once
         (driver/dead_letters.py)."""
         membership = self.membership
         assert membership is not None
-        offset = record[4]
+        offset = record.offset
         current = membership.committed([TopicPartition(plan.topic, plan.partition)], fresh=True)
         spec = self.specs.for_publishing(self._batch_id, [plan], membership.group_metadata())
         membership.forget()   # the dead letter commits past its offset

@@ -29,7 +29,6 @@ from typing import Any, Callable
 from confluent_kafka import TopicPartition
 
 from txstream.driver.jobs import SparkJobs
-from txstream.driver.planlog import LoggedPartition, last_watermark
 from txstream.driver.planning import Planner
 from txstream.driver.specs import TaskSpecs
 from txstream.driver.stateful_query import BatchContext, recording
@@ -38,12 +37,13 @@ from txstream.errors import InfrastructureError, TransformError, UserError
 from txstream.operators.base import MergeSpec, next_watermark
 from txstream.operators.kinds import operator_for
 from txstream.protocol import EXACTLY_ONCE, UNITS
+from txstream.records import LoggedPartition, StateFacts, last_watermark, read_markers
 from txstream.settings import RunSettings
 from txstream.state.changelog import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, changelog_topic, snapshot_topic
 from txstream.state.operator import STATE_TOPIC_CONFIG, OperatorDescription, state_topic
 from txstream.task.result import result_schema
 from txstream.task.spec import PartitionPlan
-from txstream.task.units import StateUnit, UnitSpec, publish_unit, read_markers
+from txstream.task.units import StateUnit, UnitSpec, publish_unit
 
 
 class StateChangedError(UserError):
@@ -248,7 +248,7 @@ class StatefulBatches(WideBatches):
             self._checked_shape = True
         return out
 
-    def _closing_facts(self, batch: WideBatch, markers: dict) -> dict:
+    def _closing_facts(self, batch: WideBatch, markers: dict) -> StateFacts:
         """The batch's state facts, for `txstream verify`: the operator, its mode, the watermark,
         and per unit that published the batch the rows it merged and the rows that were late."""
         done = {i: m for i, m in markers.items() if m.done_through == batch.batch_id and m.merged >= 0}
@@ -256,10 +256,8 @@ class StatefulBatches(WideBatches):
         # A hopping window counts a row in each window that holds it: its rows merged exceed the rows read.
         hopping = bool(d.window and d.window.get("slide_ms", 0) < d.window.get("size_ms", 0))
         # The epoch: after a `txstream state reset` keys start over, and their second emission is no duplicate.
-        return {"state": {"operator": d.operator, "kind": d.kind, "output_mode": d.output_mode, "epoch": d.epoch,
-                          "watermark_ms": batch.watermark_ms, "rows_once": not hopping,
-                          "unit_merged": {str(i): m.merged for i, m in sorted(done.items())},
-                          "unit_late": {str(i): m.late for i, m in sorted(done.items())}}}
+        return StateFacts(d.operator, d.kind, d.output_mode, d.epoch, batch.watermark_ms, not hopping,
+                          {i: m.merged for i, m in done.items()}, {i: m.late for i, m in done.items()})
 
     def run_batch(self, plans: list[PartitionPlan], planned_at: float | None = None) -> Any:
         watermark = self.current.watermark_ms if self.current is not None and self.current.plans == plans else None

@@ -2,7 +2,7 @@
 
 A batch b, in `units` mode:
 1. **Log the plan.** One transaction of the driver's producer (`<app>-driver`) commits, for each
-   input partition, its start offset with its share of b in the metadata (driver/planlog.py).
+   input partition, its start offset with its share of b in the metadata (records.py PlanShare).
    A pending logged plan is re-run as it is, never re-planned.
 2. **Units.** The transform's output is repartitioned into K units by the hash of its key (or of
    all its columns); unit i is published by `<app>-unit-i` with its marker (task/units.py).
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -32,14 +31,6 @@ from confluent_kafka import TopicPartition
 from txstream import faults
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.membership import GroupMembership
-from txstream.driver.planlog import (
-    LoggedPartition,
-    PendingBatch,
-    PlanShare,
-    last_batch_id,
-    last_watermark,
-    pending_batch,
-)
 from txstream.driver.planning import Planner
 from txstream.driver.report import BatchReport
 from txstream.driver.specs import TaskSpecs
@@ -63,6 +54,19 @@ from txstream.protocol import (
     SINGLE_TRANSACTION,
     UNITS,
 )
+from txstream.records import (
+    BatchRecord,
+    DeadLetter,
+    LoggedPartition,
+    PendingBatch,
+    PlanShare,
+    StateFacts,
+    last_batch_id,
+    last_watermark,
+    markers_name,
+    pending_batch,
+    read_markers,
+)
 from txstream.settings import RunSettings
 from txstream.task.reading import ReadAccounts
 from txstream.task.result import TaskResult, result_schema
@@ -71,9 +75,7 @@ from txstream.task.units import (
     NONDETERMINISTIC,
     VALUES_DIFFER,
     UnitSpec,
-    markers_name,
     publish_unit,
-    read_markers,
     unit_transactional_id,
     wide_collector,
 )
@@ -99,7 +101,7 @@ class WideBatch:
     plans: list[PartitionPlan]
     recovered: bool   # re-running a logged plan found pending at start or after a failure
     watermark_ms: int | None = None   # a stateful batch's (driver/stateful.py)
-    facts: dict = field(default_factory=dict)   # more for the batch's record (`txstream verify` reads it)
+    state: StateFacts | None = None   # a stateful batch's facts for its record (`txstream verify` reads them)
 
     def share(self, end: int) -> PlanShare:
         """This batch's share of the plan log for a partition ending at `end`."""
@@ -367,7 +369,7 @@ class WideBatches:
         if s.guarantee == EXACTLY_ONCE:
             markers = read_markers(s.clients, s.app_id, batch.units)
             published = {i: m.rows for i, m in markers.items() if m.done_through == batch.batch_id}
-            batch.facts.update(self._closing_facts(batch, markers))
+            batch.state = self._closing_facts(batch, markers)
             self._close(batch, read["dead"], records=None, unit_records=published)
         elif s.guarantee != AT_MOST_ONCE:
             self._publish_dead_plain(batch, read["dead"])
@@ -398,9 +400,10 @@ class WideBatches:
         dead = [(topic, partition, record) for (topic, partition, _start, _end), result in sorted(values.items())
                 for record in result.dead_letters]
         if dead and not self.settings.dead_letter_topic:
-            topic, partition, (_k, _v, _h, _ts, offset, stage, error) = dead[0]
+            topic, partition, record = dead[0]
             raise PoisonRecordError(
-                f"record {topic}[{partition}]@{offset} failed at {stage}: {error}. {len(dead)} record(s) of batch "
+                f"record {topic}[{partition}]@{record.offset} failed at {record.stage}: {record.error}. "
+                f"{len(dead)} record(s) of batch "
                 f"{batch.batch_id} failed; declare a dead_letter_topic on the processor (or --dead-letter-topic) "
                 "to set such records aside. The batch stays open (its input offsets are not committed) until then.")
         by_partition: dict[tuple[str, int], tuple[int, int]] = {}
@@ -422,17 +425,14 @@ class WideBatches:
         return self._commit(offsets, f"close batch {batch.batch_id}", dead=dead, records=records, batch=batch,
                             unit_records=unit_records)
 
-    def _closing_facts(self, batch: WideBatch, markers: dict) -> dict:
-        """What a protocol adds to the batch's record from the units' markers (stateful: more)."""
-        return {}
+    def _closing_facts(self, batch: WideBatch, markers: dict) -> StateFacts | None:
+        """What a protocol adds to the batch's record from the units' markers (stateful: its facts)."""
+        return None
 
     def _batch_record(self, batch: WideBatch, unit_records: dict[int, int], dead: int) -> bytes:
-        return json.dumps({
-            "batch": batch.batch_id, "plan": batch.plan_id, "time_ms": batch.timestamp_ms, "mode": self.mode,
-            "units": batch.units, "ranges": [[p.topic, p.partition, p.start, p.end] for p in batch.plans],
-            "unit_records": {str(k): v for k, v in sorted(unit_records.items())}, "dead_letters": dead,
-            **batch.facts,
-        }, separators=(",", ":")).encode()
+        return BatchRecord(batch.batch_id, batch.plan_id, batch.timestamp_ms, self.mode, batch.units,
+                           [(p.topic, p.partition, p.start, p.end) for p in batch.plans], dict(unit_records), dead,
+                           batch.state).encode()
 
     def _commit(self, offsets: list[TopicPartition], what: str, dead: list[tuple] = (),
                 records: Any = None, batch: WideBatch | None = None, unit_records: dict[int, int] | None = None) -> int:
@@ -509,10 +509,10 @@ class WideBatches:
     def _new_batch_for(self, plans: list[PartitionPlan]) -> WideBatch:
         return self._log_new_batch(self.read_log([TopicPartition(p.topic, p.partition) for p in plans]), plans)
 
-    def dead_letter(self, plan: PartitionPlan, record: tuple) -> None:
+    def dead_letter(self, plan: PartitionPlan, record: DeadLetter) -> None:
         """The poison record to the dead-letter topic and its partition's offset past it: one
         transaction of the driver's producer (nothing pending in the log)."""
-        offset = record[4]
+        offset = record.offset
         log = self.read_log([TopicPartition(plan.topic, plan.partition)])
         share = PlanShare(last_batch_id(log), offset + 1, self.plan_units, int(time.time() * 1000), last_watermark(log))
         tp = TopicPartition(plan.topic, plan.partition, offset + 1, metadata=share.encode())

@@ -24,7 +24,7 @@ from txstream.state.snapshot import latest_manifest, load_snapshot
 from txstream.state.store import StateStore, StoreVersion
 
 if TYPE_CHECKING:
-    from txstream.task.units import Marker
+    from txstream.records import Marker
 
 
 @dataclass

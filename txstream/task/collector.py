@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from txstream.errors import OutputError, topic_missing
 from txstream.kafka import headers
 from txstream.kafka.errors import kafka_error_of
+from txstream.records import DeadLetter
 from txstream.serde.avro import AvroCodec
 
 # The source offset the driver carries through the transform's plan (driver/range_tag.py), which
@@ -138,14 +139,13 @@ class RecordCollector:
         self._produce_from(len(self.sent) - len(records))
         return len(records)
 
-    def add_dead_letter(self, dead_topic: str, record: tuple, app_id: str) -> None:
-        key, value, original_headers, timestamp_ms, offset, stage, error = record
+    def add_dead_letter(self, dead_topic: str, record: DeadLetter, app_id: str) -> None:
         topic, partition = self.source
-        dlq_headers = list(original_headers or []) + [
-            (headers.LINEAGE, headers.lineage_value(topic, partition, offset, self.publication, len(self.sent))),
-            (headers.DLQ_STAGE, stage.encode()), (headers.DLQ_ERROR, error.encode()[:4000]),
+        dlq_headers = list(record.headers or []) + [
+            (headers.LINEAGE, headers.lineage_value(topic, partition, record.offset, self.publication, len(self.sent))),
+            (headers.DLQ_STAGE, record.stage.encode()), (headers.DLQ_ERROR, record.error.encode()[:4000]),
             (headers.DLQ_APP_ID, app_id.encode())]
-        self.sent.append((dead_topic, value, key, -1, dlq_headers))
+        self.sent.append((dead_topic, record.value, record.key, -1, dlq_headers))
         self._produce_from(len(self.sent) - 1)
 
     def replay(self) -> None:

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from txstream import faults
 from txstream.protocol import RANGE_COLUMN
+from txstream.records import DeadLetter
 from txstream.serde.avro import AvroCodec, arrow_type
 from txstream.serde.registry import RegistryDecoder, subjects_of
 from txstream.task import worker_heap
@@ -125,7 +126,7 @@ class RangeRead:
         self.rows = _Columns(plan.topic, plan.partition)
         self.count = 0                                 # rows handed over (decoded)
         self.largest = 0                               # bytes of its largest record
-        self.dead: list[tuple[Any, ...]] = []          # undecodable records
+        self.dead: list[DeadLetter] = []          # undecodable records
         self.seconds = 0.0
 
     def take_rows(self) -> _Columns:
@@ -411,13 +412,13 @@ class _Columns:
         self.largest = max(self.largest, max(added_values, default=0) + max(added_keys, default=0))
 
     def to_batch(self, schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None,
-                 dead: list[tuple[Any, ...]]) -> pa.RecordBatch | None:
+                 dead: list[DeadLetter]) -> pa.RecordBatch | None:
         """The decoded batch without its undecodable records, which go to `dead`."""
         return _decoded([self], schema, key_codec, value_codec, [dead])[0]
 
 
 def _decoded(parts: list[_Columns], schema: pa.Schema, key_codec: AvroCodec | None, value_codec: AvroCodec | None,
-             deads: list[list[tuple[Any, ...]]]) -> tuple[pa.RecordBatch | None, list[int]]:
+             deads: list[list[DeadLetter]]) -> tuple[pa.RecordBatch | None, list[int]]:
     """The parts' rows, in order, as one decoded batch without the undecodable records (each goes
     to its part's list in `deads`); and how many rows of each part the batch holds."""
     if len(parts) == 1:
@@ -458,7 +459,8 @@ def _decoded(parts: list[_Columns], schema: pa.Schema, key_codec: AvroCodec | No
     kept = list(lengths)
     part_of = np.searchsorted(np.cumsum(lengths), sorted(errors), side="right")
     for row, part in zip(sorted(errors), part_of.tolist(), strict=True):
-        deads[part].append((keys[row], values[row], headers[row], timestamps[row], offsets[row], "decode", errors[row]))
+        deads[part].append(DeadLetter(keys[row], values[row], headers[row], timestamps[row], offsets[row], "decode",
+                                      errors[row]))
         kept[part] -= 1
     keep = np.ones(n, bool)
     keep[list(errors)] = False

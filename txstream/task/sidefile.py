@@ -21,10 +21,11 @@ from __future__ import annotations
 import os
 import pickle
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txstream.records import DeadLetter
 from txstream.task.probe import local_dirs
 
 _NAME = re.compile(r"b(\d+)-a(\d+)(?:-r\d+)?\.\w+$")
@@ -73,7 +74,7 @@ class ReadResult:
     """What the reader tells the publisher of the same task (through the side file)."""
 
     records: int
-    dead_letters: list[tuple[Any, ...]]  # (key, value, headers, timestamp_ms, offset, stage, error)
+    dead_letters: list[DeadLetter]
     read_seconds: float
     largest_record: int = 0   # bytes of key + value of the range's largest record
 
@@ -124,15 +125,41 @@ def _take(path: Path) -> Any:
 
 
 def state_file(side_dir: str, batch_id: int, task_attempt: int) -> Path:
-    """Where a stateful unit's merge (task/state_merge.py) leaves the batch's state changes, late
+    """Where a stateful unit's merge (task/state_unit.py) leaves the batch's state changes, late
     records and event times for the unit's publisher, later in the same task attempt."""
     return run_directory(side_dir) / f"b{batch_id}-a{task_attempt}.state"
 
 
-def write_state(side_dir: str, batch_id: int, content: Any) -> None:
-    _write(state_file(side_dir, batch_id, current_task_attempt()), content)
+@dataclass
+class MergeResult:
+    """What a stateful unit's merge (task/state_unit.py) leaves the unit's publisher
+    (task/units.py) in the same task attempt: the state's changes for the changelog, the late
+    rows for the dead-letter topic, the event time and rows merged for the marker, the state key
+    (and a deduplicated key's expiry) of each row emitted, and how the state was restored."""
+
+    skip: bool = False      # the unit's marker says the batch is published: nothing merged, nothing to add
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)   # state key -> row (None: removed)
+    late: list[tuple[bytes, int]] = field(default_factory=list)        # the late rows (JSON) and their event times
+    events: int | None = None           # the latest event time among the partials
+    emitted: list[bytes] = field(default_factory=list)               # the state key of each row emitted, in order
+    expires: list[int | None] = field(default_factory=list)          # ... a deduplicated key's expiry (ms), aligned
+    rows: int = 0                       # input rows the partials merged
+    keys: int = 0                       # the state's keys after the merge
+    restore_source: str = ""            # state/restore.py RestoreReport.source
+    restore_records: int = 0            # changelog records replayed
+    restore_s: float = 0.0
+    snapshot_s: float = 0.0             # a snapshot written after the restore
+    attempt: str = ""                   # which merge attempt this is (named in the unit's marker)
+
+    @staticmethod
+    def skipped() -> MergeResult:
+        return MergeResult(skip=True)
 
 
-def take_state(side_dir: str, batch_id: int) -> Any:
+def write_state(side_dir: str, batch_id: int, result: MergeResult) -> None:
+    _write(state_file(side_dir, batch_id, current_task_attempt()), result)
+
+
+def take_state(side_dir: str, batch_id: int) -> MergeResult | None:
     """The merge's result for this task attempt, consumed; None when the merge left none."""
     return _take(state_file(side_dir, batch_id, current_task_attempt()))

@@ -31,7 +31,7 @@ from txstream.state.restore import restore
 from txstream.state.store import StateStore, StoreVersion
 from txstream.state.stores import open_store
 from txstream.task import worker_heap
-from txstream.task.sidefile import run_directory, write_state
+from txstream.task.sidefile import MergeResult, run_directory, write_state
 
 
 def _store(spec: MergeSpec, unit: int) -> tuple[StateStore, Path | None]:
@@ -96,7 +96,7 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     worker_heap.settle()
     from pyspark import TaskContext
 
-    from txstream.task.units import read_markers
+    from txstream.records import read_markers
 
     unit = TaskContext.get().partitionId()
     received = list(batches)
@@ -104,7 +104,7 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     marker = markers[unit]
     if marker.done_through >= spec.batch_id:
         # Published by an earlier attempt: its state is in the changelog already, nothing to merge.
-        write_state(spec.side_dir, spec.batch_id, {"skip": True})
+        write_state(spec.side_dir, spec.batch_id, MergeResult.skipped())
         return
     store, path = _store(spec, unit)
     try:
@@ -121,12 +121,11 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         # pending file: a later batch applies the pending changes only if this attempt committed.
         attempt = uuid.uuid4().hex[:12]
         merged = operator.merge(spec, store, pa.Table.from_batches(received) if received else None)
-        write_state(spec.side_dir, spec.batch_id, {
-            "changes": dict(store.changes()), "attempt": attempt, "late": merged.late, "events": merged.events,
-            "emitted": merged.emitted, "expires": merged.expires, "rows": merged.rows,
-            "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
-                        "snapshot_seconds": snapshot_s},
-            "keys": operator.user_keys(store)})
+        write_state(spec.side_dir, spec.batch_id, MergeResult(
+            changes=dict(store.changes()), attempt=attempt, late=merged.late, events=merged.events,
+            emitted=merged.emitted, expires=merged.expires, rows=merged.rows, keys=operator.user_keys(store),
+            restore_source=report.source, restore_records=report.changelog_records, restore_s=restored_s,
+            snapshot_s=snapshot_s))
         _save_pending(spec, path, store, attempt)
         store.abort()
     finally:

@@ -3,11 +3,11 @@ docs/wide-transforms.md §2.
 
 Unit i is published by a producer with the stable transactional.id `<app>-unit-i`. After
 `init_transactions` (which fences every older attempt of unit i, anywhere) the unit reads its
-*marker*: the committed offset of partition i of the internal topic `<app>.units` in the group
-`<app>.units`. Offset m means "batch m-1 of this unit is published". A unit whose marker already
-says batch b skips (and compares its own rows with the marker's: determinism is checked on every
-replay); otherwise it produces its rows and moves the marker to b+1, in one transaction (the
-transaction engine's attempt loop, kafka/transactions.py).
+*marker* (records.py `Marker`): the committed offset of partition i of the internal topic
+`<app>.units` in the group `<app>.units`. Offset m means "batch m-1 of this unit is published".
+A unit whose marker already says batch b skips (and compares its own rows with the marker's:
+determinism is checked on every replay); otherwise it produces its rows and moves the marker to
+b+1, in one transaction (the transaction engine's attempt loop, kafka/transactions.py).
 
 Nobody ever joins the markers group: the marker is sent with the memberless group metadata of
 a consumer that never subscribes (generation -1), which the broker accepts for a classic group.
@@ -25,12 +25,14 @@ import pyarrow as pa
 from txstream import faults
 from txstream.errors import AbortableError, TaskError
 from txstream.kafka import headers, transactions
-from txstream.kafka.transactions import Transaction, group_moved, pooled_publisher, publish_plain, stable_offsets
+from txstream.kafka.transactions import Transaction, group_moved, pooled_publisher, publish_plain
 from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, EMPTY, EXACTLY_ONCE, FENCED
+from txstream.records import Marker, markers_name, read_markers
 from txstream.serde.avro import AvroCodec
 from txstream.task import publish, worker_heap
 from txstream.task.collector import RecordCollector
 from txstream.task.result import TaskResult
+from txstream.task.sidefile import MergeResult, take_state
 from txstream.task.spec import PublishSpec
 
 NONDETERMINISTIC = "nondeterministic"   # a replay's rows differ from the committed attempt's
@@ -38,55 +40,6 @@ VALUES_DIFFER = "values-differ"         # same rows and routing, other values (s
 
 def unit_transactional_id(app_id: str, unit: int) -> str:
     return f"{app_id}-unit-{unit}"
-
-
-def markers_name(app_id: str) -> str:
-    """The internal topic and the group whose committed offsets are the units' markers."""
-    return f"{app_id}.units"
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A unit's marker: `offset` is the next batch it has to publish; the metadata describes the
-    last one it published (plan id, rows, content hash)."""
-
-    offset: int | None
-    plan_id: str = ""
-    rows: int = -1
-    content: str = ""       # digest of what routed the records (topic and key)
-    values: str = ""        # digest of the values
-    events: int | None = None   # a stateful unit: the latest event time it has seen (ms), for the watermark
-    merged: int = -1            # a stateful unit: input rows its batch merged into the state
-    late: int = -1              # ... and rows behind the watermark
-    attempt: str = ""           # ... and which merge attempt's changes it committed (task/state_unit.py)
-
-    @property
-    def done_through(self) -> int:
-        """The last batch id this unit published (0: none)."""
-        return (self.offset or 1) - 1
-
-    def metadata(self) -> str:
-        text = f"p={self.plan_id};r={self.rows};h={self.content};v={self.values}"
-        if self.events is not None:
-            text += f";x={self.events}"
-        if self.attempt:
-            text += f";a={self.attempt}"
-        return text if self.merged < 0 else f"{text};m={self.merged};l={self.late}"
-
-    @staticmethod
-    def parse(offset: int | None, metadata: str | None) -> Marker:
-        fields = dict(part.split("=", 1) for part in (metadata or "").split(";") if "=" in part)
-        try:
-            rows = int(fields.get("r", -1))
-        except ValueError:
-            rows = -1
-        try:
-            events = int(fields["x"]) if "x" in fields else None
-            merged, late = int(fields.get("m", -1)), int(fields.get("l", -1))
-        except ValueError:
-            events, merged, late = None, -1, -1
-        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""), events, merged, late,
-                      fields.get("a", ""))
 
 
 @dataclass(frozen=True)
@@ -115,17 +68,6 @@ class UnitSpec:
         return self.publish.app_id
 
 
-def read_markers(clients: Any, app_id: str, units: int, timeout: float = 30.0) -> dict[int, Marker]:
-    """Every unit's marker, read stably (a marker pending in an open transaction is resolved
-    first)."""
-    from confluent_kafka import TopicPartition
-
-    name = markers_name(app_id)
-    config = clients.consumer(name, **{"isolation.level": "read_committed", "enable.auto.commit": False})
-    answer = stable_offsets(config, [TopicPartition(name, i) for i in range(units)], timeout)
-    return {tp.partition: Marker.parse(tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in answer}
-
-
 def content_hash(sent: list[tuple]) -> tuple[str, str]:
     """Order-free digests of a unit's records (rows of a shuffle reach a task in no fixed order):
     of what routed them to this unit (topic and key, or the value when there is no key), and of
@@ -150,18 +92,15 @@ def publish_unit(spec: UnitSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[
     pending = [b for b in batches if b.num_rows]
     merged = None
     if spec.state is not None:
-        from txstream.task.sidefile import take_state
-
         merged = take_state(spec.publish.read.side_dir, spec.batch_id)
         if merged is None:
             raise TaskError(f"unit {unit} of batch {spec.batch_id}: the state merge of this task left no result")
-        if not merged.get("skip"):
-            restored = merged["restore"]
-            result.rows_merged, result.late, result.state_keys = merged["rows"], len(merged["late"]), merged["keys"]
-            result.restore_s, result.restore_records = restored["seconds"], restored["records"]
-    if merged is not None and merged.get("skip"):
+        if not merged.skip:
+            result.rows_merged, result.late, result.state_keys = merged.rows, len(merged.late), merged.keys
+            result.restore_s, result.restore_records = merged.restore_s, merged.restore_records
+    if merged is not None and merged.skip:
         result.status = ALREADY_DONE   # the merge found the unit's marker at the batch: published before
-    elif not pending and not (merged and (merged["changes"] or merged["late"])):
+    elif not pending and not (merged and (merged.changes or merged.late)):
         result.status = EMPTY   # nothing to publish: no producer, no marker (a skipped unit)
     elif spec.publish.guarantee != EXACTLY_ONCE:
         _publish_plain(spec, unit, pending, result)
@@ -211,7 +150,7 @@ class _UnitTransaction(Transaction):
     sent with the memberless metadata of the markers group."""
 
     def __init__(self, spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult,
-                 merged: dict | None = None) -> None:
+                 merged: MergeResult | None = None) -> None:
         self.spec, self.unit, self.batches, self.result = spec, unit, batches, result
         self.merged = merged            # a stateful unit's merge result (task/state_unit.py)
         self.events: int | None = None  # the marker's event time before this batch
@@ -249,22 +188,22 @@ class _UnitTransaction(Transaction):
         else:
             self.collector.producer = producer
             self.collector.replay()
-        if self.merged is not None and self.merged["changes"]:
+        if self.merged is not None and self.merged.changes:
             from txstream.state.changelog import ChangelogWriter
 
             ChangelogWriter(self.spec.app_id, self.spec.state.operator, self.unit).produce(
-                producer, self.merged["changes"], self.spec.batch_id)
+                producer, self.merged.changes, self.spec.batch_id)
         self.result.produce_s += time.perf_counter() - started
 
     def _state_keys(self) -> None:
         """Each output row names the state key it was emitted for (`txstream.state.key`), which
         `verify` audits (each closed window once, ...): the merge emitted the rows in that order
         and the transform's rest kept them one for one, else (it filtered) no row names one."""
-        keys = self.merged.get("emitted") or []
+        keys = self.merged.emitted
         if len(keys) != sum(b.num_rows for b in self.batches):
             return
         # A deduplicated key's expiry: `verify` tells a key emitted again after it expired from a duplicate.
-        expires = self.merged.get("expires") or []
+        expires = self.merged.expires
         if len(expires) != len(keys):
             expires = [None] * len(keys)
         self.collector.row_headers = [[(headers.STATE_KEY, key)] if ms is None else
@@ -274,7 +213,7 @@ class _UnitTransaction(Transaction):
     def _late_records(self) -> None:
         """Records behind the watermark: to the dead-letter topic in this transaction, or only
         counted when there is none (docs/state.md, "Late records")."""
-        late, dead_topic = self.merged["late"], self.spec.publish.dead_letter_topic
+        late, dead_topic = self.merged.late, self.spec.publish.dead_letter_topic
         if not dead_topic:
             return
         watermark = self.spec.state.watermark_ms
@@ -293,16 +232,16 @@ class _UnitTransaction(Transaction):
 
         spec, sent = self.spec, self.collector.sent
         events = self.events
-        if self.merged is not None and self.merged.get("events") is not None:
-            events = max(events or self.merged["events"], self.merged["events"])
+        if self.merged is not None and self.merged.events is not None:
+            events = max(events or self.merged.events, self.merged.events)
         merged = late = -1
         attempt = ""
         if self.merged is not None:
-            merged, late = self.merged["rows"], len(self.merged["late"])
-            attempt = self.merged.get("attempt", "")
+            merged, late = self.merged.rows, len(self.merged.late)
+            attempt = self.merged.attempt
         marker = Marker(spec.batch_id + 1, spec.plan_id, len(sent), *content_hash(sent), events=events,
                         merged=merged, late=late, attempt=attempt)
-        return ([TopicPartition(markers_name(spec.app_id), self.unit, marker.offset, metadata=marker.metadata())],
+        return ([TopicPartition(markers_name(spec.app_id), self.unit, marker.offset, metadata=marker.encode())],
                 spec.markers_metadata)
 
     def abortable(self, error: AbortableError) -> str | None:
@@ -317,7 +256,7 @@ class _UnitTransaction(Transaction):
 
 
 def _publish_transactional(spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult,
-                           merged: dict | None = None) -> None:
+                           merged: MergeResult | None = None) -> None:
     tid = unit_transactional_id(spec.app_id, unit)
     producers = publish.producers(spec.publish)
     publisher, fresh = pooled_publisher(producers, tid)

@@ -152,8 +152,8 @@ def alter_offsets(admin: AdminClient, group_id: str, offsets: Mapping[Partition,
 
 
 def _plan_log(admin: AdminClient, group_id: str, timeout: float) -> dict:
-    """The group's committed offsets with their metadata, as a wide app's plan log (driver/planlog.py)."""
-    from txstream.driver.planlog import LoggedPartition, PlanShare
+    """The group's committed offsets with their metadata, as a wide app's plan log (records.py)."""
+    from txstream.records import LoggedPartition, PlanShare
 
     def call():
         future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
@@ -169,8 +169,7 @@ def wide_app_state(admin: AdminClient, group_id: str, timeout: float = DEFAULT_T
     None). A reset writes offsets without plan shares, so a pending batch (planned, not closed) is
     abandoned: units that published it keep their output in the output topic, a batch never closed
     (docs/offsets.md). Markers are not reset: the next batch is numbered after them."""
-    from txstream.driver.planlog import last_batch_id, pending_batch
-    from txstream.task.units import markers_name
+    from txstream.records import last_batch_id, markers_name, pending_batch
 
     log = _plan_log(admin, group_id, timeout)
     markers_group = markers_name(group_id)

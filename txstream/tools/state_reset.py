@@ -123,7 +123,7 @@ def reset_state(clients: KafkaClients, app_id: str, target: ofs.ResetTarget | No
                 force: bool = False, timeout: float = kofs.DEFAULT_TIMEOUT) -> StateResetResult:
     """What `txstream state reset` does: list the state topics (a dry run stops there), and with
     `execute` move the input offsets to `target` (when given) and delete the topics."""
-    from txstream.task.units import markers_name
+    from txstream.records import markers_name
 
     admin = kofs.admin_client(clients)
     known = kofs.cluster_topics(admin, timeout)     # also the reachability check

@@ -24,6 +24,7 @@ from uuid import UUID
 from txstream.errors import UserError
 from txstream.kafka import offsets as kofs
 from txstream.kafka.config import KafkaClients
+from txstream.records import Marker, PlanShare, read_markers
 from txstream.state import partition
 from txstream.state.changelog import HeaderReader, changelog_topic, snapshot_topic
 from txstream.state.codec import StateCodec
@@ -32,7 +33,6 @@ from txstream.state.keys import EXPIRY, EXPIRY_END, decode_key
 from txstream.state.memory import MemoryStore
 from txstream.state.operator import OperatorDescription, state_topic
 from txstream.state.restore import RestoreReport, restore
-from txstream.task.units import Marker, read_markers
 
 DEFAULT_LIMIT = 100
 _EVERYTHING = Marker(1 << 62)     # a marker no batch reaches: every committed record is accepted
@@ -299,9 +299,9 @@ def descriptions_or_refuse(clients: KafkaClients, admin: Any, app_id: str, known
 
 
 def plan_watermark(admin: Any, app_id: str, timeout: float) -> tuple[int | None, int | None]:
-    """(watermark ms, batch) from the app group's plan log (driver/planlog.py): the `w=` field of
-    the newest plan share that has one. Read from the metadata's text: shares written before the
-    engine logged watermarks have none."""
+    """(watermark ms, batch) from the app group's plan log (records.py PlanShare): the watermark
+    of the newest plan share that has one (shares written before the engine logged watermarks
+    have none)."""
     from confluent_kafka import ConsumerGroupTopicPartitions
 
     def call() -> list:
@@ -311,23 +311,13 @@ def plan_watermark(admin: Any, app_id: str, timeout: float) -> tuple[int | None,
 
     best: tuple[int, int] | None = None
     for tp in kofs.kafka_call(admin, f"reading the plan log of group {app_id}", call, timeout):
-        fields = share_fields(tp.metadata)
-        try:
-            batch, watermark = int(fields["b"]), int(fields["w"])
-        except (KeyError, ValueError):
+        share = PlanShare.decode(tp.metadata)
+        if share is None or share.watermark_ms is None:
             continue
+        batch, watermark = share.batch_id, share.watermark_ms
         if best is None or (batch, watermark) > best:
             best = (batch, watermark)
     return (None, None) if best is None else (best[1], best[0])
-
-
-def share_fields(metadata: str | None) -> dict[str, str]:
-    """The `k=v` fields of a plan share (`txs1;b=..;e=..;...`); {} for other metadata."""
-    from txstream.driver.planlog import VERSION
-
-    if not metadata or not metadata.startswith(VERSION + ";"):
-        return {}
-    return dict(part.split("=", 1) for part in metadata.split(";")[1:] if "=" in part)
 
 
 def newest_batch(clients: KafkaClients, app_id: str, operator: str, unit: int, low: int, high: int,

@@ -32,7 +32,8 @@ from txstream.kafka import headers as hdr
 from txstream.kafka.config import KafkaClients, as_clients
 from txstream.kafka.offsets import admin_client, cluster_topics, committed_offsets, list_offsets, watermarks
 from txstream.kafka.scan import scan
-from txstream.tools.verify_wide import MARKERS_SUFFIX, WideAudit, changelog_problems
+from txstream.records import MARKERS_SUFFIX, BatchRecord
+from txstream.tools.verify_wide import WideAudit, changelog_problems
 
 SAMPLES = 20  # offsets listed per partition and problem kind; counts are always complete
 # Big fetches: an audit reads whole topics.
@@ -433,17 +434,17 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
         # With --app-id the audit ends at the committed offsets, taken before the rest of the
         # snapshot: the batches closed after them (the last batch records) are not the audit's;
         # earlier records beyond them are batches from before an offsets reset.
-        def within(record: dict) -> bool:
-            return all(committed.get((t, p), -1) >= e for t, p, _s, e in record["ranges"] if (t, p) in rows)
+        def within(record: BatchRecord) -> bool:
+            return all(committed.get((t, p), -1) >= e for t, p, _s, e in record.ranges if (t, p) in rows)
 
-        last_within = max((r["offset_in_markers"] for (a, _b), rs in wide.batches.items() if a == app_id
+        last_within = max((r.offset for (a, _b), rs in wide.batches.items() if a == app_id
                            for r in rs if within(r)), default=-1)
-        wide.keep_batches(lambda a, _b, r: a != app_id or within(r) or r["offset_in_markers"] < last_within)
+        wide.keep_batches(lambda a, _b, r: a != app_id or within(r) or r.offset < last_within)
     if wide.records or wide.batches:
         wide.finish(visible, dead_offsets, {k: r.end for k, r in rows.items()}, app_id)
         report.wide = wide
-        operators = {(r["state"]["operator"], int(r["units"])) for (a, _b), rs in wide.batches.items()
-                     if a == app_id for r in rs if r.get("state")}
+        operators = {(r.state.operator, r.units) for (a, _b), rs in wide.batches.items()
+                     if a == app_id for r in rs if r.state}
         for operator, units in sorted(operators):
             _read_units, problems = changelog_problems(clients, app_id, operator, units, timeout)
             wide.changelogs_checked += 1

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from txstream.kafka import headers as hdr
+from txstream.records import BatchRecord, StateFacts, read_markers
 
 SAMPLES = 20
-MARKERS_SUFFIX = ".units"   # task/units.py markers_name
 
 
 class WideLineage(NamedTuple):
@@ -50,7 +50,7 @@ class WideAudit:
 
     count_field: str | None = None
     # (app, batch) -> its batch records (one per closing: two after a replay of the batch id)
-    batches: dict[tuple[str | None, int], list[dict]] = field(default_factory=dict)
+    batches: dict[tuple[str | None, int], list[BatchRecord]] = field(default_factory=dict)
     units: dict[tuple[str | None, int, int], UnitSeen] = field(default_factory=dict)
     records: int = 0
     # Stateful output (docs/state.md): (app, batch, unit, state key, its expiry in ms for a
@@ -111,9 +111,9 @@ class WideAudit:
                 self.unreadable_counts += 1
 
     def add_batch(self, app: str | None, value: bytes, offset: int = -1) -> None:
-        record = json.loads(value)
-        record["offset_in_markers"] = offset
-        self.batches.setdefault((app, int(record["batch"])), []).append(record)
+        """A batch record's value, read at `offset` of the app's markers topic."""
+        record = BatchRecord.decode(value, offset)
+        self.batches.setdefault((app, record.batch), []).append(record)
 
     def keep_batches(self, keep) -> None:
         """Only the batch records `keep(app, batch, record)` accepts (those inside the snapshot)."""
@@ -150,8 +150,8 @@ class WideAudit:
                 continue
             expected: dict[int, int] = {}
             for record in records:
-                for k, v in record["unit_records"].items():
-                    expected[int(k)] = expected.get(int(k), 0) + v
+                for k, v in record.unit_records.items():
+                    expected[k] = expected.get(k, 0) + v
             for unit in sorted(set(expected) | set(units)):
                 got = units[unit].records if unit in units else 0
                 if got != expected.get(unit, 0):
@@ -160,7 +160,7 @@ class WideAudit:
             if self.count_field is not None:
                 self._reconcile(name, records, units, visible, dead_offsets)
         for (app, batch), records in sorted(self.batches.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
-            closed = sum(v for r in records for v in r["unit_records"].values())
+            closed = sum(v for r in records for v in r.unit_records.values())
             if (app, batch) not in by_batch and closed:
                 self._problem(f"{_name(app, batch)}: closed with {closed} record(s), none in the output")
         self._state(visible, dead_offsets, default_app)
@@ -174,8 +174,8 @@ class WideAudit:
         merged, the late rows and the undecodable records add up to no more than the rows read."""
         from txstream.state.keys import decode_key
 
-        facts = {(app or default_app, batch): r["state"] for (app, batch), rs in self.batches.items()
-                 for r in rs if r.get("state")}
+        facts: dict[tuple[str | None, int], StateFacts] = {
+            (app or default_app, batch): r.state for (app, batch), rs in self.batches.items() for r in rs if r.state}
         if not facts:
             return
         seen: dict[tuple, list[tuple[int, int | None]]] = {}
@@ -183,11 +183,11 @@ class WideAudit:
             state = facts.get((app or default_app, batch))
             if state is None:
                 continue
-            mode, windowed = state["output_mode"], state["kind"] in ("window", "session")
+            mode, windowed = state.output_mode, state.kind in ("window", "session")
             # Keyed by the state's epoch too: a `state reset` starts every key over (docs/state.md).
-            slot = (app, state.get("epoch"), key) if mode == "append" else (app, state.get("epoch"), key, batch)
-            seen.setdefault(slot, []).append((batch, expires if state["kind"] == "dedup" else None))
-            watermark = state.get("watermark_ms")
+            slot = (app, state.epoch, key) if mode == "append" else (app, state.epoch, key, batch)
+            seen.setdefault(slot, []).append((batch, expires if state.kind == "dedup" else None))
+            watermark = state.watermark_ms
             if windowed and watermark is not None:
                 _values, (_start, end) = decode_key(key, windowed=True)
                 if mode == "append" and end > watermark:
@@ -212,19 +212,18 @@ class WideAudit:
                 if len(self.expired_samples) < SAMPLES:
                     self.expired_samples.append(f"{slot[2][:60]!r} (batches {[b for b, _ in emitted][:5]})")
         for (app, batch), state in sorted(facts.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
-            record = next(r for r in self.batches.get((app, batch), self.batches.get((None, batch), [])) if r.get("state"))
+            record = next(r for r in self.batches.get((app, batch), self.batches.get((None, batch), [])) if r.state)
             read = 0
-            for topic, partition, start, end in record["ranges"]:
+            for topic, partition, start, end in record.ranges:
                 if end > self.audited_end.get((topic, partition), end):
                     read = -1
                     break
                 offsets = visible.get((topic, partition), set())
                 read += sum(1 for o in offsets if start <= o < end)
-            if read < 0 or not state.get("rows_once", True):
+            if read < 0 or not state.rows_once:
                 continue
             self.state_batches += 1
-            accounted = (sum(state["unit_merged"].values()) + sum(state["unit_late"].values())
-                         + int(record.get("dead_letters", 0)))
+            accounted = sum(state.unit_merged.values()) + sum(state.unit_late.values()) + record.dead_letters
             if accounted > read:
                 self._problem(f"{_name(app, batch)}: {accounted} rows merged, late or dead-lettered, more than the "
                               f"{read} record(s) the batch read: rows counted twice")
@@ -236,18 +235,18 @@ class WideAudit:
         """A deduplicated key emitted in batch `first`, expiring at `expires`, was forgotten before
         batch `then` emitted it again: some batch from `first` to `then - 1` ran with a watermark at
         or past its expiry (the merge forgets what the watermark reached after merging the batch's
-        rows: task/state_merge.py). Without an expiry (no watermark) a key is never forgotten."""
+        rows: task/state_unit.py). Without an expiry (no watermark) a key is never forgotten."""
         if expires is None or then == first:
             return False
-        return any((state := facts.get((app, b))) is not None and state.get("watermark_ms") is not None
-                   and state["watermark_ms"] >= expires
+        return any((state := facts.get((app, b))) is not None and state.watermark_ms is not None
+                   and state.watermark_ms >= expires
                    for b in range(first, then))
 
-    def _reconcile(self, name: str, records: list[dict], units: dict[int, UnitSeen],
+    def _reconcile(self, name: str, records: list[BatchRecord], units: dict[int, UnitSeen],
                    visible: dict[tuple[str, int], set[int]], dead_offsets: dict[tuple[str, int], set[int]]) -> None:
         inputs = 0
         for record in records:
-            for topic, partition, start, end in record["ranges"]:
+            for topic, partition, start, end in record.ranges:
                 if end > self.audited_end.get((topic, partition), end):
                     self.unreconciled_batches += 1   # read beyond the audited range (before an offsets reset)
                     return
@@ -267,15 +266,15 @@ class WideAudit:
 
     def _replays(self) -> None:
         """Batches of one app whose ranges overlap an earlier closing's: an offsets reset re-read them."""
-        by_app: dict[str | None, list[tuple[int, int, dict]]] = {}
+        by_app: dict[str | None, list[tuple[int, int, BatchRecord]]] = {}
         for (app, batch), records in self.batches.items():
             for record in records:
-                by_app.setdefault(app, []).append((int(record.get("time_ms", 0)), batch, record))
+                by_app.setdefault(app, []).append((record.time_ms, batch, record))
         for app, closings in by_app.items():
             read: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
             for _, batch, record in sorted(closings, key=lambda c: (c[0], c[1])):
                 earlier = set()
-                for topic, partition, start, end in record["ranges"]:
+                for topic, partition, start, end in record.ranges:
                     for s, e, b in read.get((topic, partition), []):
                         if start < e and s < end:
                             earlier.add(b)
@@ -337,8 +336,6 @@ def changelog_problems(clients: Any, app: str, operator: str, units: int, timeou
     records read and the problems."""
     from txstream.state import partition
     from txstream.state.changelog import HeaderReader, changelog_topic
-    from txstream.task.units import read_markers
-
     topic = changelog_topic(app, operator)
     markers = read_markers(clients, app, units, timeout)
     problems: list[str] = []

@@ -71,14 +71,16 @@ class Unit:
                 [TopicPartition(markers_name(self.app_id), self.unit, batch + 1)], self.markers_metadata, 30)
         if commit:
             self.producer.commit_transaction(30)
-            self.store.commit(batch)
+            changes = dict(self.store.changes())   # the engine's pending file, applied once committed
+            self.store.abort()
+            self.store.load(changes.items(), StoreVersion(self.unit, batch))
         else:
             self.producer.flush(30)    # an abort right after produce can fail fatally (librdkafka#4849)
             self.producer.abort_transaction(30)
             self.store.abort()
 
     def snapshot(self):
-        return write_snapshot(self.clients, self.producer, self.app_id, OPERATOR, self.store,
+        return write_snapshot(self.clients, self.app_id, OPERATOR, self.store,
                               changelog_offset=changelog_end(self.clients, self.app_id, OPERATOR, self.unit))
 
     def marker(self) -> Marker:

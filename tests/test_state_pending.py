@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from txstream.operators.base import MergeSpec
+from txstream.records import Marker
 from txstream.state.memory import MemoryStore
 from txstream.task import state_unit
-from txstream.records import Marker
 
 
 def _spec(batch_id: int) -> MergeSpec:

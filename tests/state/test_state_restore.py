@@ -5,14 +5,18 @@ appear; compaction (only the latest record per key left) changes nothing; and a 
 or local copy of a batch after the unit's marker stops the restore with a typed error."""
 from __future__ import annotations
 
+import gc
 import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from txstream.errors import InfrastructureError
+from txstream.faults import InjectedFault
 from txstream.kafka.config import KafkaClients
 from txstream.records import Marker, markers_name, read_markers
+from txstream.state import partition
 from txstream.state.changelog import (
     CHANGELOG_CONFIG,
     SNAPSHOT_CONFIG,
@@ -22,7 +26,7 @@ from txstream.state.changelog import (
     snapshot_topic,
     writer_header,
 )
-from txstream.state.errors import ForeignStateRecord, MarkerMovedDuringRestore, StateAheadOfMarker
+from txstream.state.errors import ForeignStateRecord, MarkerMovedDuringRestore, RestoreIncomplete, StateAheadOfMarker
 from txstream.state.restore import restore
 from txstream.state.snapshot import latest_manifest, write_snapshot
 from txstream.state.store import StoreVersion
@@ -71,14 +75,16 @@ class Unit:
                 [TopicPartition(markers_name(self.app_id), self.unit, batch + 1)], self.markers_metadata, 30)
         if commit:
             self.producer.commit_transaction(30)
-            self.store.commit(batch)
+            changes = dict(self.store.changes())   # the engine's pending file, applied once committed
+            self.store.abort()
+            self.store.load(changes.items(), StoreVersion(self.unit, batch))
         else:
             self.producer.flush(30)    # an abort right after produce can fail fatally (librdkafka#4849)
             self.producer.abort_transaction(30)
             self.store.abort()
 
     def snapshot(self):
-        return write_snapshot(self.clients, self.producer, self.app_id, OPERATOR, self.store,
+        return write_snapshot(self.clients, self.app_id, OPERATOR, self.store,
                               changelog_offset=changelog_end(self.clients, self.app_id, OPERATOR, self.unit))
 
     def marker(self) -> Marker:
@@ -280,3 +286,62 @@ def test_a_restore_right_after_a_commit_has_the_batch_just_committed(bootstrap_s
         restore(unit.clients, app, OPERATOR, 0, local, unit.marker())
         assert local.get(b"last") == b"%d" % batch and local.version.batch == batch
     assert list(local.items()) == list(unit.store.items())
+
+
+def _open_producers() -> int:
+    """Producers alive in this process (a closed one refuses every call)."""
+    gc.collect()
+    alive = 0
+    for producer in [o for o in gc.get_objects() if isinstance(o, Producer)]:
+        try:
+            len(producer)
+            alive += 1
+        except RuntimeError:
+            pass
+    return alive
+
+
+def test_a_snapshot_is_a_transaction_of_the_engine_and_releases_its_producer(bootstrap_servers, app, tmp_path,
+                                                                              monkeypatch) -> None:
+    """write_snapshot runs one attempt of kafka/transactions.py on a producer of its own, closed
+    after it, whether it committed or not; a failure before the commit aborts, and the previous
+    snapshot stays the newest."""
+    unit = Unit(bootstrap_servers, app, 0, open_store("memory", None, 0))
+    unit.batch(1, {b"a": b"1"})
+    before = _open_producers()
+    first = unit.snapshot()
+    assert latest_manifest(unit.clients, app, OPERATOR, 0) == first
+    assert _open_producers() == before
+    unit.batch(2, {b"a": b"2", b"b": b"2"})
+
+    def fail(point: str, detail: object = None) -> None:
+        if point == "state.before_snapshot_commit":
+            raise InjectedFault(point)
+
+    monkeypatch.setattr("txstream.state.snapshot.faults.maybe_fail", fail)
+    with pytest.raises(InjectedFault):
+        unit.snapshot()
+    assert _open_producers() == before
+    assert latest_manifest(unit.clients, app, OPERATOR, 0) == first
+    store, report = restored(unit, tmp_path)
+    assert report.source == "snapshot of batch 1" and list(store.items()) == [(b"a", b"2"), (b"b", b"2")]
+
+
+def test_a_read_that_cannot_reach_the_end_fails_instead_of_returning_a_part(bootstrap_servers, app) -> None:
+    """The one read-to-end reader (state/partition.py over kafka/scan.py): behind a transaction
+    left open, read_committed cannot reach the high watermark; the read raises a typed
+    InfrastructureError, never returns what it read as the whole (issue 60: a description read
+    that timed out wrote a new epoch)."""
+    unit = Unit(bootstrap_servers, app, 0, open_store("memory", None, 0))
+    unit.batch(1, {b"a": b"1"})
+    unit.producer.begin_transaction()
+    unit.writer.produce(unit.producer, {b"b": b"open"}, 2)
+    unit.producer.flush(30)
+    seen: list[bytes] = []
+    try:
+        with partition.reader(unit.clients, app) as reader, pytest.raises(RestoreIncomplete) as refused:
+            partition.read_to_end(reader, changelog_topic(app, OPERATOR), 0, None,
+                                  lambda records: seen.extend(r.key() for r in records), 3)
+        assert isinstance(refused.value, InfrastructureError) and seen == [b"a"]
+    finally:
+        unit.producer.abort_transaction(30)

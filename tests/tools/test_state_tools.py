@@ -31,6 +31,7 @@ from txstream.state.keys import encode_key
 from txstream.state.memory import MemoryStore
 from txstream.state.operator import DEDUP, STATE_TOPIC_CONFIG, WINDOW, Aggregate, OperatorDescription, state_topic
 from txstream.state.snapshot import write_snapshot
+from txstream.state.store import StoreVersion
 from txstream.tools.state_view import iso
 
 UNITS = 2
@@ -83,10 +84,13 @@ class Unit:
                 [TopicPartition(markers_name(self.app_id), self.unit, batch + 1)], self.markers_metadata, 30)
         self.producer.commit_transaction(30)
         for op in changes:
-            self.stores[op].commit(batch)
+            store = self.stores[op]
+            pending = dict(store.changes())   # the engine's pending file, applied once committed
+            store.abort()
+            store.load(pending.items(), StoreVersion(self.unit, batch))
 
     def snapshot(self, op: str) -> None:
-        write_snapshot(self.clients, self.producer, self.app_id, op, self.stores[op],
+        write_snapshot(self.clients, self.app_id, op, self.stores[op],
                        changelog_end(self.clients, self.app_id, op, self.unit))
 
 

@@ -109,3 +109,21 @@ def test_the_missing_topic_error_names_the_command() -> None:
     assert "txstream topics ensure PROCESSOR" in one
     two = topic_missing("input", "orders", "", [("dead-letter", "orders-dlq")])
     assert two.startswith("input topic 'orders', dead-letter topic 'orders-dlq' do not exist; create them first")
+
+
+def test_txstreams_own_topics_are_created_or_checked_in_one_way(admin, names) -> None:  # noqa: ANN001
+    """kafka/internal_topics.py ensure_topic: creates with the config and waits for the leaders;
+    a second call (another instance's race included) is no error; a state topic with other
+    partitions is refused; a topic that may grow gets the partitions it lacks."""
+    from txstream.errors import InfrastructureError
+    from txstream.kafka.internal_topics import ensure_topic
+
+    name = names["orders"]
+    assert ensure_topic(admin, name, 2, {"cleanup.policy": "compact"}, app_id="ensure") is True
+    assert topics_now(admin)[name] == 2 and config_of(admin, name, "cleanup.policy") == "compact"
+    assert ensure_topic(admin, name, 2, {"cleanup.policy": "compact"}, app_id="ensure") is False
+    with pytest.raises(InfrastructureError, match=f"the state topic {name} has 2 partitions, not 3"):
+        ensure_topic(admin, name, 3, {}, app_id="ensure", what="state topic")
+    assert ensure_topic(admin, name, 3, {}, app_id="ensure", grow=True) is False
+    assert topics_now(admin)[name] == 3
+    assert ensure_topic(admin, name, 1, {}, app_id="ensure", grow=True) is False   # more than asked: kept

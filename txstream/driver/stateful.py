@@ -113,59 +113,38 @@ class StatefulBatches(WideBatches):
         self._ensure_state_topics(stored is None)
 
     def _stored_description(self) -> OperatorDescription | None:
-        from confluent_kafka import Consumer
-
         from txstream.kafka.offsets import cluster_topics
+        from txstream.state import partition
 
         topic = state_topic(self.settings.app_id)
         if topic not in cluster_topics(self.admin, timeout=30):
             return None
-        consumer = Consumer(self.settings.clients.consumer(
-            f"{self.settings.app_id}.state-reader", **{"isolation.level": "read_committed",
-                                                        "enable.auto.commit": False}))
-        found: bytes | None = None
-        try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
-            if high > low:
-                consumer.assign([TopicPartition(topic, 0, low)])
-                position = low
-                while position < high:
-                    message = consumer.poll(5.0)
-                    if message is None:
-                        break
-                    if message.error():
-                        continue
-                    position = message.offset() + 1
-                    if message.key() == self.operator.encode():
-                        found = message.value()
-        finally:
-            consumer.close()
-        return OperatorDescription.from_json(found) if found else None
+        found: list[bytes | None] = [None]
+
+        def take(records: list) -> None:
+            for record in records:
+                if record.key() == self.operator.encode():
+                    found[0] = record.value()
+
+        # Read to the end or fail (RestoreIncomplete): a part read as whole would miss the
+        # fingerprint and write a new epoch.
+        with partition.reader(self.settings.clients, self.settings.app_id) as reader:
+            partition.read_to_end(reader, topic, 0, None, take, 30)
+        return OperatorDescription.from_json(found[0]) if found[0] else None
 
     def _ensure_state_topics(self, describe: bool) -> None:
         from confluent_kafka import Producer
-        from confluent_kafka.admin import NewTopic
 
-        from txstream.kafka.acls import check_internal_access, create_refused
-        from txstream.kafka.offsets import cluster_topics
+        from txstream.kafka.acls import check_internal_access
+        from txstream.kafka.internal_topics import ensure_topic
 
         app = self.settings.app_id
-        known = cluster_topics(self.admin, timeout=30)
-        brokers = len(self.admin.list_topics(timeout=30).brokers)
         wanted = [(changelog_topic(app, self.operator), self.units, CHANGELOG_CONFIG),
                   (snapshot_topic(app, self.operator), self.units, SNAPSHOT_CONFIG),
                   (state_topic(app), 1, STATE_TOPIC_CONFIG)]
         for name, partitions, config in wanted:
-            if name in known:
-                if known[name] != partitions:
-                    raise InfrastructureError(f"the state topic {name} has {known[name]} partitions, not {partitions}")
-                continue
-            try:
-                self.admin.create_topics([NewTopic(name, partitions, min(3, brokers), config=dict(config))])[name].result(30)
+            if ensure_topic(self.admin, name, partitions, config, app_id=app, what="state topic"):
                 self.echo(f"created the state topic {name} ({partitions} partition{'s' if partitions != 1 else ''})")
-            except Exception as exc:
-                if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
-                    raise (create_refused(exc, app) or exc) from None
         check_internal_access(self.admin, self.settings.clients, app, [name for name, _, _ in wanted],
                               [f"{app}.state-reader"], timeout=30)
         if describe:

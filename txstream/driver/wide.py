@@ -204,27 +204,14 @@ class WideBatches:
             time.sleep(1.0)
 
     def _ensure_markers_topic(self) -> None:
-        from confluent_kafka.admin import NewPartitions, NewTopic
-
-        from txstream.kafka.acls import check_internal_access, create_refused
-        from txstream.kafka.offsets import cluster_topics
+        from txstream.kafka.acls import check_internal_access
+        from txstream.kafka.internal_topics import ensure_topic
 
         name = markers_name(self.settings.app_id)
         admin = self.admin
-        known = cluster_topics(admin, timeout=30)
-        if name not in known:
-            brokers = len(admin.list_topics(timeout=30).brokers)
-            topic = NewTopic(name, self.units, min(3, brokers))
-            try:
-                admin.create_topics([topic])[name].result(30)
-                self.echo(f"created the markers topic {name} ({self.units} partitions: the units' markers are "
-                          "committed offsets of its partitions; it holds one record per closed batch)")
-            except Exception as exc:
-                if "TOPIC_ALREADY_EXISTS" not in str(exc).upper().replace(" ", "_"):
-                    raise (create_refused(exc, self.settings.app_id) or exc) from None
-        elif known[name] < self.units:
-            admin.create_partitions([NewPartitions(name, self.units)])[name].result(30)
-        _wait_for_partitions(admin, name, self.units)
+        if ensure_topic(admin, name, self.units, {}, app_id=self.settings.app_id, what="markers topic", grow=True):
+            self.echo(f"created the markers topic {name} ({self.units} partitions: the units' markers are "
+                      "committed offsets of its partitions; it holds one record per closed batch)")
         check_internal_access(admin, self.settings.clients, self.settings.app_id, [name], [name], timeout=30)
 
     # -- planning ---------------------------------------------------------------------------------
@@ -544,15 +531,4 @@ def _produce(collector: Any, spec: Any, records: Any, dead: list[tuple]) -> int:
         collector.source = (topic, partition)
         collector.add_dead_letter(spec.dead_letter_topic, record, spec.app_id)
     return produced
-
-
-def _wait_for_partitions(admin: Any, topic: str, count: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is not None and meta.error is None and len(meta.partitions) >= count \
-                and all(p.leader >= 0 for p in meta.partitions.values()):
-            return
-        time.sleep(0.2)
-    raise InfrastructureError(f"the markers topic {topic} has no leader for all {count} partitions after {timeout:.0f}s")
 

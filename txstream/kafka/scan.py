@@ -1,4 +1,5 @@
-"""Reading ranges of partitions back, read_committed: the one read-until-position loop.
+"""Reading ranges of partitions back, read_committed: the one read-until-position loop (the state
+topics' reads to their end, state/partition.py, go through it too).
 
 A partition is done when the consumer's position reaches the range's end (or its end-of-partition
 event does), never on a count: transactional topics have offset gaps (commit/abort markers, aborted
@@ -21,32 +22,34 @@ from txstream.kafka.errors import classify_kafka
 _BATCH = 10_000
 # Errors of one partition that reading it again will not cure.
 _UNREADABLE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
-               KafkaError._UNKNOWN_PARTITION}
+               KafkaError._UNKNOWN_PARTITION, KafkaError._AUTO_OFFSET_RESET}  # noqa: SLF001
 
 
-def _reader(clients: KafkaClients, purpose: str, isolation: str, overrides: Mapping[str, Any]) -> Consumer:
+def _reader(clients: KafkaClients, purpose: str, isolation: str, overrides: Mapping[str, Any],
+            group_id: str | None = None) -> Consumer:
     return Consumer(clients.consumer(
-        f"txstream-{purpose}-{uuid.uuid4().hex}",   # never joined, never committed
+        group_id or f"txstream-{purpose}-{uuid.uuid4().hex}",   # never joined, never committed
         **{"isolation.level": isolation, "enable.auto.commit": False, "enable.auto.offset.store": False,
            "enable.partition.eof": True, "auto.offset.reset": "earliest", **overrides}))
 
 
 def scan(clients: KafkaClients | str, ranges: Mapping[tuple[str, int], tuple[int, int]], timeout: float = 30.0, *,
-         isolation: str = "read_committed", purpose: str = "scan",
+         isolation: str = "read_committed", purpose: str = "scan", group_id: str | None = None,
          **overrides: Any) -> Iterator[list[Message]]:
     """Yield batches of the records in [start, end) of every partition of `ranges`.
 
     Records at or past a partition's end (the log grew meanwhile) are dropped. Raises
     TransientKafkaError when no partition makes progress for `timeout` seconds, and the Kafka
     failure (classify_kafka) when a partition cannot be read at all (unknown, not authorised).
-    Closing the generator early (a `--max` reached) closes the consumer.
+    Closing the generator early (a `--max` reached) closes the consumer. `group_id`: the group
+    the consumer names (one the principal's ACLs cover); it is never joined either.
     """
     clients = as_clients(clients)
     todo = {(t, p): end for (t, p), (start, end) in ranges.items() if end > start}
     if not todo:
         return
     eof = KafkaError._PARTITION_EOF
-    consumer = _reader(clients, purpose, isolation, overrides)
+    consumer = _reader(clients, purpose, isolation, overrides, group_id)
     try:
         consumer.assign([TopicPartition(t, p, ranges[(t, p)][0]) for (t, p) in todo])
         last_progress = time.monotonic()

@@ -3,8 +3,8 @@ Streams' StreamsProducer), the one attempt loop every exactly-once writer runs, 
 plain (idempotent, non-transactional) producer path of the weaker guarantees.
 
 Its users: a narrow slot's task (task/publish.py), a wide output unit's task (task/units.py),
-the wide driver's closing transaction (driver/wide.py) and the driver's dead letters
-(driver/dead_letters.py). Each says what to produce and which offsets to send (a `Transaction`);
+the wide driver's closing transaction (driver/wide.py), the driver's dead letters
+(driver/dead_letters.py) and a state unit's snapshot (state/snapshot.py, no offsets). Each says what to produce and which offsets to send (a `Transaction`);
 `run` does the rest:
 
     begin -> produce -> send offsets -> commit
@@ -379,7 +379,8 @@ class Transaction:
         raise NotImplementedError
 
     def offsets(self) -> tuple[list, Any]:
-        """The offsets the transaction commits (TopicPartitions) and the group's metadata."""
+        """The offsets the transaction commits (TopicPartitions) and the group's metadata; an
+        empty list sends none."""
         raise NotImplementedError
 
     def abortable(self, error: AbortableError) -> str | None:
@@ -457,7 +458,8 @@ def run(transaction: Transaction, publisher: TransactionalPublisher, *, fresh: b
                     return outcome
                 started = time.perf_counter()
                 offsets, group_metadata = transaction.offsets()
-                publisher.send_offsets(offsets, group_metadata)
+                if offsets:   # a snapshot's transaction commits records only
+                    publisher.send_offsets(offsets, group_metadata)
                 fault("publish.before_commit")
                 publisher.commit()
                 outcome.commit_s += time.perf_counter() - started

@@ -38,13 +38,44 @@ def changelog_end(clients: KafkaClients, app_id: str, operator: str, unit: int, 
     return partition.end_offset(clients, app_id, changelog_topic(app_id, operator), unit, timeout)
 
 
+def tombstone_retention_ms(clients: KafkaClients, app_id: str, operator: str, timeout: float = 30.0) -> int:
+    """The changelog's delete.retention.ms (how long a tombstone outlives its first cleaning), as
+    the broker says it, kept a few minutes per process: read only by a restore with a tail."""
+    import time
+
+    from txstream.kafka.offsets import admin_client, kafka_call
+
+    topic = changelog_topic(app_id, operator)
+    key = (clients.bootstrap_servers, topic)
+    cached = _RETENTION.get(key)
+    if cached is not None and time.monotonic() - cached[1] < _RETENTION_TTL_S:
+        return cached[0]
+    from confluent_kafka.admin import ConfigResource
+
+    admin = admin_client(clients)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = kafka_call(admin, f"reading the config of {topic}",
+                         lambda: admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout),
+                         timeout)
+    entry = entries.get("delete.retention.ms")
+    value = int(entry.value) if entry is not None and entry.value is not None else DEFAULT_DELETE_RETENTION_MS
+    _RETENTION[key] = (value, time.monotonic())
+    return value
+
+
 def snapshot_topic(app_id: str, operator: str) -> str:
     return f"{app_id}.{check_operator(operator)}.snapshots"
 
 
-# What Kafka Streams gives its changelogs, with `delete` added: a tombstone is removed after
-# delete.retention.ms, and retention.ms=-1 keeps every live key.
+# What Kafka Streams gives its changelogs, with `delete` added: retention.ms=-1 keeps every live
+# key. A tombstone is removed delete.retention.ms after the cleaner first passed it (the broker's
+# log.cleaner.delete.retention.ms, 24 h, unless set): a restore source (snapshot, local copy) that
+# covers the changelog only to before a tombstone that old would miss the deletion, so restore
+# refuses such a source (`tombstone_retention_ms`, state/restore.py).
 CHANGELOG_CONFIG = {"cleanup.policy": "compact,delete", "retention.ms": "-1"}
+DEFAULT_DELETE_RETENTION_MS = 86_400_000   # Kafka's log.cleaner.delete.retention.ms
+_RETENTION: dict[tuple[str, str], tuple[int, float]] = {}   # per process: (ms, when read)
+_RETENTION_TTL_S = 300.0
 SNAPSHOT_CONFIG = {"cleanup.policy": "compact"}
 
 

@@ -1,37 +1,36 @@
-"""Reading one partition of a state topic from an offset to its end: a read_committed consumer
-assigned to the partition (never subscribed: no group membership, no rebalance), in large
-fetches. One consumer per restore or snapshot, closed after it: both are rare, and a consumer
-reused across assignments can hand out the previous assignment's end-of-partition events."""
+"""Reading one partition of a state topic from an offset to its end: the high watermark read
+first (read_uncommitted), then kafka/scan.py's read loop (read_committed, assigned, never
+subscribed: no group membership, no rebalance) up to it, in large fetches. A read that cannot
+reach the end raises RestoreIncomplete (an InfrastructureError), never returns a part as whole."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from txstream.errors import TransientKafkaError
 from txstream.kafka.config import KafkaClients
 from txstream.kafka.errors import classify_kafka
+from txstream.kafka.scan import scan
 from txstream.state.errors import RestoreIncomplete
 
-_FETCH = {"isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True,
-          "auto.offset.reset": "error", "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20,
+# `auto.offset.reset: error`: a start before the partition's first offset fails, never skips.
+_FETCH = {"auto.offset.reset": "error", "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20,
           "queued.max.messages.kbytes": 256 << 10}
 
 
 class Reader:
-    """A read_committed consumer for the records, and a read_uncommitted one for the partition's
-    bounds: a read_committed consumer's "latest offset" is the last stable offset, which stays
-    before a transaction whose commit has returned until its commit marker is written."""
+    """A read_uncommitted consumer for the partition's bounds (a read_committed consumer's "latest
+    offset" is the last stable offset, which stays before a transaction whose commit has returned
+    until its commit marker is written), and what the reads' consumers are made of."""
 
     def __init__(self, clients: KafkaClients, app_id: str) -> None:
         from confluent_kafka import Consumer
 
-        group = f"{app_id}.state-reader"
-        self.consumer = Consumer(clients.consumer(group, **_FETCH))
-        self.offsets = Consumer(clients.consumer(group, **{"isolation.level": "read_uncommitted",
-                                                           "enable.auto.commit": False}))
+        self.clients, self.group = clients, f"{app_id}.state-reader"
+        self.offsets = Consumer(clients.consumer(self.group, **{"isolation.level": "read_uncommitted",
+                                                                "enable.auto.commit": False}))
 
     def close(self) -> None:
-        self.consumer.close()
         self.offsets.close()
 
 
@@ -66,46 +65,26 @@ def end_offset(clients: KafkaClients, app_id: str, topic: str, partition: int, t
         return bounds(state_reader, topic, partition, timeout)[1]
 
 
-def read_to_end(reader: Reader, topic: str, partition: int, start: int, on_records: Callable[[list], None],
-                timeout: float) -> int:
-    """Hand every committed record from `start` to the partition's end to `on_records`, a list per
-    fetch; returns the end offset (the next offset to read).
+def read_to_end(reader: Reader, topic: str, partition: int, start: int | None,
+                on_records: Callable[[list], None], timeout: float) -> int:
+    """Hand every committed record from `start` (None: the partition's first offset) to the
+    partition's end to `on_records`, a list per fetch; returns the end offset (the next offset
+    to read). Raises RestoreIncomplete when the read makes no progress for `timeout` seconds.
 
     The end is the high watermark when the read starts, not the first end the consumer reports:
     a transaction whose commit has returned may not have its commit marker written yet, and a
     read_committed consumer reports its end at that transaction's first record until it is. The
-    records a committed marker names are all below the high watermark read after the commit."""
-    from confluent_kafka import KafkaError, TopicPartition
-
-    _low, end = bounds(reader, topic, partition, timeout)
+    records a committed marker names are all below the high watermark read after the commit;
+    records past it (written meanwhile) are left for the next read."""
+    low, end = bounds(reader, topic, partition, timeout)
+    start = low if start is None else start
     if start >= end:
         return start
-    consumer = reader.consumer
-    consumer.assign([TopicPartition(topic, partition, start)])
-    deadline = time.monotonic() + timeout
-    reached = start
     try:
-        while True:
-            messages = consumer.consume(num_messages=50_000, timeout=0.2)
-            records = []
-            for message in messages:
-                error = message.error()
-                if error is None:
-                    records.append(message)
-                elif error.code() != KafkaError._PARTITION_EOF:
-                    raise classify_kafka(error, f"reading {topic}[{partition}]")
-                elif message.topic() == topic and message.partition() == partition:
-                    reached = max(reached, message.offset())   # past a trailing commit marker
-            if records:
-                on_records(records)
-                reached = max(reached, records[-1].offset() + 1)
-                deadline = time.monotonic() + timeout
-            if reached < end:
-                reached = max(reached, consumer.position([TopicPartition(topic, partition)])[0].offset)
-            if reached >= end:
-                return reached
-            if time.monotonic() > deadline:
-                raise RestoreIncomplete(f"{topic}[{partition}]: read from offset {start} to {reached} of {end} "
-                                        f"in {timeout:.0f} s (a transaction on it still open?)")
-    finally:
-        consumer.unassign()
+        for records in scan(reader.clients, {(topic, partition): (start, end)}, timeout, purpose="state",
+                            group_id=reader.group, **_FETCH):
+            on_records(records)
+    except TransientKafkaError as exc:
+        raise RestoreIncomplete(f"{topic}[{partition}]: could not read from offset {start} to {end} ({exc}; "
+                                "a transaction on it still open?)") from exc
+    return end

@@ -3,7 +3,7 @@
 take a quarter of LMDB's and sqlite3's bytes per key on disk and it keeps far less in memory than
 LMDB, with puts as fast; LMDB's quicker point reads come from mapping the whole file in memory.
 
-Each commit is one write batch holding the changes and the version (in the `meta` column family),
+Each load is one write batch holding the changes and the version (in the `meta` column family),
 with atomic flush across the two families: whatever survives a crash is the state after some
 committed batch, named by the version beside it. The write-ahead log is off: what a crash loses
 is in the changelog, and a restore reads the tail after the version's offset.

@@ -2,7 +2,7 @@
 only the changelog's tail after it (docs/state.md, "Snapshots").
 
 The snapshot topic is compacted, partition i for unit i. One snapshot is one transaction of the
-unit's producer: its chunks (keys `chunk/<batch>/<n>`, each an Arrow stream of many keys), then
+engine (kafka/transactions.py), with a producer of its own: its chunks (keys `chunk/<batch>/<n>`, each an Arrow stream of many keys), then
 tombstones for the previous snapshot's chunks it does not overwrite, then its manifest (key
 `manifest`, JSON: the batch, the changelog offset it covers, where its chunks start, how many).
 A reader sees a snapshot whole or not at all (read_committed), and compaction keeps exactly the
@@ -17,6 +17,7 @@ from typing import Any
 
 from txstream import faults
 from txstream.kafka.config import KafkaClients
+from txstream.kafka.transactions import Transaction, TransactionalPublisher, run
 from txstream.state import partition
 from txstream.state.changelog import HeaderReader, check_operator, snapshot_topic, writer_header
 from txstream.state.codec import snapshot_chunk, snapshot_rows
@@ -57,60 +58,86 @@ def chunk_key(batch: int, n: int) -> bytes:
     return b"chunk/%d/%d" % (batch, n)
 
 
-def write_snapshot(clients: KafkaClients, producer: Any, app_id: str, operator: str, store: StateStore,
-                   changelog_offset: int, timeout: float = 60.0) -> Manifest:
-    """Write `store`'s committed state as a snapshot, in a transaction of `producer` (the unit's
-    transactional producer, between batches). `changelog_offset` must not be past the first
-    changelog record the state lacks: the end offset of the changelog partition read after the
-    store's batch committed is."""
-    from confluent_kafka import KafkaException
+def snapshot_transactional_id(app_id: str, operator: str, unit: int) -> str:
+    """The snapshot's own transactional.id: the unit's producer stays the publisher's, and a
+    snapshot interrupted mid-way is aborted by the next one's init_transactions."""
+    return f"{app_id}-{operator}-snapshot-{unit}"
 
-    if store.changes():
-        raise StateStoreError(f"unit {store.version.unit}: snapshot with a batch's writes pending")
-    version, topic = store.version, snapshot_topic(app_id, check_operator(operator))
-    previous = latest_manifest(clients, app_id, operator, version.unit, timeout)
-    header = [(HEADER, writer_header(operator, version.batch, version.unit))]
-    first: list[int] = []
 
-    def produce(key: bytes, value: bytes | None, on_delivery: Any = None) -> None:
-        while True:
-            try:
-                producer.produce(topic, value, key, partition=version.unit, headers=header, on_delivery=on_delivery)
-                return
-            except BufferError:
-                producer.poll(0.05)
+class SnapshotTransaction(Transaction):
+    """One snapshot as a transaction of the engine (kafka/transactions.py): chunks, tombstones for
+    the previous snapshot's chunks it does not overwrite, then the manifest; no offsets."""
 
-    def first_delivered(err: Any, message: Any) -> None:
-        if err is None:
-            first.append(message.offset())
+    def __init__(self, topic: str, store: StateStore, operator: str, previous: Manifest | None,
+                 changelog_offset: int, timeout: float) -> None:
+        self.topic, self.store, self.operator, self.previous = topic, store, operator, previous
+        self.changelog_offset, self.timeout = changelog_offset, timeout
+        self.manifest: Manifest | None = None
 
-    try:
-        producer.begin_transaction()
+    def produce(self, producer: Any) -> None:
+        version, topic = self.store.version, self.topic
+        header = [(HEADER, writer_header(self.operator, version.batch, version.unit))]
+        first: list[int] = []   # every attempt starts over: an aborted one's offsets mean nothing
+
+        def produce(key: bytes, value: bytes | None, on_delivery: Any = None) -> None:
+            while True:
+                try:
+                    producer.produce(topic, value, key, partition=version.unit, headers=header,
+                                     **({"on_delivery": on_delivery} if on_delivery else {}))
+                    return
+                except BufferError:
+                    producer.poll(0.05)
+
+        def first_delivered(err: Any, message: Any) -> None:
+            if err is None:
+                first.append(message.offset())
+
         chunks = keys = 0
-        for chunk_keys, chunk_values in _chunks(store):
+        for chunk_keys, chunk_values in _chunks(self.store):
             produce(chunk_key(version.batch, chunks), snapshot_chunk(chunk_keys, chunk_values),
                     first_delivered if chunks == 0 else None)
             chunks, keys = chunks + 1, keys + len(chunk_keys)
+        previous = self.previous
         if previous is not None:
             start = chunks if previous.batch == version.batch else 0
             for n in range(start, previous.chunks):
                 produce(chunk_key(previous.batch, n), None)
-        if producer.flush(timeout) or (chunks and not first):
+        # The manifest names its first chunk's offset: the chunks are delivered before it is written.
+        if producer.flush(self.timeout) or (chunks and not first):
             raise RestoreIncomplete(f"{topic}[{version.unit}]: the snapshot's chunks were not delivered "
-                                    f"within {timeout:.0f} s")
-        manifest = Manifest(operator, version.unit, version.batch, changelog_offset, keys, chunks,
-                            first[0] if first else -1)
-        produce(MANIFEST, manifest.to_bytes())
+                                    f"within {self.timeout:.0f} s")
+        self.manifest = Manifest(self.operator, version.unit, version.batch, self.changelog_offset, keys, chunks,
+                                 first[0] if first else -1)
+        produce(MANIFEST, self.manifest.to_bytes())
         faults.maybe_fail("state.before_snapshot_commit", version.unit)
-        producer.commit_transaction(timeout)
-        return manifest
-    except BaseException:
-        try:
-            producer.flush(timeout)   # an abort right after produce can fail fatally (librdkafka#4849)
-            producer.abort_transaction(timeout)
-        except KafkaException:
-            pass   # the transaction is gone with the producer; the snapshot was not written
-        raise
+
+    def offsets(self) -> tuple[list, Any]:
+        return [], None
+
+
+def write_snapshot(clients: KafkaClients, app_id: str, operator: str, store: StateStore,
+                   changelog_offset: int, timeout: float = 60.0) -> Manifest:
+    """Write `store`'s committed state as a snapshot: one transaction of the engine, through a
+    producer of its own (`snapshot_transactional_id`), initialised for it and closed after it,
+    between batches. `changelog_offset` must not be past the first changelog record the state
+    lacks: the end offset of the changelog partition read after the store's batch committed is."""
+    if store.changes():
+        raise StateStoreError(f"unit {store.version.unit}: snapshot with a batch's writes pending")
+    version, topic = store.version, snapshot_topic(app_id, check_operator(operator))
+    previous = latest_manifest(clients, app_id, operator, version.unit, timeout)
+    snapshot = SnapshotTransaction(topic, store, operator, previous, changelog_offset, timeout)
+    publisher = TransactionalPublisher(clients.producer(**{"enable.idempotence": True}),
+                                       snapshot_transactional_id(app_id, operator, version.unit), None, timeout)
+    try:
+        publisher.init()
+        # Fenced: another attempt of the unit snapshots now; that one's snapshot is as good.
+        outcome = run(snapshot, publisher, fresh=True, renew=None)
+    finally:
+        publisher.close()
+    if not outcome.committed or snapshot.manifest is None:
+        raise RestoreIncomplete(f"{topic}[{version.unit}]: the snapshot of batch {version.batch} was not committed "
+                                f"({outcome.status or outcome.message or 'no outcome'})")
+    return snapshot.manifest
 
 
 def _chunks(store: StateStore) -> Iterator[tuple[list[bytes], list[bytes]]]:

@@ -1,10 +1,11 @@
 """The interface of a state partition's local store, as Spark's StateStore providers and Kafka
 Streams' KeyValueStore: one store per (operator, unit), bytes to bytes, kept sorted by key.
 
-Writes of the running batch are buffered (`changes`) and read back by `get` and `scan`; they
-reach the committed state only by `commit(batch)`, called after the unit's Kafka transaction has
-committed them to the changelog, and `abort` drops them. The committed state is therefore
-always the state after the batch in `version`, which a worker compares with the unit's marker.
+Writes of the running batch are buffered (`changes`) and read back by `get` and `scan`; the
+merge hands them to the unit's transaction and then drops them (`abort`). They reach the
+committed state only through `load`, from the changelog (a restore) or from the executor's
+pending file once the unit's marker names their batch: the committed state is therefore always
+the state after the batch in `version`, which a worker compares with the unit's marker.
 
 A subclass supplies the committed state (`_get`, `_scan`, `_apply`, ...); the buffering, the
 version rules and the merge of buffered writes into reads live here, once.
@@ -83,16 +84,6 @@ class StateStore(ABC):
     def changes(self) -> dict[bytes, bytes | None]:
         """This batch's writes, last one per key: what goes to the changelog."""
         return self._pending
-
-    def commit(self, batch: int, changelog_offset: int | None = None) -> None:
-        """The unit's transaction for `batch` committed: its writes become the state after it."""
-        if batch <= self._version.batch:
-            raise StateStoreError(f"unit {self._version.unit}: commit of batch {batch} onto the state after "
-                                  f"batch {self._version.batch}; batches commit in increasing order")
-        version = StoreVersion(self._version.unit, batch, changelog_offset)
-        self._apply(self._pending.items(), version)
-        self._pending = {}
-        self._version = version
 
     def abort(self) -> None:
         """The unit's transaction aborted (or never began): forget this batch's writes."""

@@ -137,21 +137,12 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
 def _snapshot_if_due(spec: MergeSpec, unit: int, store: StateStore, report: Any) -> float:
     """Write a snapshot of the state just restored (the state after the marker's batch) when the
     changelog has grown `spec.snapshot_every` records past the newest snapshot: a restore then reads
-    that snapshot and a tail shorter than that. Its own transactional.id: the unit's producer
-    stays the publisher's. Returns the seconds it took (0: none was due)."""
+    that snapshot and a tail shorter than that. One transaction of the engine, on a producer of
+    its own, closed after it (state/snapshot.py). Returns the seconds it took (0: none was due)."""
     if report.changelog_to - report.snapshot_offset < spec.snapshot_every or store.version.changelog_offset is None:
         return 0.0
-    from confluent_kafka import Producer
-
     from txstream.state.snapshot import write_snapshot
 
     started = time.perf_counter()
-    producer = Producer(spec.clients.producer(**{
-        "transactional.id": f"{spec.app_id}-{spec.operator}-snapshot-{unit}", "enable.idempotence": True}))
-    try:
-        producer.init_transactions(spec.timeout_s)
-        write_snapshot(spec.clients, producer, spec.app_id, spec.operator, store, store.version.changelog_offset,
-                       spec.timeout_s)
-    finally:
-        producer.flush(1)
+    write_snapshot(spec.clients, spec.app_id, spec.operator, store, store.version.changelog_offset, spec.timeout_s)
     return time.perf_counter() - started

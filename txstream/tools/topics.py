@@ -3,7 +3,8 @@
 `txstream run` never creates topics (a typo in a topic name must not quietly start a new, empty
 pipeline); this is the deliberate way to set them up. It works out what it would do first (the
 plan is printed, `--dry-run` stops there) and refuses to touch a topic that exists with other
-partitions, replication or configs than asked: it says how it differs instead.
+partitions, replication or configs than asked: it says how it differs instead. (txstream's own
+topics, the markers and the state's, are created by the run: kafka/internal_topics.py.)
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from txstream.errors import TopicSetupError
+from txstream.errors import InfrastructureError, TopicSetupError
 from txstream.kafka.errors import kafka_error_of
 
 BROKER_DEFAULT = -1   # NewTopic: the broker's num.partitions / default.replication.factor
@@ -142,14 +143,15 @@ def create(admin: AdminClient, states: Sequence[TopicState], timeout: float = 30
 
 
 def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
-    """Until the brokers' metadata lists the new topics: the controller acknowledges a creation
-    before every broker has applied it, and a `txstream run` started right after must find them."""
+    """Until the brokers' metadata lists the new topics with their leaders: the controller
+    acknowledges a creation before every broker has applied it, and a `txstream run` started
+    right after must find them (the same wait as txstream's own topics')."""
+    from txstream.kafka.internal_topics import wait_for_partitions
+
     deadline = time.monotonic() + timeout
-    while True:
-        topics = admin.list_topics(timeout=timeout).topics
-        if all(n in topics and topics[n].error is None and topics[n].partitions for n in names):
-            return
-        if time.monotonic() > deadline:
-            raise TopicSetupError(f"created {', '.join(names)}, but the brokers' metadata does not list them "
-                                  f"after {timeout:.0f}s")
-        time.sleep(0.1)
+    try:
+        for name in names:
+            wait_for_partitions(admin, name, 1, "topic", max(0.0, deadline - time.monotonic()))
+    except InfrastructureError as exc:
+        raise TopicSetupError(f"created {', '.join(names)}, but the brokers' metadata does not list them: {exc}") \
+            from None

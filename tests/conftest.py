@@ -146,7 +146,9 @@ def kafka_cluster_factory() -> Iterator[Callable[..., KafkaClusterFixture]]:
 @pytest.fixture(scope="session")
 def bootstrap_servers(kafka_cluster_factory: Callable[..., KafkaClusterFixture]) -> Iterator[str]:
     """The session's broker: TXSTREAM_BOOTSTRAP_SERVERS, else Docker, else local Maven jars."""
-    cluster = kafka_cluster_factory(brokers=1, timeout=120.0)
+    # A deadline for a hung start, not a speed limit: under load (74 on 2 cores) one node took
+    # over 120 s to come up, and every test of the session then failed in setup.
+    cluster = kafka_cluster_factory(brokers=1, timeout=300.0)
     _BROKER_KIND["kind"] = repr(cluster)
     try:
         yield cluster.bootstrap_servers

@@ -136,6 +136,6 @@ def bounce(cluster: LocalKafkaCluster, node_id: int, hard: bool = False, timeout
     cluster.start_node(node_id, wait=True, timeout=timeout)
     started = time.monotonic()
     # Its own `timeout`, not what the start left of it: on a loaded machine a JVM start can take
-    # most of it (CI: 1 s was left, and the catching up "timed out" while it was under way).
+    # most of it (1 s was left at load 60, and the catching up "timed out" while under way).
     wait_fully_replicated(cluster, timeout)
     return Bounce(node_id, hard, stopped - began, started - stopped, time.monotonic() - started)

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from txstream.errors import TransformError
+from txstream.operators import plan as plan_reading
 from txstream.operators.aggregate import aggregation_partials
 from txstream.operators.arbitrary import ArbitraryState
 from txstream.operators.base import ROUTE, MergeSpec
 from txstream.operators.dedup import Deduplicate
 from txstream.operators.kinds import operator_for
-from txstream.state.operator import AGGREGATE, SESSION, WINDOW, OperatorDescription
+from txstream.state.operator import AGGREGATE, OperatorDescription
 from txstream.task.state_unit import merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,
@@ -201,26 +202,16 @@ def _second_operator(recorded: Recorded) -> None:
                              "(docs/state.md, 'What is refused')")
 
 
-def _window_of(cols: list) -> tuple[int, str, dict[str, Any]] | None:
-    """(index, kind, spec) of the `window(...)` or `session_window(...)` among the grouping
-    columns: spec {"column", "size_ms", "slide_ms"} or {"column", "gap_ms"}."""
-    for i, col in enumerate(cols):
-        text = str(col)
-        match = re.search(r"session_window\((.+?), '([^']+)'\)", text)
-        if match:
-            return i, SESSION, {"column": match[1].strip("`"), "gap_ms": duration_ms(match[2])}
-        match = re.search(r"window\((.+?), '([^']+)', '([^']+)', '([^']+)'\)", text)
-        if match:
-            return i, WINDOW, {"column": match[1].strip("`"), "size_ms": duration_ms(match[2]),
-                               "slide_ms": duration_ms(match[3])}
-    return None
-
-
 def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
     context, recorded = _context()
     _second_operator(recorded)
     group_names, aggregates, partials = aggregation_partials(real)
-    window = _window_of(cols)
+    found = plan_reading.window_of(real)   # read from Spark's plan, not the column's text
+    window = (found.index, found.kind, found.spec) if found is not None else None
+    if window is not None and recorded.watermark is not None and window[2]["column"] != recorded.watermark[0]:
+        raise TransformError(f"the window is over {window[2]['column']!r} but the watermark is on "
+                             f"{recorded.watermark[0]!r}: Structured Streaming closes windows by the watermark of "
+                             "their own time column; window over the watermark's column")
     if window is not None and window[0] != 0:
         raise TransformError("put window(...) or session_window(...) first among the groupBy columns")
     operator = operator_for(window[1] if window is not None else AGGREGATE)

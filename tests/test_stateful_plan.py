@@ -1,0 +1,225 @@
+"""The stateful operator read from Spark's plans (txstream/operators/plan.py; issue 60, items 3,
+12, 17, 18, 22), each case checked against Spark's own Structured Streaming over the same rows
+and the same cuts (a file source with one file per micro-batch, maxFilesPerTrigger=1, a memory
+sink, processAllAvailable), or, for what is refused, by its message.
+
+No broker: the real rewrite (driver/stateful_query.py, while `recording`), the real Spark
+partials and the real merge (task/state_merge.py merge_partials) into a memory store per unit
+that a file carries from batch to batch; the Kafka-bound parts of a unit (markers, changelog,
+publisher) are what this layer leaves out. The watermark and the batches with no records follow
+the driver's rules (driver/stateful.py): the latest event time of the units minus the delay,
+never moving back, and a batch with no records while the watermark moved."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from pyspark.sql import functions as F
+
+from txstream.driver.stateful_query import BatchContext, recording
+from txstream.errors import TransformError
+from txstream.operators.base import ROUTE, MergeSpec, next_watermark
+from txstream.operators.kinds import operator_for
+
+
+def _local_merge(spec: MergeSpec, batches):
+    """A unit's merge without Kafka: the operator's own merge into a memory store holding the
+    changes the unit's earlier batches left in a file."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    from txstream.operators.kinds import operator_for
+    from txstream.state.stores import open_store
+
+    unit = TaskContext.get().partitionId()
+    path = Path(spec.side_dir) / f"unit{unit}.pickle"
+    changes = pickle.loads(path.read_bytes()) if path.exists() else []
+    store = open_store("memory", None, unit)
+    store.load(changes)
+    received = list(batches)
+    merged = operator_for(spec.description.kind).merge(spec, store, pa.Table.from_batches(received)
+                                                       if received else None)
+    changes += list(store.changes().items())
+    path.write_bytes(pickle.dumps(changes))
+    if merged.events is not None:
+        (Path(spec.side_dir) / f"events-{spec.batch_id}-{unit}").write_text(str(merged.events))
+    if merged.out is not None and merged.out.num_rows:
+        yield from merged.out.to_batches()
+
+
+def _merge_here(grouped, spec: MergeSpec, out_schema):
+    return grouped.repartition(spec.description.units, ROUTE).mapInArrow(functools.partial(_local_merge, spec),
+                                                                         out_schema)
+
+
+def _rows(rows) -> Counter:
+    return Counter(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in rows)
+
+
+def spark_streaming(spark, tmp_path: Path, schema: str, cuts: list[list[dict]], query: Callable, mode: str) -> Counter:
+    """What Spark's Structured Streaming emits (every batch's rows together) for `query` over
+    `cuts`, one micro-batch each."""
+    folder = tmp_path / "spark-input"
+    folder.mkdir(parents=True)
+    for i, cut in enumerate(cuts):
+        path = folder / f"cut-{i:03d}.json"
+        path.write_text("".join(json.dumps(r) + "\n" for r in cut))
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))   # the file source takes the oldest first
+    spark.conf.set("spark.sql.shuffle.partitions", "2")   # kept in the checkpoint: 2 state stores, not 200
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(folder))
+    name = f"reference_{tmp_path.name}".replace("-", "_")
+    running = (query(stream).writeStream.format("memory").queryName(name).outputMode(mode)
+               .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+    try:
+        running.processAllAvailable()
+        return _rows(spark.table(name).collect())
+    finally:
+        running.stop()
+
+
+def txstream_batches(spark, tmp_path: Path, schema: str, cuts: list[list[dict]], query: Callable, mode: str,
+                     units: int = 2) -> Counter:
+    """What txstream's rewrite of `query` emits over `cuts` (then batches with no records while
+    the operator owes one), every batch's rows together."""
+    side = tmp_path / "units"
+    side.mkdir()
+    emitted: Counter = Counter()
+    watermark, last = None, None
+    description = None
+    batch_id = 0
+    while True:
+        batch_id += 1
+        if batch_id > len(cuts) and not operator_for(description.kind).owes_batch(description, last, watermark):
+            return emitted
+        cut = cuts[batch_id - 1] if batch_id <= len(cuts) else []
+        source = spark.createDataFrame(spark.read.schema(schema).json(
+            spark.sparkContext.parallelize([json.dumps(r) for r in cut], 1)).collect(), schema)
+        spec = functools.partial(_spec, str(side), batch_id, watermark)
+        with recording(BatchContext("plan-test", units, mode, batch_id, watermark, spec, _merge_here)) as recorded:
+            out = query(source)
+        description = recorded.description
+        emitted += _rows(out.collect())
+        last = watermark
+        if description.watermark:
+            events = [int(p.read_text()) for p in side.glob("events-*")]
+            watermark = next_watermark(watermark, events, description.watermark["delay_ms"])
+
+
+def _spec(side: str, batch_id: int, watermark: int | None, description, group_names, partials, out_schema, event):
+    return MergeSpec("plan-test", None, side, batch_id, description, group_names, partials, out_schema, watermark,
+                     "memory", 30.0, event)
+
+
+def describe(spark, schema: str, query: Callable, mode: str = "append") -> Any:
+    """The description the rewrite records at start (no merge)."""
+    with recording(BatchContext("plan-test", 2, mode)) as recorded:
+        query(spark.createDataFrame([], schema))
+    return recorded.description
+
+
+ROWS = "k string, ts timestamp"
+
+
+def _at(k: str, hhmmss: str) -> dict:
+    return {"k": k, "ts": f"2026-01-01T{hhmmss}Z"}
+
+
+# No row behind the watermark: which late rows Spark keeps is issue 60's item 1, not these.
+WINDOW_CUTS = [[_at("a", "12:00:50"), _at("b", "12:01:40")], [_at("a", "12:01:45"), _at("a", "12:02:20")],
+               [_at("b", "12:04:00"), _at("a", "12:05:30")], [_at("a", "12:09:00")]]
+
+
+@pytest.mark.parametrize(("window", "mode"), [
+    pytest.param(lambda: F.expr("window(ts, '1 minute')"), "update", id="sql-update"),
+    pytest.param(lambda: F.expr("WINDOW(ts, '2 minutes', '1 minute')"), "append", id="sql-sliding-append"),
+    # The merge keeps Spark's own window starts (the partials compute them): startTime is honoured.
+    pytest.param(lambda: F.window("ts", "1 minute", "1 minute", "20 seconds"), "append", id="start-time-append"),
+])
+def test_windows_read_from_the_plan_emit_what_spark_emits(spark, tmp_path, window, mode) -> None:
+    def query(frame):
+        return (frame.withWatermark("ts", "30 seconds").groupBy(window(), "k").agg(F.count("*").alias("n"))
+                .select(F.col("window.start").alias("start"), F.col("window.end").alias("end"), "k", "n"))
+
+    want = spark_streaming(spark, tmp_path / "spark", ROWS, WINDOW_CUTS, query, mode)
+    got = txstream_batches(spark, tmp_path, ROWS, WINDOW_CUTS, query, mode)
+    assert got == want
+
+
+def test_the_window_offset_and_the_watermark_column_are_in_the_fingerprint(spark) -> None:
+    schema = "k string, ts timestamp, at timestamp"
+
+    def query(start: str, column: str = "ts"):
+        return lambda frame: (frame.withWatermark(column, "30 seconds")
+                              .groupBy(F.window(column, "1 minute", "1 minute", start), "k").count())
+
+    plain, offset = describe(spark, schema, query("0 seconds")), describe(spark, schema, query("20 seconds"))
+    assert offset.window == {"column": "ts", "size_ms": 60_000, "slide_ms": 60_000, "start_ms": 20_000}
+    assert plain.fingerprint() != offset.fingerprint()
+    other = describe(spark, schema, query("0 seconds", "at"))
+    assert "the watermark's column: ts in the state, at in the transform" in plain.differences(other)
+    assert plain.fingerprint() != other.fingerprint()
+    # A description stored before the offset was kept (no start_ms) is the same operator as start 0.
+    old = {k: v for k, v in plain.window.items() if k != "start_ms"}
+    from dataclasses import replace
+    assert replace(plain, window=old).fingerprint() == plain.fingerprint()
+
+
+def test_a_window_over_another_column_than_the_watermarks_is_refused(spark) -> None:
+    with pytest.raises(TransformError, match="window is over 'at' but the watermark is on 'ts'"):
+        describe(spark, "k string, ts timestamp, at timestamp",
+                 lambda f: f.withWatermark("ts", "1 minute").groupBy(F.window("at", "1 minute"), "k").count())
+
+
+def test_a_window_computed_before_the_groupby_is_refused_by_name(spark) -> None:
+    with pytest.raises(TransformError, match="'w' is a window computed before the groupBy"):
+        describe(spark, ROWS, lambda f: f.withWatermark("ts", "1 minute")
+                 .withColumn("w", F.window("ts", "1 minute")).groupBy("w", "k").count(), mode="update")
+
+
+# -- item 22: a session gap per row ----------------------------------------------------------------------
+
+def _dynamic_sessions(frame):
+    gap = F.when(F.col("k") == "a", "1 minute").otherwise("20 seconds")
+    return (frame.withWatermark("ts", "30 seconds").groupBy(F.session_window("ts", gap), "k")
+            .agg(F.count("*").alias("n"))
+            .select(F.col("session_window.start").alias("start"), F.col("session_window.end").alias("end"), "k", "n"))
+
+
+def test_a_dynamic_session_gap_is_described_by_its_expression(spark) -> None:
+    description = describe(spark, ROWS, _dynamic_sessions)
+    assert description.kind == "session"
+    assert description.window["column"] == "ts" and "gap_ms" not in description.window
+    assert "CASE WHEN" in description.window["gap"] and "'1 minute'" in description.window["gap"]
+    fixed = describe(spark, ROWS, lambda f: f.withWatermark("ts", "30 seconds")
+                     .groupBy(F.expr("session_window(ts, '90 seconds')"), "k").count())
+    assert fixed.window == {"column": "ts", "gap_ms": 90_000}
+
+
+SESSION_CUTS = [[_at("a", "12:00:00"), _at("b", "12:00:10"), _at("b", "12:00:25")],
+                [_at("a", "12:00:50"), _at("b", "12:01:00")], [_at("a", "12:03:00"), _at("b", "12:03:05")],
+                [_at("a", "12:06:00")]]
+
+
+def test_dynamic_session_gaps_emit_what_spark_emits(spark, tmp_path) -> None:
+    want = spark_streaming(spark, tmp_path / "spark", ROWS, SESSION_CUTS, _dynamic_sessions, "append")
+    got = txstream_batches(spark, tmp_path, ROWS, SESSION_CUTS, _dynamic_sessions, "append")
+    assert got == want
+
+
+@pytest.mark.parametrize("gap", [pytest.param(lambda: "1 minute", id="fixed"),
+                                 pytest.param(lambda: F.when(F.col("k") == "a", "1 minute").otherwise("20 seconds"),
+                                              id="dynamic")])
+def test_session_windows_in_update_mode_are_refused_as_spark_refuses_them(spark, tmp_path, gap) -> None:
+    def query(frame):
+        return frame.withWatermark("ts", "30 seconds").groupBy(F.session_window("ts", gap()), "k").count()
+
+    with pytest.raises(Exception, match="not supported for session window streaming aggregations"):
+        spark_streaming(spark, tmp_path, ROWS, SESSION_CUTS[:1], query, "update")
+    with pytest.raises(TransformError, match="output mode update is not supported for session windows"):
+        describe(spark, ROWS, query, mode="update")

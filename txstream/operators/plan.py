@@ -1,0 +1,127 @@
+"""What the transform's stateful operator is, read from Spark's own plans rather than from the
+text of the user's columns (issue 60: items 3, 12, 17, 18, 22).
+
+Pure functions over a DataFrame's plans and types; pyspark is imported lazily and nothing of
+driver/, task/, cli/ or tools/ is imported, so the operator modules can share them.
+
+Why the logical plan for windows: on a batch DataFrame Spark's analyzer has already rewritten
+`window()` into an Expand or Project (and `session_window()` into a Project) by the time the
+analyzed plan exists, and the TimeWindow/SessionWindow expressions are gone; the analyzed plan
+only marks the grouping attribute (`spark.timeWindow` / `spark.sessionWindow` metadata). The
+logical plan the Dataset API built still holds the function call, however it was written
+(`F.window`, `F.expr("window(...)")`, SQL), and Spark's own TimeWindow constructor reads its
+durations exactly as the analyzer does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from txstream.errors import TransformError
+
+WINDOW = "window"
+SESSION = "session"
+_TIME_WINDOW_MARK = "spark.timeWindow"
+_SESSION_WINDOW_MARK = "spark.sessionWindow"
+# The columns of the batch's source relation (task/reading.py input_struct): a MapInArrow over
+# spark.range that yields them is the batch itself (driver/jobs.py range_frame).
+_SOURCE_COLUMNS = {"key", "value", "topic", "partition", "offset"}
+
+
+@dataclass(frozen=True)
+class WindowFound:
+    index: int                 # its place among the grouping columns
+    kind: str                  # WINDOW or SESSION
+    spec: dict[str, Any]       # {"column", "size_ms", "slide_ms", "start_ms"} / {"column", "gap_ms"} / {"column", "gap"}
+
+
+def _name(node: Any) -> str:
+    return node.getClass().getSimpleName()
+
+
+def _unaliased(expression: Any) -> Any:
+    while _name(expression) in ("Alias", "UnresolvedAlias"):
+        expression = expression.child()
+    return expression
+
+
+def _seq(scala_seq: Any) -> list[Any]:
+    return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+
+def _time_column(expression: Any, what: str) -> str:
+    kind = _name(expression)
+    if kind == "UnresolvedAttribute":
+        return str(expression.nameParts().last())
+    if kind == "AttributeReference":
+        return str(expression.name())
+    raise TransformError(f"{what}'s time column is an expression ({expression.sql()}): compute it as a column "
+                         "before withWatermark and window over that column")
+
+
+def _function(expression: Any) -> tuple[str, list[Any]] | None:
+    """('window' | 'session_window', arguments) of a window call, as the logical plan holds it."""
+    expression = _unaliased(expression)
+    kind = _name(expression)
+    if kind == "UnresolvedFunction":
+        name = str(expression.nameParts().last()).lower()
+        if name in ("window", "session_window"):
+            return name, _seq(expression.arguments())
+    if kind == "TimeWindow":
+        return "window", [expression.timeColumn(), expression]
+    if kind == "SessionWindow":
+        return "session_window", [expression.timeColumn(), expression.gapDuration()]
+    return None
+
+
+def _ms(micros: int, what: str) -> int:
+    if micros % 1000:
+        raise TransformError(f"{what} of {micros} microseconds is not a whole number of milliseconds: the state "
+                             "keeps windows in milliseconds")
+    return micros // 1000
+
+
+def window_of(aggregated: Any) -> WindowFound | None:
+    """The window among the grouping columns of `aggregated` (a DataFrame built by
+    `groupBy(...).agg(...)`), read from its plans: `window(...)` however it was written, with its
+    size, slide and start offset (`startTime`), or `session_window(...)` with its gap, a fixed
+    one in ms or a dynamic one (a gap column or expression) as its SQL text."""
+    jvm = aggregated.sparkSession._jvm
+    query = aggregated._jdf.queryExecution()
+    logical = query.logical()
+    analyzed = query.analyzed()
+    found: WindowFound | None = None
+    if _name(logical) == "Aggregate":
+        for i, expression in enumerate(_seq(logical.groupingExpressions())):
+            call = _function(expression)
+            if call is None:
+                continue
+            if found is not None:
+                raise TransformError("the groupBy has two windows: group by one window(...) or session_window(...)")
+            name, args = call
+            if name == "window":
+                window = args[1] if _name(args[1]) == "TimeWindow" else \
+                    jvm.org.apache.spark.sql.catalyst.expressions.TimeWindow(*args)
+                spec = {"column": _time_column(args[0], "window(...)"),
+                        "size_ms": _ms(window.windowDuration(), "the window's size"),
+                        "slide_ms": _ms(window.slideDuration(), "the window's slide"),
+                        "start_ms": _ms(window.startTime(), "the window's startTime")}
+                found = WindowFound(i, WINDOW, spec)
+            else:
+                column, gap = _time_column(args[0], "session_window(...)"), args[1]
+                if _name(gap) == "Literal" and gap.dataType().typeName() == "string":
+                    # Spark's own reading of the duration (TimeWindow parses it as the analyzer does).
+                    micros = jvm.org.apache.spark.sql.catalyst.expressions.TimeWindow(args[0], gap).windowDuration()
+                    spec = {"column": column, "gap_ms": _ms(micros, "the session gap")}
+                else:
+                    # A gap per row: Spark's partials give each row its session [ts, ts + gap(row)).
+                    spec = {"column": column, "gap": str(gap.sql())}
+                found = WindowFound(i, SESSION, spec)
+    if found is None and _name(analyzed) == "Aggregate":
+        for expression in _seq(analyzed.groupingExpressions()):
+            metadata = str(expression.metadata().json()) if _name(expression) == "AttributeReference" else ""
+            if _TIME_WINDOW_MARK in metadata or _SESSION_WINDOW_MARK in metadata:
+                raise TransformError(f"the groupBy column {expression.name()!r} is a window computed before the "
+                                     "groupBy: write window(...) or session_window(...) in the groupBy itself, "
+                                     "so that its size and watermark are known")
+    return found

@@ -223,3 +223,77 @@ def test_session_windows_in_update_mode_are_refused_as_spark_refuses_them(spark,
         spark_streaming(spark, tmp_path, ROWS, SESSION_CUTS[:1], query, "update")
     with pytest.raises(TransformError, match="output mode update is not supported for session windows"):
         describe(spark, ROWS, query, mode="update")
+
+
+# -- item 18: what would run on each batch alone is refused by name ------------------------------------
+
+def _no_rows(_arg, batches):
+    yield from batches
+
+
+def _batch(spark):
+    """A frame shaped as the batch's source (driver/jobs.py range_frame): a MapInArrow over spark.range
+    yielding the Kafka columns; never run here."""
+    from txstream.task.reading import input_struct
+
+    return spark.range(0, 2, 1, 2).mapInArrow(functools.partial(_no_rows, None), input_struct(None, None))
+
+
+def _describe_at_start(spark, transform: Callable, output_mode: str | None = None):
+    from types import SimpleNamespace
+
+    from txstream.driver.stateful import describe_operator
+
+    settings = SimpleNamespace(app_id="plan-test", output_mode=output_mode)
+    return describe_operator(settings, 2, lambda recorded: (None, transform(_batch(spark))))
+
+
+def _self_join(batch):
+    orders = batch.where(F.col("topic") == "orders").select(F.col("key").alias("id"), F.col("value").alias("order"))
+    payments = batch.where(F.col("topic") == "payments").select(F.col("key").alias("id"), "value")
+    return orders.join(payments, "id")
+
+
+@pytest.mark.parametrize("output_mode", [None, "update"])
+def test_a_stream_stream_join_is_refused_at_start(spark, output_mode) -> None:
+    with pytest.raises(TransformError, match=r"joins the batch with itself \(a stream-stream join\): partners that "
+                                             "arrive in different batches would never meet"):
+        _describe_at_start(spark, _self_join, output_mode)
+
+
+def test_a_join_with_a_static_frame_is_allowed(spark) -> None:
+    lookup = spark.createDataFrame([(b"k", "gold")], "id binary, tier string")
+    description, (_, frame) = _describe_at_start(
+        spark, lambda batch: batch.select(F.col("key").alias("id"), "value").join(lookup, "id"))
+    assert description is None and "tier" in frame.columns
+
+
+def _processor():
+    """A StatefulProcessor Spark accepts on a batch DataFrame (it would run each batch alone)."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class Counter(StatefulProcessor):
+        def init(self, handle) -> None:
+            pass
+
+        def handleInputRows(self, key, rows, timerValues):  # noqa: N802, N803 (Spark's names)
+            yield from rows
+
+        def close(self) -> None:
+            pass
+
+    return Counter()
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda g: g.applyInPandasWithState(lambda k, rows, state: rows, "key binary", "n long", "Update",
+                                                    "NoTimeout"), id="applyInPandasWithState"),
+    pytest.param(lambda g: g.transformWithStateInPandas(_processor(), "key binary", "Update", "None"),
+                 id="transformWithStateInPandas"),
+])
+@pytest.mark.parametrize("output_mode", [None, "update"])
+def test_arbitrary_state_is_refused_at_start_by_name(spark, call, output_mode) -> None:
+    with pytest.raises(TransformError, match=r"(applyInPandasWithState|transformWithStateInPandas) is not supported "
+                                             "yet: txstream would run it on each batch alone, its per-key state "
+                                             "starting empty every batch"):
+        _describe_at_start(spark, lambda batch: call(batch.select("key", "value").groupBy("key")), output_mode)

@@ -35,6 +35,7 @@ from txstream.driver.specs import TaskSpecs
 from txstream.driver.stateful_query import BatchContext, recording
 from txstream.driver.wide import WideBatch, WideBatches
 from txstream.errors import InfrastructureError, TransformError, UserError
+from txstream.operators import plan as plan_reading
 from txstream.operators.base import MergeSpec, next_watermark
 from txstream.operators.kinds import operator_for
 from txstream.protocol import EXACTLY_ONCE, UNITS
@@ -58,6 +59,9 @@ def describe_operator(settings: RunSettings, units: int, build: Callable[[], Any
     context = BatchContext(settings.app_id, units, settings.output_mode or "append")
     with recording(context) as recorded:
         built = build(recorded)
+    joined = plan_reading.stream_stream_join(built[1])   # built: (first job, output frame)
+    if joined is not None:
+        raise TransformError(joined)
     if recorded.description is None and settings.output_mode is None:
         return None, built
     if recorded.description is None:

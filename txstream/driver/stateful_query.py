@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterator
 from txstream.errors import TransformError
 from txstream.operators import plan as plan_reading
 from txstream.operators.aggregate import aggregation_partials
-from txstream.operators.arbitrary import ArbitraryState
 from txstream.operators.base import ROUTE, MergeSpec
 from txstream.operators.dedup import Deduplicate
 from txstream.operators.kinds import operator_for
@@ -90,7 +89,7 @@ def recording(context: BatchContext) -> Iterator[Recorded]:
                  for name in ("withWatermark", "groupBy", "groupby", "dropDuplicates", "drop_duplicates",
                               "dropDuplicatesWithinWatermark")}
     originals.update({(GroupedData, name): getattr(GroupedData, name)
-                      for name in ("agg", "count", "sum", "min", "max", "avg", "mean", "applyInPandasWithState")
+                      for name in ("agg", "count", "sum", "min", "max", "avg", "mean", *plan_reading.ARBITRARY_STATE)
                       if hasattr(GroupedData, name)})
     patches = _patches(originals)
     _active.value = (context, recorded)
@@ -160,7 +159,7 @@ def _patches(originals: dict) -> dict:
 
     def refused(what: str) -> Callable:
         def call(*_args, **_kwargs):
-            raise TransformError(ArbitraryState.refusal(what))
+            raise TransformError(plan_reading.arbitrary_state_refusal(what))
         return call
 
     patches = {(DataFrame, "withWatermark"): with_watermark, (DataFrame, "groupBy"): group_by,
@@ -172,8 +171,9 @@ def _patches(originals: dict) -> dict:
                            ("mean", F.avg)):
         if (GroupedData, name) in originals:
             patches[(GroupedData, name)] = shortcut(function)
-    if (GroupedData, "applyInPandasWithState") in originals:
-        patches[(GroupedData, "applyInPandasWithState")] = refused("applyInPandasWithState")
+    for name in plan_reading.ARBITRARY_STATE:   # refused by name, not run on each batch alone
+        if (GroupedData, name) in originals:
+            patches[(GroupedData, name)] = refused(name)
     return patches
 
 

@@ -125,3 +125,43 @@ def window_of(aggregated: Any) -> WindowFound | None:
                                      "groupBy: write window(...) or session_window(...) in the groupBy itself, "
                                      "so that its size and watermark are known")
     return found
+
+
+# -- what is refused at start (item 18) ------------------------------------------------------------------
+
+def _is_source(node: Any) -> bool:
+    if _name(node) not in ("MapInArrow", "PythonMapInArrow") or _name(node.child()) != "Range":
+        return False
+    return _SOURCE_COLUMNS <= {str(a.name()) for a in _seq(node.output())}
+
+
+def _reaches_source(node: Any) -> bool:
+    if _is_source(node):
+        return True
+    return any(_reaches_source(child) for child in _seq(node.children()))
+
+
+def stream_stream_join(frame: Any) -> str | None:
+    """Why `frame` (the transform's output) must be refused: a join whose two sides both read
+    the batch (a stream-stream join) would meet partners only within one batch; None when it has
+    none (a join with a DataFrame built in setup() or a table is stream-static, and allowed)."""
+    stack = [frame._jdf.queryExecution().analyzed()]
+    while stack:
+        node = stack.pop()
+        children = _seq(node.children())
+        if _name(node) == "Join" and len(children) == 2 and all(_reaches_source(c) for c in children):
+            return ("the transform joins the batch with itself (a stream-stream join): partners that arrive in "
+                    "different batches would never meet, and txstream keeps no join state yet. Join the batch "
+                    "with a DataFrame built in setup() or a table (stream-static), or keep the join for when "
+                    "stream-stream joins come (docs/state.md, 'What is refused')")
+        stack.extend(children)
+    return None
+
+
+ARBITRARY_STATE = ("applyInPandasWithState", "transformWithStateInPandas", "transformWithState")
+
+
+def arbitrary_state_refusal(name: str) -> str:
+    return (f"{name} is not supported yet: txstream would run it on each batch alone, its per-key state starting "
+            "empty every batch and its timers never firing; arbitrary per-key state comes next, on this "
+            "foundation (docs/state.md, 'What is refused')")

@@ -297,3 +297,47 @@ def test_arbitrary_state_is_refused_at_start_by_name(spark, call, output_mode) -
                                              "yet: txstream would run it on each batch alone, its per-key state "
                                              "starting empty every batch"):
         _describe_at_start(spark, lambda batch: call(batch.select("key", "value").groupBy("key")), output_mode)
+
+
+# -- item 3: nothing between the merge and the publisher but selects and filters ------------------------
+
+def _merged_output(spark, after: Callable):
+    """The transform's output as a stateful batch builds it (the real unit merge, never run here)."""
+    side = "plan-test-side"
+    with recording(BatchContext("plan-test", 3, "update", 1, None, functools.partial(_spec, side, 1, None))):
+        frame = spark.createDataFrame([("a", 1)], "k string, n long")
+        out = after(frame.groupBy("k").agg(F.sum("n").alias("total")))
+    return out.select(F.col("k").alias("key"), F.col("total").cast("string").alias("value"))
+
+
+def test_a_coalesce_after_the_stateful_operator_is_refused(spark) -> None:
+    from txstream.driver.stateful import _check_no_shuffle_after_merge
+
+    _check_no_shuffle_after_merge(_merged_output(spark, lambda agg: agg.where("total > 0")))
+    with pytest.raises(TransformError, match=r"moves rows after its stateful operator \(Coalesce"):
+        _check_no_shuffle_after_merge(_merged_output(spark, lambda agg: agg.coalesce(1)))
+    with pytest.raises(TransformError, match="moves rows after its stateful operator"):
+        _check_no_shuffle_after_merge(_merged_output(spark, lambda agg: agg.orderBy("total")))
+
+
+def _merge_twice(spec: MergeSpec, batches):
+    """A task that merged a unit already (its side file written) and is handed another unit's partials."""
+    from txstream.task.sidefile import write_state
+    from txstream.task.state_unit import merge_unit
+
+    write_state(spec.side_dir, spec.batch_id, {"skip": True})
+    yield from merge_unit(spec, batches)
+
+
+def test_a_second_merge_in_one_task_fails_loudly(spark, tmp_path) -> None:
+    captured = {}
+
+    def merge_frame(grouped, spec, out_schema):
+        captured["spec"] = spec
+        return grouped
+
+    with recording(BatchContext("plan-test", 1, "update", 1, None,
+                                functools.partial(_spec, f"plan-test-{tmp_path.name}", 1, None), merge_frame)):
+        grouped = spark.createDataFrame([("a", 1)], "k string, n long").groupBy("k").agg(F.sum("n").alias("total"))
+    with pytest.raises(Exception, match="a second state merge in the task of unit 0"):
+        grouped.mapInArrow(functools.partial(_merge_twice, captured["spec"]), "k string, total long").collect()

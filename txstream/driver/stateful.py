@@ -280,14 +280,12 @@ class StatefulBatches(WideBatches):
 
 
 def _check_no_shuffle_after_merge(out: Any) -> None:
-    """The unit that merged a key's state must publish its output in the same task: no exchange
-    may follow the merge (an orderBy or a second groupBy after the aggregation)."""
-    plan = out._jdf.queryExecution().executedPlan().toString()
-    lines = plan.splitlines()
-    merge_at = next((i for i, line in enumerate(lines) if "MapInArrow" in line and "merge_unit" in line), None)
-    if merge_at is None:
-        merge_at = next((i for i, line in enumerate(lines) if "MapInArrow" in line), len(lines))
-    if any("Exchange" in line for line in lines[:merge_at]):
-        raise TransformError("the transform shuffles after its stateful operator (an orderBy, repartition or second "
-                             "aggregation after it): a state unit must publish what it merged; keep what follows the "
-                             "aggregation to selects and filters")
+    """The unit that merged a key's state must publish its output in the same task: nothing but
+    selects and filters may follow the merge (an orderBy, a coalesce, a second groupBy would move
+    rows to another task, whose partition id names another unit)."""
+    moved = plan_reading.after_merge(out._jdf.queryExecution().executedPlan())
+    if moved:
+        raise TransformError(f"the transform moves rows after its stateful operator ({', '.join(moved[:3])}: an "
+                             "orderBy, repartition, coalesce, limit, join or second aggregation after it): a state "
+                             "unit must publish what it merged; keep what follows the aggregation to selects and "
+                             "filters")

@@ -165,3 +165,30 @@ def arbitrary_state_refusal(name: str) -> str:
     return (f"{name} is not supported yet: txstream would run it on each batch alone, its per-key state starting "
             "empty every batch and its timers never firing; arbitrary per-key state comes next, on this "
             "foundation (docs/state.md, 'What is refused')")
+
+
+# -- nothing between the merge and the publisher (item 3) -----------------------------------------------
+
+# Operators that keep each row in the task that merged it: a projection, a filter, a row-wise
+# Python UDF, and the wrappers Spark puts around them.
+_ROW_WISE = ("ProjectExec", "FilterExec", "WholeStageCodegenExec", "InputAdapter", "ColumnarToRowExec",
+             "RowToColumnarExec", "ArrowEvalPythonExec", "BatchEvalPythonExec")
+
+
+def after_merge(executed: Any) -> list[str]:
+    """The operators of a physical plan between its root and the first MapInArrow (the state
+    merge), that are not row-wise: a coalesce, a shuffle, a sort, a limit, a second input...
+    each of which would move rows away from the unit that merged them."""
+    node = executed
+    if _name(node) == "AdaptiveSparkPlanExec":
+        node = node.inputPlan()
+    moved: list[str] = []
+    while node is not None:
+        kind = _name(node)
+        if kind in ("MapInArrowExec", "PythonMapInArrowExec"):
+            return moved
+        children = _seq(node.children())
+        if kind not in _ROW_WISE or len(children) != 1:
+            moved.append(str(node.nodeName()))
+        node = children[0] if children else None
+    return moved

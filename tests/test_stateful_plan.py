@@ -341,3 +341,21 @@ def test_a_second_merge_in_one_task_fails_loudly(spark, tmp_path) -> None:
         grouped = spark.createDataFrame([("a", 1)], "k string, n long").groupBy("k").agg(F.sum("n").alias("total"))
     with pytest.raises(Exception, match="a second state merge in the task of unit 0"):
         grouped.mapInArrow(functools.partial(_merge_twice, captured["spec"]), "k string, total long").collect()
+
+
+# -- item 12: a TimestampNTZ event time -----------------------------------------------------------------
+
+def test_a_watermark_on_a_timestamp_ntz_column_is_refused_as_spark_refuses_it(spark, tmp_path) -> None:
+    """Spark's Structured Streaming refuses it; txstream compared such times with TIMESTAMP values,
+    shifted by the session time zone (a closed window reopened and was emitted twice)."""
+    def query(frame):
+        return frame.withWatermark("ts", "30 seconds").groupBy(F.window("ts", "1 minute"), "k").count()
+
+    schema = "k string, ts timestamp_ntz"
+    with pytest.raises(Exception, match="EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE"):
+        spark_streaming(spark, tmp_path, schema, [[{"k": "a", "ts": "2026-01-01T12:00:50"}]], query, "append")
+    with pytest.raises(TransformError, match=r"the event time 'ts' is TIMESTAMP_NTZ: Structured Streaming refuses a "
+                                             r"watermark on it \(EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE"):
+        describe(spark, schema, query)
+    ok = describe(spark, schema, lambda f: query(f.withColumn("ts", F.col("ts").cast("timestamp"))))
+    assert ok.window["column"] == "ts"

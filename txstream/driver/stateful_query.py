@@ -122,6 +122,9 @@ def _patches(originals: dict) -> dict:
 
     def with_watermark(self, eventTime: str, delayThreshold: str):  # noqa: N803 (Spark's names)
         if _context() is not None:
+            refusal = plan_reading.watermark_refusal(self.schema, eventTime)
+            if refusal is not None:
+                raise TransformError(refusal)
             _context()[1].watermark = (eventTime, duration_ms(delayThreshold))
         return originals[(DataFrame, "withWatermark")](self, eventTime, delayThreshold)
 

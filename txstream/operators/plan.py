@@ -192,3 +192,19 @@ def after_merge(executed: Any) -> list[str]:
             moved.append(str(node.nodeName()))
         node = children[0] if children else None
     return moved
+
+
+# -- the event time's type (item 12) -----------------------------------------------------------------------
+
+def watermark_refusal(schema: Any, column: str) -> str | None:
+    """Why `withWatermark(column, ...)` on a frame of `schema` must be refused: Structured Streaming
+    refuses a watermark on a TimestampNTZ column (EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE), whose wall-clock
+    times a late filter against TIMESTAMP values would shift by spark.sql.session.timeZone."""
+    from pyspark.sql.types import TimestampNTZType
+
+    for f in schema.fields:
+        if f.name == column and isinstance(f.dataType, TimestampNTZType):
+            return (f"the event time {column!r} is TIMESTAMP_NTZ: Structured Streaming refuses a watermark on it "
+                    "(EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE: it needs TIMESTAMP). Cast it to TIMESTAMP before "
+                    f"withWatermark (col({column!r}).cast('timestamp') reads it in spark.sql.session.timeZone)")
+    return None

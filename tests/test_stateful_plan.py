@@ -192,10 +192,13 @@ def _dynamic_sessions(frame):
 
 
 def test_a_dynamic_session_gap_is_described_by_its_expression(spark) -> None:
-    description = describe(spark, ROWS, _dynamic_sessions)
-    assert description.kind == "session"
-    assert description.window["column"] == "ts" and "gap_ms" not in description.window
-    assert "CASE WHEN" in description.window["gap"] and "'1 minute'" in description.window["gap"]
+    from txstream.operators.plan import window_of
+
+    aggregated = (spark.createDataFrame([], ROWS).groupBy(
+        F.session_window("ts", F.when(F.col("k") == "a", "1 minute").otherwise("20 seconds")), "k").count())
+    spec = window_of(aggregated).spec
+    assert spec["column"] == "ts" and "gap_ms" not in spec
+    assert "CASE WHEN" in spec["gap"] and "'1 minute'" in spec["gap"]
     fixed = describe(spark, ROWS, lambda f: f.withWatermark("ts", "30 seconds")
                      .groupBy(F.expr("session_window(ts, '90 seconds')"), "k").count())
     assert fixed.window == {"column": "ts", "gap_ms": 90_000}
@@ -206,10 +209,12 @@ SESSION_CUTS = [[_at("a", "12:00:00"), _at("b", "12:00:10"), _at("b", "12:00:25"
                 [_at("a", "12:06:00")]]
 
 
-def test_dynamic_session_gaps_emit_what_spark_emits(spark, tmp_path) -> None:
-    want = spark_streaming(spark, tmp_path / "spark", ROWS, SESSION_CUTS, _dynamic_sessions, "append")
-    got = txstream_batches(spark, tmp_path, ROWS, SESSION_CUTS, _dynamic_sessions, "append")
-    assert got == want
+def test_a_dynamic_session_gap_is_refused_at_start_with_the_reason(spark) -> None:
+    """Spark accepts it; txstream's late rule (ts + gap <= watermark, operators/session.py) cannot
+    evaluate a gap per row from the description yet: refused rather than crash or differ."""
+    with pytest.raises(TransformError, match=r"session_window with a gap per row \(CASE WHEN .*\) is not supported "
+                                             "yet: the late rule needs each row's own session end"):
+        describe(spark, ROWS, _dynamic_sessions)
 
 
 @pytest.mark.parametrize("gap", [pytest.param(lambda: "1 minute", id="fixed"),

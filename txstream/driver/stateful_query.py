@@ -215,6 +215,11 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
         raise TransformError(f"the window is over {window[2]['column']!r} but the watermark is on "
                              f"{recorded.watermark[0]!r}: Structured Streaming closes windows by the watermark of "
                              "their own time column; window over the watermark's column")
+    if window is not None and "gap" in window[2]:
+        # Spark drops a session row once ts + gap(row) <= watermark (operators/session.py late): the
+        # description keeps the gap's SQL, not a Column the late rule could evaluate per row yet.
+        raise TransformError(f"session_window with a gap per row ({window[2]['gap']}) is not supported yet: the late "
+                             "rule needs each row's own session end; use a fixed gap such as '5 minutes'")
     if window is not None and window[0] != 0:
         raise TransformError("put window(...) or session_window(...) first among the groupBy columns")
     operator = operator_for(window[1] if window is not None else AGGREGATE)

@@ -122,12 +122,27 @@ class RunningAggregate(StatefulOperator):
         watermark = description.watermark
         events = (F.max(F.col(watermark["column"])).alias(EVENTS) if watermark
                   else F.lit(None).cast("timestamp").alias(EVENTS))
-        grouped = ontime.groupBy(*cols).agg(*partials, events, F.count(F.lit(1)).alias(ROWS))
+        grouped = self.open_partials(description, ontime.groupBy(*cols).agg(*partials, events,
+                                                                            F.count(F.lit(1)).alias(ROWS)),
+                                     group_names, watermark_ms)
         routed = self.routed(group_names)
         grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{n}`") for n in routed]) if routed else F.lit(0))
         if late is not None:
             grouped = grouped.unionByName(late, allowMissingColumns=True)
         return grouped
+
+    def open_partials(self, description: OperatorDescription, grouped: Any, group_names: tuple[str, ...],
+                      watermark_ms: int | None) -> Any:
+        """The partial rows whose state is still open (all of them, here)."""
+        return grouped
+
+    def late(self, description: OperatorDescription, watermark_ms: int | None) -> Any:
+        """Never, unless the event time is itself a grouping key (Spark's StateStoreSaveExec drops
+        a row only when the state it would update is closed; complete mode drops nothing)."""
+        if (description.output_mode == "complete" or description.watermark is None
+                or description.watermark["column"] not in description.keys):
+            return None
+        return super().late(description, watermark_ms)
 
     def owes_batch(self, description: OperatorDescription, last_watermark: int | None,
                    next_watermark: int | None) -> bool:

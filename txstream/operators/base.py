@@ -112,14 +112,15 @@ class StatefulOperator:
     # -- driver ----------------------------------------------------------------------------------
 
     def late(self, description: OperatorDescription, watermark_ms: int | None) -> Any:
-        """The Column that is true on the input rows this batch drops as late (their state is
-        closed), or None when none is. Default: the event time is behind the watermark."""
+        """The Column that is true on the input rows this batch drops as late (the state they would
+        update is closed), or None when none is. Default: the event time is at or behind the
+        watermark (Spark's watermark predicate for data, `event time <= watermark`)."""
         from pyspark.sql import functions as F
 
         if description.watermark is None or watermark_ms is None:
             return None
         column = F.col(description.watermark["column"])
-        return F.coalesce(column < F.timestamp_millis(F.lit(watermark_ms)), F.lit(False))
+        return F.coalesce(column <= F.timestamp_millis(F.lit(watermark_ms)), F.lit(False))
 
     def late_split(self, description: OperatorDescription, source: Any, watermark_ms: int | None) -> tuple[Any, Any]:
         """(rows on time, late rows as LATE/LATE_MS/ROUTE or None) of `source`."""
@@ -143,8 +144,10 @@ class StatefulOperator:
     def owes_batch(self, description: OperatorDescription, last_watermark: int | None,
                    next_watermark: int | None) -> bool:
         """Spark's shouldRunAnotherBatch: whether a batch with no records would change the state
-        or the output (close windows, forget keys) at `next_watermark`. Default: when it moved."""
-        if description.watermark is None or next_watermark is None:
+        or the output (close windows, forget keys) at `next_watermark`. Default: when it moved, in
+        append or update mode (complete mode closes nothing; Spark runs none there)."""
+        if (description.watermark is None or next_watermark is None
+                or description.output_mode not in ("append", "update")):
             return False
         return last_watermark is None or next_watermark > last_watermark
 

@@ -37,7 +37,7 @@ class Deduplicate(StatefulOperator):
         return OperatorDescription(
             "dedup", DEDUP, units, output_mode, list(subset), [], None,
             {"column": watermark[0], "delay_ms": watermark[1]} if watermark else None,
-            aggs.state_schema([], event_time=True), state_format=state_format(DEDUP))
+            aggs.state_schema([], event_time=True), state_format=state_format(DEDUP), within_watermark=within)
 
     def partials(self, description: OperatorDescription, source: Any, subset: list[str],
                  watermark_ms: int | None) -> Any:
@@ -60,18 +60,31 @@ class Deduplicate(StatefulOperator):
 
     # -- task ------------------------------------------------------------------------------------
 
+    @staticmethod
+    def expiry_delay(spec: MergeSpec) -> int | None:
+        """How long after its event time a key is forgotten (None: never). Spark's
+        dropDuplicatesWithinWatermark forgets a key once ts + delay passes the watermark;
+        dropDuplicates evicts only when the event time is among the keys, once ts itself does
+        (StreamingDeduplicateExec's watermark predicate on the keys), and else keeps it forever."""
+        d = spec.description
+        if spec.event_column is None or d.watermark is None:
+            return None
+        if d.within_watermark:
+            return d.watermark["delay_ms"]
+        return 0 if spec.event_column in d.keys else None
+
     def merge_partials(self, spec: MergeSpec, store: StateStore, partials: pa.Table | None) -> Emitted:
-        """Each key's first row, unless the state has seen the key; keys whose event time the
-        watermark passed are forgotten (dropDuplicatesWithinWatermark), found by the expiry
-        index rather than by reading every key."""
+        """Each key's first row, unless the state has seen the key; keys whose expiry the
+        watermark passed are forgotten (`expiry_delay`), found by the expiry index rather than by
+        reading every key."""
         emitted = Emitted()
         codec = StateCodec(spec.description.state_schema)
+        delay = self.expiry_delay(spec)
         if partials is not None:
-            delay = (spec.description.watermark or {}).get("delay_ms", 0)
-            event_column = spec.event_column
             keys = encode_keys([partials[n] for n in spec.group_names], partials.num_rows)
             first = pc.struct_field(partials[FIRST], "row")
-            events = values.ms_column(pc.struct_field(first, event_column)) if event_column else [None] * len(keys)
+            events = (values.ms_column(pc.struct_field(first, spec.event_column)) if delay is not None
+                      else [None] * len(keys))
             stored = store.get_many(keys)
             kept: list[int] = []
             seen: set[bytes] = set()
@@ -90,7 +103,7 @@ class Deduplicate(StatefulOperator):
             if kept:
                 taken = first.take(pa.array(kept, pa.int64()))
                 emitted.out = pa.Table.from_struct_array(taken).cast(spec.out_schema)
-        if spec.watermark_ms is not None and spec.event_column:
+        if spec.watermark_ms is not None and delay is not None:
             for index_key, _ in list(store.scan(EXPIRY, end=expiry_end(spec.watermark_ms))):
                 store.delete(index_key)
                 store.delete(expiring_key(index_key))

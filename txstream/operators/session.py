@@ -29,7 +29,7 @@ from txstream.state.keys import (
     expiry_end,
     expiry_key,
 )
-from txstream.state.operator import SESSION, Aggregate
+from txstream.state.operator import SESSION, Aggregate, OperatorDescription
 from txstream.state.store import StateStore
 
 
@@ -49,6 +49,17 @@ class SessionWindow(RunningAggregate):
 
     def routed(self, group_names: tuple[str, ...]) -> tuple[str, ...]:
         return group_names[1:]
+
+    def late(self, description: OperatorDescription, watermark_ms: int | None) -> Any:
+        """A row is late when its session can no longer be open: ts + gap at or behind the
+        watermark (Spark's `session.end <= watermark`). Complete mode closes nothing."""
+        from pyspark.sql import functions as F
+
+        if description.output_mode == "complete" or description.watermark is None or watermark_ms is None:
+            return None
+        window = description.window
+        ts_us = F.unix_micros(F.col(window["column"]).cast("timestamp"))
+        return F.coalesce(ts_us + F.lit(window["gap_ms"] * 1000) <= F.lit(watermark_ms * 1000), F.lit(False))
 
     def owes_batch(self, description: Any, last_watermark: int | None, next_watermark: int | None) -> bool:
         return super(RunningAggregate, self).owes_batch(description, last_watermark, next_watermark)
@@ -101,8 +112,9 @@ class SessionWindow(RunningAggregate):
 
     @staticmethod
     def overlaps(start: int, end: int, other_start: int, other_end: int) -> bool:
-        """Whether two sessions [start, end) are one."""
-        return start < other_end and other_start < end
+        """Whether two sessions [start, end) are one: they overlap or touch, as Spark's
+        MergingSessionsIterator merges a session starting exactly where the last one ends."""
+        return start <= other_end and other_start <= end
 
 
 def _put_sessions(store: StateStore, codec: StateCodec, key: bytes, before: list[dict], after: list[dict]) -> None:

@@ -58,6 +58,10 @@ class OperatorDescription:
     # Which life of the state this is: new when the description is first written (after a
     # `txstream state reset` too), so a worker's local copy of an earlier life is never reused.
     epoch: str = ""
+    # Deduplication: dropDuplicatesWithinWatermark (keys forgotten once ts + delay passes the
+    # watermark) rather than dropDuplicates (kept, unless the event time is a key). Outside the
+    # fingerprint, as the output mode: a state written before it was recorded reads as False.
+    within_watermark: bool = False
 
     @property
     def windowed(self) -> bool:
@@ -68,7 +72,8 @@ class OperatorDescription:
         watermark's delay (both only change what is emitted and when). The window's start offset
         and the watermark's column place and close the windows; a window described before the
         offset was kept has none (0)."""
-        kept = {k: v for k, v in asdict(self).items() if k not in ("output_mode", "watermark", "epoch")}
+        kept = {k: v for k, v in asdict(self).items() if k not in ("output_mode", "watermark", "epoch",
+                                                                               "within_watermark")}
         if self.kind == WINDOW and self.window is not None:
             kept["window"] = {**self.window, "start_ms": self.window.get("start_ms", 0)}
         if self.watermark is not None:

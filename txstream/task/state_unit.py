@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -67,8 +68,11 @@ def _take_pending(spec: MergeSpec, unit: int, store: StateStore, path: Path | No
         return False
     finally:
         pending.unlink(missing_ok=True)
-    if saved["base"] != store.version.batch or marker.done_through != saved["batch"]:
-        return False   # the batch did not commit, or the copy moved since: restore reads the changelog
+    if (saved["base"] != store.version.batch or marker.done_through != saved["batch"]
+            or not marker.attempt or saved.get("attempt") != marker.attempt):
+        # The batch did not commit, another attempt of it did (its changes may differ: the marker
+        # names the attempt that committed), or the copy moved since: restore reads the changelog.
+        return False
     from txstream.state.changelog import changelog_end
 
     # Every record of the committed batch lies below the changelog's end now, and no later batch
@@ -78,12 +82,13 @@ def _take_pending(spec: MergeSpec, unit: int, store: StateStore, path: Path | No
     return True
 
 
-def _save_pending(spec: MergeSpec, path: Path | None, store: StateStore) -> None:
+def _save_pending(spec: MergeSpec, path: Path | None, store: StateStore, attempt: str) -> None:
     if path is None or not store.changes():
         return
     pending = _pending_file(path)
     with open(pending.with_suffix(".tmp"), "wb") as out:
-        pickle.dump({"batch": spec.batch_id, "base": store.version.batch, "changes": dict(store.changes())}, out,
+        pickle.dump({"batch": spec.batch_id, "base": store.version.batch, "attempt": attempt,
+                     "changes": dict(store.changes())}, out,
                     protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(pending.with_suffix(".tmp"), pending)
 
@@ -119,14 +124,17 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         restored_s = time.perf_counter() - started
         snapshot_s = _snapshot_if_due(spec, unit, store, report)
         operator = operator_for(spec.description.kind)
+        # This attempt's name, in the side file (so in the marker its publisher commits) and in the
+        # pending file: a later batch applies the pending changes only if this attempt committed.
+        attempt = uuid.uuid4().hex[:12]
         merged = operator.merge(spec, store, pa.Table.from_batches(received) if received else None)
         write_state(spec.side_dir, spec.batch_id, {
-            "changes": dict(store.changes()), "late": merged.late, "events": merged.events,
+            "changes": dict(store.changes()), "attempt": attempt, "late": merged.late, "events": merged.events,
             "emitted": merged.emitted, "expires": merged.expires, "rows": merged.rows,
             "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
                         "snapshot_seconds": snapshot_s},
             "keys": operator.user_keys(store)})
-        _save_pending(spec, path, store)
+        _save_pending(spec, path, store, attempt)
         store.abort()
     finally:
         store.close()

@@ -34,6 +34,7 @@ from txstream.driver.specs import TaskSpecs
 from txstream.driver.stateful_query import BatchContext, recording
 from txstream.driver.wide import WideBatch, WideBatches
 from txstream.errors import InfrastructureError, TransformError, UserError
+from txstream.operators import plan as plan_reading
 from txstream.operators.base import MergeSpec, next_watermark
 from txstream.operators.kinds import operator_for
 from txstream.protocol import EXACTLY_ONCE, UNITS
@@ -58,6 +59,9 @@ def describe_operator(settings: RunSettings, units: int, build: Callable[[], Any
     context = BatchContext(settings.app_id, units, settings.output_mode or "append")
     with recording(context) as recorded:
         built = build(recorded)
+    joined = plan_reading.stream_stream_join(built[1])   # built: (first job, output frame)
+    if joined is not None:
+        raise TransformError(joined)
     if recorded.description is None and settings.output_mode is None:
         return None, built
     if recorded.description is None:
@@ -253,14 +257,12 @@ class StatefulBatches(WideBatches):
 
 
 def _check_no_shuffle_after_merge(out: Any) -> None:
-    """The unit that merged a key's state must publish its output in the same task: no exchange
-    may follow the merge (an orderBy or a second groupBy after the aggregation)."""
-    plan = out._jdf.queryExecution().executedPlan().toString()
-    lines = plan.splitlines()
-    merge_at = next((i for i, line in enumerate(lines) if "MapInArrow" in line and "merge_unit" in line), None)
-    if merge_at is None:
-        merge_at = next((i for i, line in enumerate(lines) if "MapInArrow" in line), len(lines))
-    if any("Exchange" in line for line in lines[:merge_at]):
-        raise TransformError("the transform shuffles after its stateful operator (an orderBy, repartition or second "
-                             "aggregation after it): a state unit must publish what it merged; keep what follows the "
-                             "aggregation to selects and filters")
+    """The unit that merged a key's state must publish its output in the same task: nothing but
+    selects and filters may follow the merge (an orderBy, a coalesce, a second groupBy would move
+    rows to another task, whose partition id names another unit)."""
+    moved = plan_reading.after_merge(out._jdf.queryExecution().executedPlan())
+    if moved:
+        raise TransformError(f"the transform moves rows after its stateful operator ({', '.join(moved[:3])}: an "
+                             "orderBy, repartition, coalesce, limit, join or second aggregation after it): a state "
+                             "unit must publish what it merged; keep what follows the aggregation to selects and "
+                             "filters")

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from txstream.errors import TransformError
+from txstream.operators import plan as plan_reading
 from txstream.operators.aggregate import aggregation_partials
-from txstream.operators.arbitrary import ArbitraryState
 from txstream.operators.base import ROUTE, MergeSpec
 from txstream.operators.dedup import Deduplicate
 from txstream.operators.kinds import operator_for
-from txstream.state.operator import AGGREGATE, SESSION, WINDOW, OperatorDescription
+from txstream.state.operator import AGGREGATE, OperatorDescription
 from txstream.task.state_unit import merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,
@@ -89,7 +89,7 @@ def recording(context: BatchContext) -> Iterator[Recorded]:
                  for name in ("withWatermark", "groupBy", "groupby", "dropDuplicates", "drop_duplicates",
                               "dropDuplicatesWithinWatermark")}
     originals.update({(GroupedData, name): getattr(GroupedData, name)
-                      for name in ("agg", "count", "sum", "min", "max", "avg", "mean", "applyInPandasWithState")
+                      for name in ("agg", "count", "sum", "min", "max", "avg", "mean", *plan_reading.ARBITRARY_STATE)
                       if hasattr(GroupedData, name)})
     patches = _patches(originals)
     _active.value = (context, recorded)
@@ -122,6 +122,9 @@ def _patches(originals: dict) -> dict:
 
     def with_watermark(self, eventTime: str, delayThreshold: str):  # noqa: N803 (Spark's names)
         if _context() is not None:
+            refusal = plan_reading.watermark_refusal(self.schema, eventTime)
+            if refusal is not None:
+                raise TransformError(refusal)
             _context()[1].watermark = (eventTime, duration_ms(delayThreshold))
         return originals[(DataFrame, "withWatermark")](self, eventTime, delayThreshold)
 
@@ -159,7 +162,7 @@ def _patches(originals: dict) -> dict:
 
     def refused(what: str) -> Callable:
         def call(*_args, **_kwargs):
-            raise TransformError(ArbitraryState.refusal(what))
+            raise TransformError(plan_reading.arbitrary_state_refusal(what))
         return call
 
     patches = {(DataFrame, "withWatermark"): with_watermark, (DataFrame, "groupBy"): group_by,
@@ -171,8 +174,9 @@ def _patches(originals: dict) -> dict:
                            ("mean", F.avg)):
         if (GroupedData, name) in originals:
             patches[(GroupedData, name)] = shortcut(function)
-    if (GroupedData, "applyInPandasWithState") in originals:
-        patches[(GroupedData, "applyInPandasWithState")] = refused("applyInPandasWithState")
+    for name in plan_reading.ARBITRARY_STATE:   # refused by name, not run on each batch alone
+        if (GroupedData, name) in originals:
+            patches[(GroupedData, name)] = refused(name)
     return patches
 
 
@@ -201,26 +205,21 @@ def _second_operator(recorded: Recorded) -> None:
                              "(docs/state.md, 'What is refused')")
 
 
-def _window_of(cols: list) -> tuple[int, str, dict[str, Any]] | None:
-    """(index, kind, spec) of the `window(...)` or `session_window(...)` among the grouping
-    columns: spec {"column", "size_ms", "slide_ms"} or {"column", "gap_ms"}."""
-    for i, col in enumerate(cols):
-        text = str(col)
-        match = re.search(r"session_window\((.+?), '([^']+)'\)", text)
-        if match:
-            return i, SESSION, {"column": match[1].strip("`"), "gap_ms": duration_ms(match[2])}
-        match = re.search(r"window\((.+?), '([^']+)', '([^']+)', '([^']+)'\)", text)
-        if match:
-            return i, WINDOW, {"column": match[1].strip("`"), "size_ms": duration_ms(match[2]),
-                               "slide_ms": duration_ms(match[3])}
-    return None
-
-
 def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
     context, recorded = _context()
     _second_operator(recorded)
     group_names, aggregates, partials = aggregation_partials(real)
-    window = _window_of(cols)
+    found = plan_reading.window_of(real)   # read from Spark's plan, not the column's text
+    window = (found.index, found.kind, found.spec) if found is not None else None
+    if window is not None and recorded.watermark is not None and window[2]["column"] != recorded.watermark[0]:
+        raise TransformError(f"the window is over {window[2]['column']!r} but the watermark is on "
+                             f"{recorded.watermark[0]!r}: Structured Streaming closes windows by the watermark of "
+                             "their own time column; window over the watermark's column")
+    if window is not None and "gap" in window[2]:
+        # Spark drops a session row once ts + gap(row) <= watermark (operators/session.py late): the
+        # description keeps the gap's SQL, not a Column the late rule could evaluate per row yet.
+        raise TransformError(f"session_window with a gap per row ({window[2]['gap']}) is not supported yet: the late "
+                             "rule needs each row's own session end; use a fixed gap such as '5 minutes'")
     if window is not None and window[0] != 0:
         raise TransformError("put window(...) or session_window(...) first among the groupBy columns")
     operator = operator_for(window[1] if window is not None else AGGREGATE)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from txstream.errors import TransformError
 from txstream.operators.aggregate import RunningAggregate, rows
 from txstream.operators.base import Emitted, MergeSpec
 from txstream.operators.window import WindowAggregate
@@ -36,7 +37,12 @@ class SessionWindow(RunningAggregate):
     kind = SESSION
     entries_per_key = 2
 
-    check = WindowAggregate.check
+    def check(self, output_mode: str, watermark: tuple[str, int] | None) -> None:
+        WindowAggregate.check(self, output_mode, watermark)
+        if output_mode == "update":   # Spark 4's UnsupportedOperationChecker refuses it too
+            raise TransformError("output mode update is not supported for session windows, as Structured Streaming "
+                                 "refuses it (STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION): use append, each session "
+                                 "emitted once when the watermark closes it")
 
     def state_schema(self, aggregates: list[Aggregate]) -> dict[str, Any]:
         return aggs.session_schema(aggregates)

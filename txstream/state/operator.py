@@ -47,7 +47,8 @@ class OperatorDescription:
     output_mode: str                      # append, update, complete
     keys: list[str]                       # grouping (or deduplication) columns, window excluded
     aggregates: list[Aggregate] = field(default_factory=list)
-    window: dict[str, Any] | None = None  # {"column", "size_ms", "slide_ms"}
+    # {"column", "size_ms", "slide_ms", "start_ms"}; sessions {"column", "gap_ms"} or, a gap per row, {"column", "gap"}
+    window: dict[str, Any] | None = None
     watermark: dict[str, Any] | None = None   # {"column", "delay_ms"}
     state_schema: dict[str, Any] | None = None  # Avro record schema of the state values
     # How the state is laid out: 2 adds the expiry index of deduplication and session windows
@@ -68,9 +69,15 @@ class OperatorDescription:
 
     def fingerprint(self) -> str:
         """What must not change while state exists: everything but the output mode and the
-        watermark's delay (both only change what is emitted and when)."""
+        watermark's delay (both only change what is emitted and when). The window's start offset
+        and the watermark's column place and close the windows; a window described before the
+        offset was kept has none (0)."""
         kept = {k: v for k, v in asdict(self).items() if k not in ("output_mode", "watermark", "epoch",
                                                                                "within_watermark")}
+        if self.kind == WINDOW and self.window is not None:
+            kept["window"] = {**self.window, "start_ms": self.window.get("start_ms", 0)}
+        if self.watermark is not None:
+            kept["watermark_column"] = self.watermark.get("column")
         return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> bytes:
@@ -89,8 +96,13 @@ class OperatorDescription:
         """What differs between the stored description (`self`) and a new one, for the message
         that refuses the restart."""
         said = []
-        for name in ("kind", "units", "keys", "aggregates", "window", "state_schema", "state_format"):
+        for name in ("kind", "units", "keys", "aggregates", "window", "watermark", "state_schema", "state_format"):
             mine, theirs = getattr(self, name), getattr(other, name)
+            if name == "watermark":
+                mine, theirs = (mine or {}).get("column"), (theirs or {}).get("column")
+                if mine != theirs:
+                    said.append(f"the watermark's column: {_show(mine)} in the state, {_show(theirs)} in the transform")
+                continue
             if mine != theirs and name == "state_format":
                 said.append(f"the state's format: {mine} in the state, {theirs} in this txstream (docs/state.md)")
             elif mine != theirs:

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from txstream.errors import TransformError
 from txstream.operators.base import MergeSpec
 from txstream.operators.kinds import operator_for
 from txstream.state.errors import StateStoreError
@@ -31,7 +32,7 @@ from txstream.state.restore import restore
 from txstream.state.store import StateStore, StoreVersion
 from txstream.state.stores import open_store
 from txstream.task import worker_heap
-from txstream.task.sidefile import MergeResult, run_directory, write_state
+from txstream.task.sidefile import MergeResult, current_task_attempt, run_directory, state_file, write_state
 
 
 def _store(spec: MergeSpec, unit: int) -> tuple[StateStore, Path | None]:
@@ -99,6 +100,12 @@ def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     from txstream.records import read_markers
 
     unit = TaskContext.get().partitionId()
+    if state_file(spec.side_dir, spec.batch_id, current_task_attempt()).exists():
+        # This task merged a unit already: something after the stateful operator (a coalesce) put two
+        # units' partials in one task, whose partition id names one unit: its store would take both.
+        raise TransformError(f"batch {spec.batch_id}: a second state merge in the task of unit {unit}: the transform "
+                             "merges partitions after its stateful operator (a coalesce?); keep what follows the "
+                             "aggregation to selects and filters")
     received = list(batches)
     markers = read_markers(spec.clients, spec.app_id, spec.description.units, spec.timeout_s)
     marker = markers[unit]

@@ -138,9 +138,12 @@ def _operator_text(op: OperatorState, filters: dict[str, Any]) -> list[str]:
         slide = w.get("slide_ms")
         if w.get("gap_ms") is not None:
             lines.append(f"  window: sessions on {w.get('column')}, gap {w['gap_ms']} ms")
+        elif w.get("gap") is not None:   # a gap per row
+            lines.append(f"  window: sessions on {w.get('column')}, gap {w['gap']} (per row)")
         else:
             how = "tumbling" if not slide or slide == w.get("size_ms") else f"sliding every {slide} ms"
-            lines.append(f"  window: {w.get('size_ms')} ms on {w.get('column')} ({how})")
+            start = f", starting {w['start_ms']} ms past the epoch's windows" if w.get("start_ms") else ""
+            lines.append(f"  window: {w.get('size_ms')} ms on {w.get('column')} ({how}{start})")
     if d.get("watermark"):
         lines.append(f"  watermark: {d['watermark'].get('column')} minus {d['watermark'].get('delay_ms')} ms")
     lines.append(f"  changelog {op.changelog_topic}: {op.changelog_records} offsets in {len(op.units)} partition(s) "

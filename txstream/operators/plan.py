@@ -1,0 +1,210 @@
+"""What the transform's stateful operator is, read from Spark's own plans rather than from the
+text of the user's columns (issue 60: items 3, 12, 17, 18, 22).
+
+Pure functions over a DataFrame's plans and types; pyspark is imported lazily and nothing of
+driver/, task/, cli/ or tools/ is imported, so the operator modules can share them.
+
+Why the logical plan for windows: on a batch DataFrame Spark's analyzer has already rewritten
+`window()` into an Expand or Project (and `session_window()` into a Project) by the time the
+analyzed plan exists, and the TimeWindow/SessionWindow expressions are gone; the analyzed plan
+only marks the grouping attribute (`spark.timeWindow` / `spark.sessionWindow` metadata). The
+logical plan the Dataset API built still holds the function call, however it was written
+(`F.window`, `F.expr("window(...)")`, SQL), and Spark's own TimeWindow constructor reads its
+durations exactly as the analyzer does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from txstream.errors import TransformError
+
+WINDOW = "window"
+SESSION = "session"
+_TIME_WINDOW_MARK = "spark.timeWindow"
+_SESSION_WINDOW_MARK = "spark.sessionWindow"
+# The columns of the batch's source relation (task/reading.py input_struct): a MapInArrow over
+# spark.range that yields them is the batch itself (driver/jobs.py range_frame).
+_SOURCE_COLUMNS = {"key", "value", "topic", "partition", "offset"}
+
+
+@dataclass(frozen=True)
+class WindowFound:
+    index: int                 # its place among the grouping columns
+    kind: str                  # WINDOW or SESSION
+    spec: dict[str, Any]       # {"column", "size_ms", "slide_ms", "start_ms"} / {"column", "gap_ms"} / {"column", "gap"}
+
+
+def _name(node: Any) -> str:
+    return node.getClass().getSimpleName()
+
+
+def _unaliased(expression: Any) -> Any:
+    while _name(expression) in ("Alias", "UnresolvedAlias"):
+        expression = expression.child()
+    return expression
+
+
+def _seq(scala_seq: Any) -> list[Any]:
+    return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+
+def _time_column(expression: Any, what: str) -> str:
+    kind = _name(expression)
+    if kind == "UnresolvedAttribute":
+        return str(expression.nameParts().last())
+    if kind == "AttributeReference":
+        return str(expression.name())
+    raise TransformError(f"{what}'s time column is an expression ({expression.sql()}): compute it as a column "
+                         "before withWatermark and window over that column")
+
+
+def _function(expression: Any) -> tuple[str, list[Any]] | None:
+    """('window' | 'session_window', arguments) of a window call, as the logical plan holds it."""
+    expression = _unaliased(expression)
+    kind = _name(expression)
+    if kind == "UnresolvedFunction":
+        name = str(expression.nameParts().last()).lower()
+        if name in ("window", "session_window"):
+            return name, _seq(expression.arguments())
+    if kind == "TimeWindow":
+        return "window", [expression.timeColumn(), expression]
+    if kind == "SessionWindow":
+        return "session_window", [expression.timeColumn(), expression.gapDuration()]
+    return None
+
+
+def _ms(micros: int, what: str) -> int:
+    if micros % 1000:
+        raise TransformError(f"{what} of {micros} microseconds is not a whole number of milliseconds: the state "
+                             "keeps windows in milliseconds")
+    return micros // 1000
+
+
+def window_of(aggregated: Any) -> WindowFound | None:
+    """The window among the grouping columns of `aggregated` (a DataFrame built by
+    `groupBy(...).agg(...)`), read from its plans: `window(...)` however it was written, with its
+    size, slide and start offset (`startTime`), or `session_window(...)` with its gap, a fixed
+    one in ms or a dynamic one (a gap column or expression) as its SQL text."""
+    jvm = aggregated.sparkSession._jvm
+    query = aggregated._jdf.queryExecution()
+    logical = query.logical()
+    analyzed = query.analyzed()
+    found: WindowFound | None = None
+    if _name(logical) == "Aggregate":
+        for i, expression in enumerate(_seq(logical.groupingExpressions())):
+            call = _function(expression)
+            if call is None:
+                continue
+            if found is not None:
+                raise TransformError("the groupBy has two windows: group by one window(...) or session_window(...)")
+            name, args = call
+            if name == "window":
+                window = args[1] if _name(args[1]) == "TimeWindow" else \
+                    jvm.org.apache.spark.sql.catalyst.expressions.TimeWindow(*args)
+                spec = {"column": _time_column(args[0], "window(...)"),
+                        "size_ms": _ms(window.windowDuration(), "the window's size"),
+                        "slide_ms": _ms(window.slideDuration(), "the window's slide"),
+                        "start_ms": _ms(window.startTime(), "the window's startTime")}
+                found = WindowFound(i, WINDOW, spec)
+            else:
+                column, gap = _time_column(args[0], "session_window(...)"), args[1]
+                if _name(gap) == "Literal" and gap.dataType().typeName() == "string":
+                    # Spark's own reading of the duration (TimeWindow parses it as the analyzer does).
+                    micros = jvm.org.apache.spark.sql.catalyst.expressions.TimeWindow(args[0], gap).windowDuration()
+                    spec = {"column": column, "gap_ms": _ms(micros, "the session gap")}
+                else:
+                    # A gap per row: Spark's partials give each row its session [ts, ts + gap(row)).
+                    spec = {"column": column, "gap": str(gap.sql())}
+                found = WindowFound(i, SESSION, spec)
+    if found is None and _name(analyzed) == "Aggregate":
+        for expression in _seq(analyzed.groupingExpressions()):
+            metadata = str(expression.metadata().json()) if _name(expression) == "AttributeReference" else ""
+            if _TIME_WINDOW_MARK in metadata or _SESSION_WINDOW_MARK in metadata:
+                raise TransformError(f"the groupBy column {expression.name()!r} is a window computed before the "
+                                     "groupBy: write window(...) or session_window(...) in the groupBy itself, "
+                                     "so that its size and watermark are known")
+    return found
+
+
+# -- what is refused at start (item 18) ------------------------------------------------------------------
+
+def _is_source(node: Any) -> bool:
+    if _name(node) not in ("MapInArrow", "PythonMapInArrow") or _name(node.child()) != "Range":
+        return False
+    return _SOURCE_COLUMNS <= {str(a.name()) for a in _seq(node.output())}
+
+
+def _reaches_source(node: Any) -> bool:
+    if _is_source(node):
+        return True
+    return any(_reaches_source(child) for child in _seq(node.children()))
+
+
+def stream_stream_join(frame: Any) -> str | None:
+    """Why `frame` (the transform's output) must be refused: a join whose two sides both read
+    the batch (a stream-stream join) would meet partners only within one batch; None when it has
+    none (a join with a DataFrame built in setup() or a table is stream-static, and allowed)."""
+    stack = [frame._jdf.queryExecution().analyzed()]
+    while stack:
+        node = stack.pop()
+        children = _seq(node.children())
+        if _name(node) == "Join" and len(children) == 2 and all(_reaches_source(c) for c in children):
+            return ("the transform joins the batch with itself (a stream-stream join): partners that arrive in "
+                    "different batches would never meet, and txstream keeps no join state yet. Join the batch "
+                    "with a DataFrame built in setup() or a table (stream-static), or keep the join for when "
+                    "stream-stream joins come (docs/state.md, 'What is refused')")
+        stack.extend(children)
+    return None
+
+
+ARBITRARY_STATE = ("applyInPandasWithState", "transformWithStateInPandas", "transformWithState")
+
+
+def arbitrary_state_refusal(name: str) -> str:
+    return (f"{name} is not supported yet: txstream would run it on each batch alone, its per-key state starting "
+            "empty every batch and its timers never firing; arbitrary per-key state comes next, on this "
+            "foundation (docs/state.md, 'What is refused')")
+
+
+# -- nothing between the merge and the publisher (item 3) -----------------------------------------------
+
+# Operators that keep each row in the task that merged it: a projection, a filter, a row-wise
+# Python UDF, and the wrappers Spark puts around them.
+_ROW_WISE = ("ProjectExec", "FilterExec", "WholeStageCodegenExec", "InputAdapter", "ColumnarToRowExec",
+             "RowToColumnarExec", "ArrowEvalPythonExec", "BatchEvalPythonExec")
+
+
+def after_merge(executed: Any) -> list[str]:
+    """The operators of a physical plan between its root and the first MapInArrow (the state
+    merge), that are not row-wise: a coalesce, a shuffle, a sort, a limit, a second input...
+    each of which would move rows away from the unit that merged them."""
+    node = executed
+    if _name(node) == "AdaptiveSparkPlanExec":
+        node = node.inputPlan()
+    moved: list[str] = []
+    while node is not None:
+        kind = _name(node)
+        if kind in ("MapInArrowExec", "PythonMapInArrowExec"):
+            return moved
+        children = _seq(node.children())
+        if kind not in _ROW_WISE or len(children) != 1:
+            moved.append(str(node.nodeName()))
+        node = children[0] if children else None
+    return moved
+
+
+# -- the event time's type (item 12) -----------------------------------------------------------------------
+
+def watermark_refusal(schema: Any, column: str) -> str | None:
+    """Why `withWatermark(column, ...)` on a frame of `schema` must be refused: Structured Streaming
+    refuses a watermark on a TimestampNTZ column (EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE), whose wall-clock
+    times a late filter against TIMESTAMP values would shift by spark.sql.session.timeZone."""
+    from pyspark.sql.types import TimestampNTZType
+
+    for f in schema.fields:
+        if f.name == column and isinstance(f.dataType, TimestampNTZType):
+            return (f"the event time {column!r} is TIMESTAMP_NTZ: Structured Streaming refuses a watermark on it "
+                    "(EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE: it needs TIMESTAMP). Cast it to TIMESTAMP before "
+                    f"withWatermark (col({column!r}).cast('timestamp') reads it in spark.sql.session.timeZone)")
+    return None

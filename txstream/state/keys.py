@@ -4,7 +4,9 @@ A windowed key starts with the window's end as 8 big-endian bytes of millisecond
 negative times sort first), so the store's key order is the order in which the watermark closes
 windows: closing them is one range scan from the start, never a scan of every key. The rest is the
 group's values as compact JSON (a list: window start first for windowed keys), which sorts
-equal groups together and which `txstream state show` prints as it is.
+equal groups together and which `txstream state show` prints as it is. Every value is kept
+losslessly, for Spark's group of it is the value itself: bytes as {"b64": base64} (Kafka keys
+need not be UTF-8, and no text can be mistaken for them), decimals as their text.
 
 Deduplication and session windows keep an **expiry index** in the same store: for each key that
 expires, a key `EXPIRY + expiry_ms (8 big-endian bytes, biased as a window's end) + the key`.
@@ -15,6 +17,7 @@ change, and are tombstoned with their key: a restore brings them back with no me
 """
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from collections.abc import Sequence
@@ -38,8 +41,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "backslashreplace")
+        return tagged_bytes(value)
     return value
+
+
+def tagged_bytes(value: bytes) -> dict[str, str]:
+    """Bytes as JSON can hold them: never equal to a text, and read back as the same bytes."""
+    return {"b64": base64.b64encode(value).decode("ascii")}
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)   # json.dumps with options builds one per call

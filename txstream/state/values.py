@@ -2,6 +2,7 @@
 timestamps as epoch microseconds) and the state's values back in their column's type."""
 from __future__ import annotations
 
+import base64
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -41,8 +42,8 @@ def typed(value: Any, typ: pa.DataType) -> Any:
         return None
     if pa.types.is_date(typ) and isinstance(value, str):
         return date.fromisoformat(value)
-    if pa.types.is_binary(typ) and isinstance(value, str):
-        return value.encode()
+    if _is_binary(typ) and isinstance(value, dict):
+        return base64.b64decode(value["b64"])   # keys.tagged_bytes
     if pa.types.is_decimal(typ):
         return Decimal(str(value))
     return value
@@ -72,6 +73,10 @@ def arrow_column(values: list[Any], typ: pa.DataType, scale: int = 1) -> pa.Arra
     `scale` turns a timestamp's integers into microseconds (keys keep milliseconds)."""
     if pa.types.is_timestamp(typ):
         return pa.array([v * scale if isinstance(v, int) else v for v in values], typ)
-    if pa.types.is_date(typ) or pa.types.is_binary(typ) or pa.types.is_decimal(typ):
+    if pa.types.is_date(typ) or _is_binary(typ) or pa.types.is_decimal(typ):
         return pa.array([typed(v, typ) for v in values], typ)
     return pa.array(values, typ)
+
+
+def _is_binary(typ: pa.DataType) -> bool:
+    return pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(typ)

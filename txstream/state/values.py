@@ -10,6 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from txstream.state.keys import micros
+
 
 def ms(value: Any) -> int | None:
     if value is None:
@@ -24,9 +26,7 @@ def ms(value: Any) -> int | None:
 def plain(value: Any) -> Any:
     """A partial's value as the state keeps it (JSON-able; timestamps as epoch microseconds)."""
     if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return round(value.timestamp() * 1_000_000)
+        return micros(value)
     if isinstance(value, Decimal):
         return float(value)
     if isinstance(value, date):
@@ -70,7 +70,7 @@ def ms_column(column: Any) -> list[int | None]:
 
 def arrow_column(values: list[Any], typ: pa.DataType, scale: int = 1) -> pa.Array:
     """Values the state or a key kept, as an Arrow column of `typ` (`typed` for each value);
-    `scale` turns a timestamp's integers into microseconds (keys keep milliseconds)."""
+    `scale` turns a timestamp's integers into microseconds (window bounds in keys are milliseconds)."""
     if pa.types.is_timestamp(typ):
         return pa.array([v * scale if isinstance(v, int) else v for v in values], typ)
     if pa.types.is_date(typ) or _is_binary(typ) or pa.types.is_decimal(typ):

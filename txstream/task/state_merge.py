@@ -353,7 +353,7 @@ class _Merger:
                  values.arrow_column(windows[1], typ.field("end").type, 1000)], fields=list(typ))
             names = names[1:]
         for name, column in zip(names, group_values, strict=True):
-            columns[name] = values.arrow_column(column, self.fields.field(name).type, 1000)
+            columns[name] = values.arrow_column(column, self.fields.field(name).type)   # keys keep µs
         finals = aggs.final_columns(self.aggregates, [state for _, state in pairs], self.kinds)
         for agg, column in zip(self.aggregates, finals, strict=True):
             columns[agg.name] = values.arrow_column(column, self.fields.field(agg.name).type)

@@ -153,3 +153,17 @@ def test_deduplication_keeps_rows_a_microsecond_apart(spark, monkeypatch) -> Non
             spark.createDataFrame(rows, SCHEMA).select("ts", "k").distinct().toArrow().to_pylist()}
     assert got.keys() == want, f"seed {seed}"
     assert len(emitted) == len(set(emitted)) == len(want)
+
+
+def _decimal_aggregates(F) -> list:
+    return [F.min("d").alias("dmin"), F.max("d").alias("dmax"), F.sum("d").alias("dsum"), F.avg("d").alias("davg"),
+            F.sum("e").alias("esum"), F.avg("e").alias("eavg"), F.min("e").alias("emin"), F.avg("c").alias("cavg"),
+            F.sum("c").alias("csum"), F.count("d").alias("dn")]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decimals_stay_exact_in_their_spark_types(spark, monkeypatch, seed) -> None:
+    from pyspark.sql import functions as F
+
+    want = _check(spark, monkeypatch, seed, lambda df: df.groupBy("s").agg(*_decimal_aggregates(F)), ("s",))
+    assert any(len(row["dsum"].as_tuple().digits) > 17 for row in want.values() if row["dsum"] is not None)

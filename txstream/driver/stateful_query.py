@@ -261,8 +261,9 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
             partials.append(F.collect_set(column).alias(p))
         elif agg.function == "approx_count_distinct":
             partials.append(F.hll_sketch_agg(column, aggs.SKETCH_LG_K).alias(p))
-        elif agg.function == "avg":
-            partials.append(F.sum(column.cast("double")).alias(p))
+        elif agg.function == "avg":   # Spark's own buffer: an exact sum for decimals, a double's otherwise
+            decimal = children.apply(0).dataType().typeName().startswith("decimal")
+            partials.append((F.sum(column) if decimal else F.sum(column.cast("double"))).alias(p))
             partials.append(F.count(column).alias(f"_txs_p{len(partials)}"))
         else:
             partials.append(getattr(F, agg.function)(column).alias(p))

@@ -285,12 +285,7 @@ class _Merger:
         self.watermark = spec.watermark_ms
         self.emitted: list[bytes] = []   # the state key of each row emitted, in order
         self.expires: list[int | None] = []   # deduplication: when each emitted key expires (ms)
-        # The Python type of each aggregate's emitted values when float or int (aggs.final_columns).
-        self.kinds: list[type | None] = []
-        for agg in self.aggregates:
-            typ = self.fields.field(agg.name).type if agg.name in self.fields.names else None
-            self.kinds.append(float if typ is not None and pa.types.is_floating(typ)
-                              else int if typ is not None and pa.types.is_integer(typ) else None)
+        self.kinds = aggs.output_kinds(self.aggregates, self.fields)   # aggs.final_columns
 
     def run(self, partials: pa.Table | None) -> pa.Table | None:
         kind = self.spec.description.kind

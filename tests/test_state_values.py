@@ -167,3 +167,40 @@ def test_decimals_stay_exact_in_their_spark_types(spark, monkeypatch, seed) -> N
 
     want = _check(spark, monkeypatch, seed, lambda df: df.groupBy("s").agg(*_decimal_aggregates(F)), ("s",))
     assert any(len(row["dsum"].as_tuple().digits) > 17 for row in want.values() if row["dsum"] is not None)
+
+
+def _floats_by_group(seed: int) -> list[tuple]:
+    """Each group's floats, in an order where Python's min/max would answer by the batch order:
+    NaN first in some groups, last in others; infinities; -0.0 beside 0.0; all-NaN; nulls."""
+    rng = random.Random(seed)
+    nan, inf = float("nan"), float("inf")
+    groups = {"a": [1.0, nan, 2.0], "b": [nan, 3.0, -1.0], "ü": [inf, -inf, nan], "": [nan, nan],
+              "z": [-0.0, 0.0, None], "y": [None, -inf, 5.0], None: [rng.uniform(-9, 9) for _ in range(5)] + [nan]}
+    return [(None, None, None, s, x, None, None, None, None) for s, xs in groups.items() for x in xs]
+
+
+def test_min_and_max_order_nan_and_infinities_as_spark(spark, monkeypatch) -> None:
+    from pyspark.sql import functions as F
+
+    def query(df):
+        return df.groupBy("s").agg(F.min("x").alias("low"), F.max("x").alias("high"), F.sum("x").alias("total"),
+                                   F.avg("x").alias("mean"), F.count("x").alias("n"))
+
+    rows = _floats_by_group(31)
+    for cuts in ([(i, i + 1) for i in range(len(rows))], _cuts(31, len(rows), 5)):   # a row a batch, random cuts
+        got, _ = _merged(spark, monkeypatch, rows, cuts, query)
+        want, _ = _spark_rows(spark, rows, query, ("s",))
+        assert got.keys() == want.keys()
+        for group, row in want.items():
+            for column, value in row.items():
+                assert _same(got[group][column], value), (group, column, got[group][column], value, cuts)
+    assert math.isnan(want[("a",)]["high"]) and want[("a",)]["low"] == 1.0 and math.isnan(want[("",)]["low"])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_floats_against_spark(spark, monkeypatch, seed) -> None:
+    from pyspark.sql import functions as F
+
+    _check(spark, monkeypatch, seed, lambda df: df.groupBy("b").agg(
+        F.min("x").alias("low"), F.max("x").alias("high"), F.sum("x").alias("total"), F.avg("x").alias("mean"),
+        F.count("x").alias("n")), ("b",), n=120, batches=6)

@@ -175,6 +175,26 @@ def _add(current: Any, value: Any) -> Any:
     return EXACT.add(current, value) if isinstance(value, Decimal) else current + value
 
 
+# Spark's order of floating values (SQLOrderingUtil.compareDoubles): NaN above every number, so
+# max is NaN once any value is, min ignores NaN unless every value is; -0.0 equals 0.0 (the value
+# first kept stays, as Spark's greatest/least keep it). Python's min/max would follow the order of
+# the batches instead. For any other type `x != x` is False: plain comparison.
+def spark_max(current: Any, value: Any) -> Any:
+    if current != current:  # noqa: PLR0124 (NaN)
+        return current
+    if value != value:  # noqa: PLR0124
+        return value
+    return value if value > current else current
+
+
+def spark_min(current: Any, value: Any) -> Any:
+    if current != current:  # noqa: PLR0124
+        return value
+    if value != value:  # noqa: PLR0124
+        return current
+    return value if value < current else current
+
+
 _JSON = json.JSONEncoder(separators=(",", ":"))   # one encoder: json.dumps with options builds one per call
 
 
@@ -240,7 +260,7 @@ def merge_rows(aggregates: list[Aggregate], states: list[dict[str, Any] | None],
                     seen.update(json.dumps(v, separators=(",", ":"), sort_keys=True) for v in value)
                     row[name] = sorted(seen)
         else:
-            pick = _add if agg.function == "sum" else (min if agg.function == "min" else max)
+            pick = _add if agg.function == "sum" else (spark_min if agg.function == "min" else spark_max)
             for row, value in zip(out, column, strict=True):
                 if value is None:
                     continue

@@ -204,3 +204,19 @@ def test_random_floats_against_spark(spark, monkeypatch, seed) -> None:
     _check(spark, monkeypatch, seed, lambda df: df.groupBy("b").agg(
         F.min("x").alias("low"), F.max("x").alias("high"), F.sum("x").alias("total"), F.avg("x").alias("mean"),
         F.count("x").alias("n")), ("b",), n=120, batches=6)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_distinct_over_several_columns_and_filters_as_spark(spark, monkeypatch, seed) -> None:
+    from pyspark.sql import functions as F
+
+    def query(df):
+        return df.groupBy("b").agg(
+            F.expr("count(DISTINCT i, s)").alias("pairs"), F.expr("count(i, s)").alias("both"),
+            F.expr("count(DISTINCT x)").alias("xs"), F.expr("count(DISTINCT k)").alias("ks"),
+            F.expr("count(DISTINCT e, ts)").alias("ets"), F.expr("count(x) FILTER (WHERE i > 0)").alias("xpos"),
+            F.expr("sum(i) FILTER (WHERE s = 'a')").alias("ia"), F.expr("count(*) FILTER (WHERE x > 0)").alias("npos"),
+            F.expr("avg(e) FILTER (WHERE i < 0)").alias("eneg"), F.expr("max(d) FILTER (WHERE s IS NULL)").alias("dnull"),
+            F.expr("count(DISTINCT s) FILTER (WHERE i = 1)").alias("s1"))
+
+    _check(spark, monkeypatch, seed, query, ("b",), n=300)

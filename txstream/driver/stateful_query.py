@@ -250,10 +250,17 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
         if why is not None:
             raise TransformError(f"{expression.sql()} cannot be kept across batches: {why}")
         children = function.children()
-        argument = children.apply(0).sql() if children.size() else "1"
-        agg = Aggregate(name, aggs.function_name(spark_class, distinct), argument)
+        arguments = [children.apply(j).sql() for j in range(children.size())] or ["1"]
+        condition = inner.filter().get().sql() if inner.filter().isDefined() else None
+        agg = Aggregate(name, aggs.function_name(spark_class, distinct),
+                        ", ".join(arguments) + (f" FILTER (WHERE {condition})" if condition else ""))
         aggregates.append(agg)
-        column = F.expr(argument)
+        column = F.expr(arguments[0])
+        if len(arguments) > 1:   # count(a, b), count(DISTINCT a, b): the rows where no child is null, as Spark
+            columns = [F.expr(a) for a in arguments]
+            column = F.when(functools.reduce(lambda x, y: x & y, [c.isNotNull() for c in columns]), F.struct(*columns))
+        if condition is not None:   # FILTER (WHERE ...): the other rows count as nulls, which no partial takes
+            column = F.when(F.expr(condition), column)
         p = f"_txs_p{len(partials)}"
         if agg.function == "count":
             partials.append(F.count(column).alias(p))

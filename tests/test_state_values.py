@@ -4,8 +4,8 @@ The oracle is Spark itself: for running aggregates in update mode the last row e
 equals Spark's batch `groupBy().agg()` over all the rows. Rows are generated (the seed is in the
 test's id) with non-UTF-8 binary keys, microsecond timestamps, decimals up to precision 38,
 NaN/±inf/-0.0 and nulls; cut into batches; each batch's partials are the ones the real rewrite
-(driver/stateful_query.py) has Spark compute, merged by the real merge (task/state_merge.py) into
-one memory store, batch after batch."""
+(driver/stateful_query.py, operators/) has Spark compute, handed over at its `merge_frame` seam and
+merged by the operator's real merge into one memory store, batch after batch."""
 from __future__ import annotations
 
 import math
@@ -17,8 +17,9 @@ from typing import Any, Callable
 import pytest
 
 from txstream.driver.stateful_query import BatchContext, recording
+from txstream.operators.base import MergeSpec
+from txstream.operators.kinds import operator_for
 from txstream.state.stores import open_store
-from txstream.task.state_merge import MergeSpec, merge_partials
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 # Non-UTF-8 keys, and the UTF-8 texts that `backslashreplace` made of them (b"\x80" was "\\x80").
@@ -56,35 +57,31 @@ def _merged(spark, monkeypatch, rows: list[tuple], cuts: list[tuple[int, int]], 
     """Each batch's partials as the real rewrite has Spark compute them, merged by the real merge
     into one memory store; returns the last row emitted per group (by its output values) and
     every state key emitted."""
-    from txstream.driver.stateful_query import _dataframe_class
+    import pyarrow as pa
 
-    captured: list[tuple[Any, Any]] = []
-
-    def map_in_arrow(self, function, schema, *args, **kwargs):   # the merge is run here, not in a Spark task
-        captured.append((self, function))
-        return self
-
-    monkeypatch.setattr(_dataframe_class(), "mapInArrow", map_in_arrow)
     store = open_store("memory", None, 0)
     last: dict[Any, dict] = {}
     emitted: list[bytes] = []
-    for batch_id, (a, b) in enumerate(cuts):
+    for batch_id, (a, b) in enumerate(cuts, start=1):   # a new store is at batch 0
         frame = spark.createDataFrame(rows[a:b], SCHEMA)
 
         def spec(description, group_names, partials, schema, event, batch_id=batch_id):
-            return MergeSpec("values-test", None, "/nonexistent", batch_id, description, tuple(group_names),
-                             tuple(partials), schema, store_kind="memory", event_column=event)
+            return MergeSpec("values-test", None, "", batch_id, description, tuple(group_names), tuple(partials),
+                             schema, store_kind="memory", event_column=event)
 
-        with recording(BatchContext("values-test", 1, mode, batch_id, None, spec)):
+        def merge_frame(grouped, spec, out_schema, batch_id=batch_id):   # the merge runs here, not in Spark's tasks
+            collected = grouped._collect_as_arrow()  # noqa: SLF001
+            merged = operator_for(spec.description.kind).merge(
+                spec, store, pa.Table.from_batches(collected) if collected else None)
+            store.commit(batch_id)
+            if merged.out is not None:
+                for row in merged.out.to_pylist():
+                    last[tuple(_hashable(row[n]) for n in spec.group_names)] = row
+                emitted.extend(merged.emitted)
+            return grouped
+
+        with recording(BatchContext("values-test", 1, mode, batch_id, None, spec, merge_frame)):
             transform(frame)
-        partial_frame, function = captured.pop()
-        merged = merge_partials(function.args[0], store, partial_frame.toArrow().to_batches())
-        store.commit(batch_id + 1)   # a new store is at batch 0
-        if merged.out is not None:
-            names = function.args[0].group_names
-            for row in merged.out.to_pylist():
-                last[tuple(_hashable(row[n]) for n in names)] = row
-            emitted += merged.emitted
     return last, emitted
 
 

@@ -217,3 +217,11 @@ def test_distinct_over_several_columns_and_filters_as_spark(spark, monkeypatch, 
             F.expr("count(DISTINCT s) FILTER (WHERE i = 1)").alias("s1"))
 
     _check(spark, monkeypatch, seed, query, ("b",), n=300)
+
+
+def test_state_show_finds_a_binary_key_by_its_text() -> None:
+    from txstream.state.keys import decode_key, encode_key
+    from txstream.tools.state_view import key_matcher
+
+    values, _ = decode_key(encode_key([b"c17", 3]), windowed=False)
+    assert values[0] == {"b64": "YzE3"} and key_matcher("c17")(values) and not key_matcher("c18")(values)

@@ -9,6 +9,7 @@ built a column at a time (`rows`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pyarrow as pa
@@ -48,10 +49,17 @@ def aggregation_partials(real: Any) -> tuple[tuple[str, ...], list[Aggregate], l
         if why is not None:
             raise TransformError(f"{expression.sql()} cannot be kept across batches: {why}")
         children = function.children()
-        argument = children.apply(0).sql() if children.size() else "1"
-        agg = Aggregate(name, aggs.function_name(spark_class, distinct), argument)
+        arguments = [children.apply(j).sql() for j in range(children.size())] or ["1"]
+        condition = inner.filter().get().sql() if inner.filter().isDefined() else None
+        agg = Aggregate(name, aggs.function_name(spark_class, distinct),
+                        ", ".join(arguments) + (f" FILTER (WHERE {condition})" if condition else ""))
         aggregates.append(agg)
-        column = F.expr(argument)
+        column = F.expr(arguments[0])
+        if len(arguments) > 1:   # count(a, b), count(DISTINCT a, b): the rows where no child is null, as Spark
+            columns = [F.expr(a) for a in arguments]
+            column = F.when(functools.reduce(lambda x, y: x & y, [c.isNotNull() for c in columns]), F.struct(*columns))
+        if condition is not None:   # FILTER (WHERE ...): the other rows count as nulls, which no partial takes
+            column = F.when(F.expr(condition), column)
         p = f"_txs_p{len(partials)}"
         if agg.function == "count":
             partials.append(F.count(column).alias(p))
@@ -59,8 +67,9 @@ def aggregation_partials(real: Any) -> tuple[tuple[str, ...], list[Aggregate], l
             partials.append(F.collect_set(column).alias(p))
         elif agg.function == "approx_count_distinct":
             partials.append(F.hll_sketch_agg(column, aggs.SKETCH_LG_K).alias(p))
-        elif agg.function == "avg":
-            partials.append(F.sum(column.cast("double")).alias(p))
+        elif agg.function == "avg":   # Spark's own buffer: an exact sum for decimals, a double's otherwise
+            decimal = children.apply(0).dataType().typeName().startswith("decimal")
+            partials.append((F.sum(column) if decimal else F.sum(column.cast("double"))).alias(p))
             partials.append(F.count(column).alias(f"_txs_p{len(partials)}"))
         else:
             partials.append(getattr(F, agg.function)(column).alias(p))
@@ -191,16 +200,6 @@ class RunningAggregate(StatefulOperator):
         return changed
 
 
-def _kinds(aggregates: list[Aggregate], fields: pa.Schema) -> list[type | None]:
-    """The Python type of each aggregate's emitted values when float or int (aggs.final_columns)."""
-    kinds: list[type | None] = []
-    for agg in aggregates:
-        typ = fields.field(agg.name).type if agg.name in fields.names else None
-        kinds.append(float if typ is not None and pa.types.is_floating(typ)
-                     else int if typ is not None and pa.types.is_integer(typ) else None)
-    return kinds
-
-
 def rows(spec: MergeSpec, pairs: list[tuple[bytes, dict]], windowed: bool) -> Emitted:
     """The output rows of (state key, state) pairs, built a column at a time; their keys are the
     emitted ones, in order."""
@@ -218,8 +217,8 @@ def rows(spec: MergeSpec, pairs: list[tuple[bytes, dict]], windowed: bool) -> Em
              values.arrow_column(windows[1], typ.field("end").type, 1000)], fields=list(typ))
         names = names[1:]
     for name, column in zip(names, key_values, strict=True):
-        columns[name] = values.arrow_column(column, fields.field(name).type, 1000)
-    finals = aggs.final_columns(aggregates, [state for _, state in pairs], _kinds(aggregates, fields))
+        columns[name] = values.arrow_column(column, fields.field(name).type)   # keys keep µs
+    finals = aggs.final_columns(aggregates, [state for _, state in pairs], aggs.output_kinds(aggregates, fields))
     for agg, column in zip(aggregates, finals, strict=True):
         columns[agg.name] = values.arrow_column(column, fields.field(agg.name).type)
     return Emitted(pa.Table.from_arrays([columns[f.name] for f in fields], schema=fields), keys)

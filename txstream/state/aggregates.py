@@ -8,10 +8,16 @@ the order or on every row) is refused at start with the reason (`refusal`).
 """
 from __future__ import annotations
 
+import base64
+import decimal
 import json
+from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
+
 from txstream.state.operator import Aggregate
+from txstream.state.values import EXACT
 
 # Spark's aggregate function classes -> our name for them.
 SPARK_FUNCTIONS = {"Count": "count", "Sum": "sum", "Min": "min", "Max": "max", "Average": "avg"}
@@ -57,8 +63,8 @@ def state_schema(aggregates: list[Aggregate], event_time: bool = False) -> dict[
     for i, agg in enumerate(aggregates):
         if agg.function in ("count", "count_distinct_n"):
             fields.append({"name": f"a{i}", "type": "long", "default": 0})
-        elif agg.function == "avg":
-            fields.append({"name": f"a{i}", "type": _nullable("double"), "default": None})
+        elif agg.function == "avg":   # the sum: a double, or a decimal's exact text
+            fields.append({"name": f"a{i}", "type": ["null", "double", "string"], "default": None})
             fields.append({"name": f"a{i}n", "type": "long", "default": 0})
         elif agg.function in ("count_distinct", "collect_set"):
             fields.append({"name": f"a{i}", "type": {"type": "array", "items": "string"}, "default": []})
@@ -135,8 +141,58 @@ def _estimate(sketch: bytes | None) -> int:
     return round(hll_sketch.deserialize(sketch).get_estimate())
 
 
+# A sum, min or max is kept as JSON text that says its type: a decimal as {"d": its exact text}
+# (float64 would lose digits), bytes as {"b64": base64} (as in keys), anything else as JSON.
+def _untag(obj: dict) -> Any:
+    if len(obj) == 1 and "d" in obj:
+        return Decimal(obj["d"])
+    if len(obj) == 1 and "b64" in obj:
+        return base64.b64decode(obj["b64"])
+    return obj
+
+
 def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else json.loads(text, object_hook=_untag)
+
+
+def _decimal_text(value: Decimal) -> str:
+    return '{"d":"' + str(value) + '"}'
+
+
+def _decimal_loads(text: str) -> Decimal:
+    return Decimal(text[6:-2]) if text.startswith('{"d":"') else Decimal(json.loads(text))
+
+
+def _bytes_text(value: bytes) -> str:
+    return '{"b64":"' + base64.b64encode(value).decode("ascii") + '"}'
+
+
+def _bytes_loads(text: str) -> bytes:
+    return base64.b64decode(json.loads(text)["b64"])
+
+
+def _add(current: Any, value: Any) -> Any:
+    return EXACT.add(current, value) if isinstance(value, Decimal) else current + value
+
+
+# Spark's order of floating values (SQLOrderingUtil.compareDoubles): NaN above every number, so
+# max is NaN once any value is, min ignores NaN unless every value is; -0.0 equals 0.0 (the value
+# first kept stays, as Spark's greatest/least keep it). Python's min/max would follow the order of
+# the batches instead. For any other type `x != x` is False: plain comparison.
+def spark_max(current: Any, value: Any) -> Any:
+    if current != current:  # noqa: PLR0124 (NaN)
+        return current
+    if value != value:  # noqa: PLR0124
+        return value
+    return value if value > current else current
+
+
+def spark_min(current: Any, value: Any) -> Any:
+    if current != current:  # noqa: PLR0124
+        return value
+    if value != value:  # noqa: PLR0124
+        return current
+    return value if value < current else current
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"))   # one encoder: json.dumps with options builds one per call
@@ -157,8 +213,9 @@ def _int_loads(text: str) -> Any:
     return int(text) if text.isdigit() else json.loads(text)   # a negative, or a float's text
 
 
-_NUMBER_TEXT = {float: (float, _float_text), int: (_int_loads, str)}
-_JSON_TEXT = (json.loads, _JSON.encode)
+_NUMBER_TEXT = {float: (float, _float_text), int: (_int_loads, str), Decimal: (_decimal_loads, _decimal_text),
+                bytes: (_bytes_loads, _bytes_text)}
+_JSON_TEXT = (_loads, _JSON.encode)
 
 
 def merge(aggregates: list[Aggregate], state: dict[str, Any], partials: list[Any]) -> dict[str, Any]:
@@ -186,7 +243,10 @@ def merge_rows(aggregates: list[Aggregate], states: list[dict[str, Any] | None],
             counts = partials[p]
             p += 1
             for row, value, count in zip(out, column, counts, strict=True):
-                if value is not None:
+                if isinstance(value, (Decimal, str)):   # a decimal's sum: exact, kept as text
+                    value = Decimal(value)
+                    row[name] = str(value if row[name] is None else EXACT.add(Decimal(row[name]), value))
+                elif value is not None:
                     row[name] = (row[name] or 0.0) + value
                 row[f"{name}n"] = (row[f"{name}n"] or 0) + (count or 0)
         elif agg.function == "approx_count_distinct":
@@ -200,15 +260,14 @@ def merge_rows(aggregates: list[Aggregate], states: list[dict[str, Any] | None],
                     seen.update(json.dumps(v, separators=(",", ":"), sort_keys=True) for v in value)
                     row[name] = sorted(seen)
         else:
-            pick = None if agg.function == "sum" else (min if agg.function == "min" else max)
+            pick = _add if agg.function == "sum" else (spark_min if agg.function == "min" else spark_max)
             for row, value in zip(out, column, strict=True):
                 if value is None:
                     continue
                 loads, dumps = _NUMBER_TEXT.get(type(value), _JSON_TEXT)
                 current = row[name]
                 if current is not None:
-                    current = loads(current)
-                    value = current + value if pick is None else pick(current, value)
+                    value = pick(loads(current), value)
                 row[name] = dumps(value)
     return out
 
@@ -223,18 +282,48 @@ def final(aggregates: list[Aggregate], state: dict[str, Any]) -> list[Any]:
     return [column[0] for column in final_columns(aggregates, [state])]
 
 
+def output_kinds(aggregates: list[Aggregate], schema: pa.Schema) -> list[Any]:
+    """`final_columns`'s kinds: per aggregate the Python type of its emitted values when float,
+    int or bytes, its Arrow type when a decimal, else None."""
+    kinds: list[Any] = []
+    for agg in aggregates:
+        typ = schema.field(agg.name).type if agg.name in schema.names else None
+        kinds.append(None if typ is None else float if pa.types.is_floating(typ) else int if pa.types.is_integer(typ)
+                     else typ if pa.types.is_decimal(typ) else bytes if pa.types.is_binary(typ) else None)
+    return kinds
+
+
+# Spark's Decimal division: java.math.BigDecimal.divide at 38 significant digits, half up.
+_DIVIDE = decimal.Context(prec=38, rounding=decimal.ROUND_HALF_UP, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+
+
+def decimal_average(total: Decimal, count: int, typ: Any = None) -> Decimal | None:
+    """avg(decimal(p, s)) as Spark computes it (Average's DecimalDivideWithOverflowCheck): the
+    exact sum divided by the count at 38 significant digits, half up, then at the result type's
+    scale, half up (decimal(min(38, p + 4), min(38, s + 4)), `typ`; None: s + 4 at precision
+    38); None where that overflows the type (Spark's null)."""
+    precision = typ.precision if typ is not None else 38
+    scale = typ.scale if typ is not None else min(38, -total.as_tuple().exponent + 4)
+    value = _DIVIDE.divide(total, Decimal(count)).quantize(Decimal(1).scaleb(-scale), context=EXACT)
+    return None if value and value.adjusted() >= precision - scale else value
+
+
 def final_columns(aggregates: list[Aggregate], states: list[dict[str, Any]],
-                  kinds: list[type | None] | None = None) -> list[list[Any]]:
-    """`final` of many states, one column per aggregate. `kinds[i]` is the Python type of
-    aggregate i's emitted values when it is float or int (its sum, min or max text is then read
-    as that type: the same value as json's reading, for less), else None."""
+                  kinds: list[Any] | None = None) -> list[list[Any]]:
+    """`final` of many states, one column per aggregate. `kinds[i]` (`output_kinds`) is the
+    Python type of aggregate i's emitted values when float, int or bytes (its sum, min or max text
+    is then read as that type: the same value as json's reading, for less), its Arrow type when a
+    decimal (an avg's result type), else None."""
     columns: list[list[Any]] = []
     for i, agg in enumerate(aggregates):
         name = f"a{i}"
+        kind = kinds[i] if kinds is not None else None
         if agg.function == "count":
             columns.append([state[name] or 0 for state in states])
         elif agg.function == "avg":
-            columns.append([state[name] / state[f"{name}n"] if state[f"{name}n"] and state[name] is not None else None
+            columns.append([None if not state[f"{name}n"] or state[name] is None
+                            else decimal_average(Decimal(state[name]), state[f"{name}n"], kind)
+                            if isinstance(state[name], str) else state[name] / state[f"{name}n"]
                             for state in states])
         elif agg.function == "count_distinct":
             columns.append([len(state[name] or []) for state in states])
@@ -243,7 +332,6 @@ def final_columns(aggregates: list[Aggregate], states: list[dict[str, Any]],
         elif agg.function == "collect_set":
             columns.append([[json.loads(v) for v in state[name] or []] for state in states])
         else:
-            kind = kinds[i] if kinds is not None else None
-            loads = _NUMBER_TEXT[kind][0] if kind in _NUMBER_TEXT else json.loads
+            loads = _NUMBER_TEXT[kind][0] if kind in (float, int) else _loads
             columns.append([None if state[name] is None else loads(state[name]) for state in states])
     return columns

@@ -4,7 +4,10 @@ A windowed key starts with the window's end as 8 big-endian bytes of millisecond
 negative times sort first), so the store's key order is the order in which the watermark closes
 windows: closing them is one range scan from the start, never a scan of every key. The rest is the
 group's values as compact JSON (a list: window start first for windowed keys), which sorts
-equal groups together and which `txstream state show` prints as it is.
+equal groups together and which `txstream state show` prints as it is. Every value is kept
+losslessly, for Spark's group of it is the value itself: bytes as {"b64": base64} (Kafka keys
+need not be UTF-8, and no text can be mistaken for them), timestamps as epoch microseconds,
+decimals as their text. (Window bounds stay milliseconds: window sizes and slides are whole ms.)
 
 Deduplication and session windows keep an **expiry index** in the same store: for each key that
 expires, a key `EXPIRY + expiry_ms (8 big-endian bytes, biased as a window's end) + the key`.
@@ -15,10 +18,11 @@ change, and are tombstoned with their key: a restore brings them back with no me
 """
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from collections.abc import Sequence
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -28,18 +32,32 @@ import pyarrow.compute as pc
 _BIAS = 1 << 63   # end_ms + _BIAS fits an unsigned 64-bit integer for every signed end_ms
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(value: datetime) -> int:
+    """Epoch microseconds, exactly (Spark's TimestampType precision; float seconds lose the last digit)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return (value - _EPOCH) // _MICROSECOND
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return round(value.timestamp() * 1000)
+        return micros(value)   # two times a microsecond apart are two groups in Spark
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "backslashreplace")
+        return tagged_bytes(value)
     return value
+
+
+def tagged_bytes(value: bytes) -> dict[str, str]:
+    """Bytes as JSON can hold them: never equal to a text, and read back as the same bytes."""
+    return {"b64": base64.b64encode(value).decode("ascii")}
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)   # json.dumps with options builds one per call
@@ -59,6 +77,8 @@ def _json_texts(column: Any) -> Any:
         return None
     if pa.types.is_integer(typ):
         return pc.cast(column, pa.string())
+    if pa.types.is_timestamp(typ):   # epoch microseconds, as `micros`
+        return pc.cast(pc.cast(column.cast(pa.timestamp("us", typ.tz), safe=False), pa.int64()), pa.string())
     if (pa.types.is_string(typ) or pa.types.is_large_string(typ)) and not pc.any(
             pc.match_substring_regex(column, _ESCAPED)).as_py():
         return pc.binary_join_element_wise('"', column, '"', "")

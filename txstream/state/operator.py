@@ -24,7 +24,7 @@ STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 
 def state_format(kind: str) -> int:
     """The state format an operator of `kind` writes now (OperatorDescription.state_format)."""
-    return 2 if kind in (DEDUP, SESSION) else 1
+    return 3   # every kind: keys and values are Spark's exactly (issue 60: bytes, microseconds, decimals)
 
 
 def state_topic(app_id: str) -> str:
@@ -52,8 +52,10 @@ class OperatorDescription:
     watermark: dict[str, Any] | None = None   # {"column", "delay_ms"}
     state_schema: dict[str, Any] | None = None  # Avro record schema of the state values
     # How the state is laid out: 2 adds the expiry index of deduplication and session windows
-    # (state/keys.py), which a state of format 1 lacks (its keys would never expire); in the
-    # fingerprint, so such a state is refused with the way to start over rather than misread.
+    # (state/keys.py), which a state of format 1 lacks (its keys would never expire); 3 keeps
+    # binary key values as tagged base64, timestamps in keys as microseconds and decimals as exact
+    # text (a key or value of format 2 would be misread). In the fingerprint, so an older state is
+    # refused with the way to start over rather than misread.
     state_format: int = 1
     # Which life of the state this is: new when the description is first written (after a
     # `txstream state reset` too), so a worker's local copy of an earlier life is never reused.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import json
 import re
-from base64 import b64encode
+from base64 import b64decode, b64encode
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -239,6 +239,8 @@ def key_matcher(text: str):
     def same(value: Any) -> bool:
         if as_json and type(value) is type(parsed) and value == parsed:
             return True
+        if isinstance(value, dict) and set(value) == {"b64"}:   # a binary key value (state/keys.py): its bytes
+            return b64decode(value["b64"]) == text.encode()
         return (value if isinstance(value, str) else json.dumps(value)) == text
 
     def match(values: list[Any]) -> bool:

@@ -11,8 +11,8 @@ import uuid
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
-from tests.support.waiting import wait_until
 from tests.state.test_state_restore import OPERATOR, UNITS, Unit
+from tests.support.waiting import wait_until
 from txstream.state import partition
 from txstream.state.changelog import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, changelog_topic, snapshot_topic
 from txstream.state.restore import restore

@@ -45,6 +45,17 @@ def test_the_log_says_the_last_batch_and_watermark() -> None:
     assert pending.ranges == {("t", 0): (100, 150), ("t", 1): (40, 40)}
 
 
+def test_a_share_carries_the_watermark_late_rows_are_judged_by() -> None:
+    """A stateful batch logs two watermarks, as Spark 3.4+ keeps two: what its state closes by
+    (w=, its own) and what its late rows are judged by (l=, the previous batch's); a re-run of
+    the pending batch judges the same rows late."""
+    share = PlanShare(7, 90, 2, 5, 2_000, 1_000)
+    assert share.encode().endswith(";w=2000;l=1000") and PlanShare.decode(share.encode()) == share
+    assert PlanShare.decode("txs1;b=7;e=90;k=2;t=5;l=1000").watermark_ms is None
+    pending = pending_batch({("t", 0): LoggedPartition(60, share)})
+    assert pending is not None and (pending.watermark_ms, pending.late_ms) == (2_000, 1_000)
+
+
 # -- the units' markers ------------------------------------------------------------------------
 
 

@@ -220,7 +220,7 @@ class StatefulBatches(WideBatches):
 
     def _output(self, batch: WideBatch, accounts: Any) -> Any:
         context = BatchContext(self.settings.app_id, batch.units, self.description.output_mode, batch.batch_id,
-                               batch.watermark_ms, functools.partial(self._merge_spec, batch))
+                               batch.watermark_ms, functools.partial(self._merge_spec, batch), late_ms=batch.late_ms)
         with recording(context) as recorded:
             out = self.jobs.output_frame(batch.batch_id, batch.plans, accounts=accounts)
         if recorded.description is None or recorded.description.fingerprint() != self.description.fingerprint():
@@ -252,7 +252,7 @@ class StatefulBatches(WideBatches):
         """The merged output is partitioned by unit already: each task publishes its unit."""
         spec = UnitSpec(publish=self.specs.publish, batch_id=batch.batch_id, units=batch.units,
                         plan_id=batch.plan_id, routing="state key", markers_metadata=self._markers_metadata,
-                        state=StateUnit(self.operator, batch.watermark_ms))
+                        state=StateUnit(self.operator, batch.late_ms))
         return out.mapInArrow(functools.partial(publish_unit, spec), result_schema())
 
 

@@ -46,6 +46,9 @@ def duration_ms(text: str) -> int:
     return round(sum(float(n) * _UNITS_MS[unit] for n, unit in parts))
 
 
+_SAME: Any = object()
+
+
 @dataclass
 class BatchContext:
     """What the stateful batch being built needs from the driver."""
@@ -54,12 +57,19 @@ class BatchContext:
     units: int
     output_mode: str
     batch_id: int = 0
-    watermark_ms: int | None = None
+    watermark_ms: int | None = None      # what the state closes by (eviction, emission)
     merge_spec: Callable[..., MergeSpec] | None = None   # (description, group_names, partials, schema, event) -> spec
     # How the frame of partials (routed by ROUTE) becomes the merged rows: (grouped, spec, out_schema)
     # -> DataFrame. None: Spark's tasks merge each unit into its state (`_unit_merge`); a test
     # harness plugs its own here to merge into a memory store without Kafka.
     merge_frame: Callable[[Any, MergeSpec, Any], Any] | None = None
+    # What late rows are judged by: the previous batch's watermark, as Spark 3.4+ judges them
+    # (eventTimeWatermarkForLateEvents); by default the batch's own.
+    late_ms: int | None = _SAME
+
+    def __post_init__(self) -> None:
+        if self.late_ms is _SAME:
+            self.late_ms = self.watermark_ms
 
 
 @dataclass
@@ -229,7 +239,7 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
     if context.merge_spec is None:   # describing only (at start): the real aggregation's shape will do
         return real
     with _ours():
-        grouped = operator.partials(description, source, cols, partials, group_names, context.watermark_ms)
+        grouped = operator.partials(description, source, cols, partials, group_names, context.late_ms)
     spec = context.merge_spec(description, group_names, tuple(f"_txs_p{i}" for i in range(len(partials))),
                               _arrow_schema(real.schema), None)
     return (context.merge_frame or _unit_merge)(grouped, spec, real.schema)
@@ -246,7 +256,7 @@ def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
     if context.merge_spec is None:
         return source
     with _ours():
-        grouped = operator.partials(description, source, subset, context.watermark_ms)
+        grouped = operator.partials(description, source, subset, context.late_ms)
     spec = context.merge_spec(description, tuple(subset), (), _arrow_schema(source.schema),
                               watermark[0] if watermark else None)
     return (context.merge_frame or _unit_merge)(grouped, spec, source.schema)

@@ -100,12 +100,13 @@ class WideBatch:
     timestamp_ms: int
     plans: list[PartitionPlan]
     recovered: bool   # re-running a logged plan found pending at start or after a failure
-    watermark_ms: int | None = None   # a stateful batch's (driver/stateful.py)
+    watermark_ms: int | None = None   # a stateful batch's (driver/stateful.py): what its state closes by
+    late_ms: int | None = None        # ... and what its late rows are judged by (the previous batch's)
     state: StateFacts | None = None   # a stateful batch's facts for its record (`txstream verify` reads them)
 
     def share(self, end: int) -> PlanShare:
         """This batch's share of the plan log for a partition ending at `end`."""
-        return PlanShare(self.batch_id, end, self.units, self.timestamp_ms, self.watermark_ms)
+        return PlanShare(self.batch_id, end, self.units, self.timestamp_ms, self.watermark_ms, self.late_ms)
 
     @property
     def plan_id(self) -> str:
@@ -266,7 +267,7 @@ class WideBatches:
         markers = read_markers(self.settings.clients, self.settings.app_id, self.plan_units) if self._logs_plans else {}
         batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
         batch = WideBatch(batch_id, self.plan_units, int(time.time() * 1000), _wide_plans(plans), recovered=False,
-                          watermark_ms=self._next_watermark(log, markers))
+                          watermark_ms=self._next_watermark(log, markers), late_ms=last_watermark(log))
         if self._logs_plans:
             # Logged before it runs: after any crash, exactly this batch runs again.
             self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=batch.share(p.end).encode())
@@ -284,7 +285,8 @@ class WideBatches:
     def _from_log(self, pending: PendingBatch) -> WideBatch:
         plans = [PartitionPlan(t, p, start, end, start, "") for (t, p), (start, end) in sorted(pending.ranges.items())]
         batch = WideBatch(pending.batch_id, pending.units, pending.timestamp_ms, plans, recovered=True,
-                          watermark_ms=pending.watermark_ms)
+                          watermark_ms=pending.watermark_ms,
+                          late_ms=pending.late_ms if pending.late_ms is not None else pending.watermark_ms)
         self.echo(f"batch {batch.batch_id}: re-running its logged plan ({sum(p.size for p in plans)} records over "
                   f"{len(plans)} partitions, {batch.units} units): a previous attempt did not close it")
         return batch

@@ -48,7 +48,7 @@ class StateUnit:
     records, late records and event time its merge left in the task's side file."""
 
     operator: str
-    watermark_ms: int | None = None
+    watermark_ms: int | None = None   # the watermark the batch's late rows missed (their dead letters say it)
 
 
 @dataclass(frozen=True)

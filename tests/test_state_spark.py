@@ -5,7 +5,12 @@ batches are the cuts."""
 from __future__ import annotations
 
 from tests.support.kafka import produce, read_all
-from tests.support.spark_queries import DedupWithinWatermark, dedup_within_watermark
+from tests.support.spark_queries import (
+    DedupWithinWatermark,
+    WindowedCounts,
+    dedup_within_watermark,
+    windowed_counts,
+)
 from tests.support.spark_reference import spark_emits, txstream_emits
 
 
@@ -32,4 +37,41 @@ def test_a_batch_of_duplicates_advances_the_watermark(bootstrap_servers, make_to
                            max_records_per_partition=5)
     assert driver.exit_code == 0, driver.lines
     assert txstream_emits(read_all(bootstrap_servers, sink)) == want
+
+
+# 10-second windows, a 5-second watermark, cuts of 3 rows, no late row (Spark's late rule is issue
+# 60 #1's): the last cut's watermark (37 s) closes [20, 30) in a batch with no records; [30, 40) stays open.
+WINDOW_CUTS = [[("a", "1000"), ("b", "2000"), ("c", "3000")], [("d", "12000"), ("e", "13000"), ("f", "14000")],
+               [("g", "25000"), ("h", "26000"), ("i", "27000")], [("j", "33000"), ("k", "31000"), ("l", "32000")],
+               [("m", "40000"), ("n", "41000"), ("o", "42000")]]
+
+
+def test_state_reset_to_earliest_recomputes_from_a_new_watermark(bootstrap_servers, make_topic, run_processor,
+                                                                  spark) -> None:
+    """Issue 60 #2: after `state reset --to-earliest` the replay is a new query's run, as Spark's
+    over a new checkpoint: the same windows again. With the old watermark (37 s) kept in the
+    markers and the plan log, every replayed row was late and nothing was emitted (CLEAN all the same)."""
+    from click.testing import CliRunner
+
+    from txstream.cli.main import main
+
+    want = spark_emits(spark, windowed_counts, WINDOW_CUTS, "append")
+    assert want == {("0", "3"): 1, ("10000", "3"): 1, ("20000", "3"): 1}, want
+    source, sink, dlq = make_topic("rs-in"), make_topic("rs-out"), make_topic("rs-dlq")
+    _seed(bootstrap_servers, source, WINDOW_CUTS)
+    app = "test-reset-watermark-" + source[-8:]
+    first = run_processor(WindowedCounts, inputs=[source], output=sink, dead_letter=dlq, app_id=app,
+                          max_records_per_partition=3)
+    assert first.exit_code == 0, first.lines
+    assert txstream_emits(read_all(bootstrap_servers, sink)) == want
+
+    reset = CliRunner().invoke(main, ["state", "reset", "--app-id", app, "-b", bootstrap_servers, "--execute",
+                                      "--to-earliest"])
+    assert reset.exit_code == 0, reset.output
+    again_sink = make_topic("rs-out2")
+    again = run_processor(WindowedCounts, inputs=[source], output=again_sink, dead_letter=dlq, app_id=app,
+                          max_records_per_partition=3)
+    assert again.exit_code == 0, again.lines
+    assert txstream_emits(read_all(bootstrap_servers, again_sink)) == want
+    assert sum(b.get("late", 0) for b in again.events.batches) == 0   # with the old watermark: all 15
 

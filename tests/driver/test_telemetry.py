@@ -100,3 +100,30 @@ def test_a_port_in_use_is_a_settings_error() -> None:
         t = Telemetry(settings, print)
         with pytest.raises(SettingsError, match="choose another --metrics-port"):
             t.start()
+
+
+def test_late_rows_without_a_dead_letter_topic_are_counted_as_dropped() -> None:
+    """Issue 60 #15: a stateful batch's late rows, dropped for want of a dead-letter topic, are
+    said in its line, its JSON event, the metric (outcome "dropped") and the run's summary."""
+    from types import SimpleNamespace
+
+    from txstream.driver.loop import Driver
+
+    t, lines = telemetry("json")
+    plans = [PartitionPlan("orders", 0, 0, 100, 0, "")]
+    units = [dict(row(0, "committed", records=60), late=44, rows_merged=56), dict(row(1, "empty", records=0), late=0)]
+    report = BatchReport(3, plans, units, 0.5, reads={("orders", 0): (100, 0)}, watermark_ms=60_000)
+    assert "late 44 (dropped: no dead_letter_topic)" in report.line()
+    t.batch(report, None, report.line(), cap=100, totals={"records_in": 100})
+    event = json.loads(lines[-1])
+    assert (event["late"], event["late_outcome"]) == (44, "dropped")
+    assert value(t, "txstream_late_records_total", outcome="dropped") == 44
+    report.dead_letter_topic = "orders-dlq"
+    assert "late 44 (dead-lettered to orders-dlq)" in report.line()
+    t.batch(report, None, report.line(), cap=100, totals={"records_in": 100})
+    assert value(t, "txstream_late_records_total", outcome="dead-lettered") == 44
+
+    run = SimpleNamespace(totals={"batches": 2, "records_in": 100, "records_out": 60, "dead_letters": 0, "late": 44},
+                          settings=SimpleNamespace(dead_letter_topic=None))
+    assert Driver.summary(run, "caught up") == ("caught up: 2 batches, 100 records in, 60 out, 0 dead-lettered, "
+                                                "44 late (dropped: no dead_letter_topic)")

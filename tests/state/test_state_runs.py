@@ -122,7 +122,7 @@ def test_windows_in_append_mode_emit_each_closed_window_once_and_route_late_orde
     assert max(b.get("watermark_ms") or 0 for b in again.events.batches) == newest_ms - 30_000
     assert sum(b.get("late", 0) for b in again.events.batches) == len(late)
     registry = again.telemetry.registry
-    assert registry.get_sample_value("txstream_late_records_total", {"app": app}) == len(late)
+    assert registry.get_sample_value("txstream_late_records_total", {"app": app, "outcome": "dead-lettered"}) == len(late)
     assert registry.get_sample_value("txstream_watermark_timestamp_seconds", {"app": app}) > EPOCH.timestamp()
     emitted = Counter()
     got = {}

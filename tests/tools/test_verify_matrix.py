@@ -508,3 +508,28 @@ def test_a_key_emitted_twice_in_one_life_of_the_state_is_a_duplicate() -> None:
 
     assert audit(["e1", "e2"]).clean
     assert audit(["e1", "e1"]).problems == ["app batch 1: state key b'[\"a\"]' emitted 2 times (batches [1, 2])"]
+
+
+def test_count_field_of_a_windowed_app_is_reconciled_over_its_state_not_per_batch() -> None:
+    """Issue 60 #16 (no broker): batch 1 reads 4 rows, merges 3 into an open window and
+    dead-letters 1 as late in its unit's transaction; batch 2 (no records) emits the window, n=3.
+    Per batch, 3 outputs counted in a batch that read nothing were 'duplicates' and the late dead
+    letter an output; over the state's life 3 counted <= 3 merged is clean, and 4 counted is not."""
+
+    def audit(n: int) -> WideAudit:
+        wide = WideAudit(count_field="n")
+        state = {"operator": "agg", "kind": "window", "output_mode": "append", "epoch": "e", "rows_once": True}
+        for batch, ranges, merged, late in ((1, [["in", 0, 0, 4]], 3, 1), (2, [["in", 0, 4, 4]], 0, 0)):
+            wide.add_batch("app", json.dumps({"batch": batch, "ranges": ranges, "unit_records": {"0": 1},
+                                              "state": dict(state, watermark_ms=10_000 * batch,
+                                                            unit_merged={"0": merged}, unit_late={"0": late})}).encode())
+        wide.add(WideLineage("app", 1, 0, b"p1", b"0"), b'{"id": "late", "ts": 1}', dead_letter=True)
+        wide.add(WideLineage("app", 2, 0, b"p2", b"0"), json.dumps({"n": n}).encode())
+        wide.finish({("in", 0): {0, 1, 2, 3}}, {}, {("in", 0): 4}, "app")
+        return wide
+
+    clean = audit(3)
+    assert clean.clean, clean.problems
+    assert (clean.records, clean.dead_letters, clean.reconciled_states, clean.unreadable_counts) == (1, 1, 1, 0)
+    assert audit(4).problems == ["app's state (epoch e): the output's n add up to 4, more than the 3 row(s) its "
+                                 "batches merged: duplicates"]

@@ -103,7 +103,8 @@ def reset(app_id: str, clients: KafkaClients, to_earliest: bool, to_latest: bool
     click.echo("RECORDS: offsets in use (end minus start, every partition): records, tombstones and transaction "
                "markers.")
     click.echo(f"Kept: the units' markers (group {result.markers_group}): the next batch is numbered after them "
-               "and restores the empty state at their batch.")
+               "and restores the empty state at their batch; their latest event times and the plan log's "
+               "watermark are cleared: the watermark starts over with the state.")
     if result.executed:
         click.echo("The app creates its state topics again at its next start.")
     for warning in result.warnings:

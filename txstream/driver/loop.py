@@ -25,7 +25,7 @@ from txstream.driver.metrics import Telemetry
 from txstream.driver.pacing import Pacing
 from txstream.driver.planning import Planner
 from txstream.driver.poison import PoisonIsolator
-from txstream.driver.report import BatchReport
+from txstream.driver.report import BatchReport, late_destination
 from txstream.driver.specs import TaskSpecs
 from txstream.driver.stopping import StopSignals
 from txstream.errors import (
@@ -72,7 +72,8 @@ class Driver:
         self.protocol: BatchProtocol | None = None   # narrow or wide, chosen by `validate`
         self.membership: GroupMembership | None = None
         self.targets: dict[tuple[str, int], int] = {}
-        self.totals = {"records_in": 0, "records_out": 0, "dead_letters": 0, "batches": 0}
+        # late: rows behind a stateful batch's watermark, dead-lettered or (no dead-letter topic) dropped.
+        self.totals = {"records_in": 0, "records_out": 0, "dead_letters": 0, "batches": 0, "late": 0}
         self.stable_reads = 0   # the group's committed offsets read from Kafka (membership.py), at close
         self._failures = 0                  # batches or plans failed in a row
         self.poison = PoisonIsolator(self, self.echo, settings.dead_letter_topic)
@@ -424,9 +425,11 @@ class Driver:
         """One batch through the protocol, added to the run's totals."""
         assert self.protocol is not None
         report = self.protocol.run_batch(plans, planned_at)
+        report.dead_letter_topic = self.settings.dead_letter_topic
         self.totals["batches"] += 1
         for key in ("records_in", "records_out", "dead_letters"):
             self.totals[key] += report.total(key)
+        self.totals["late"] += report.late
         return report
 
     def _report(self, report: BatchReport, marks, line: str) -> None:
@@ -464,8 +467,10 @@ class Driver:
 
     def summary(self, what: str) -> str:
         t = self.totals
-        return (f"{what}: {t['batches']} batches, {t['records_in']} records in, {t['records_out']} out, "
+        text = (f"{what}: {t['batches']} batches, {t['records_in']} records in, {t['records_out']} out, "
                 f"{t['dead_letters']} dead-lettered")
+        # Late rows are not among the dead letters above (those are the undecodable records).
+        return text + (f", {t['late']} late ({late_destination(self.settings.dead_letter_topic)})" if t["late"] else "")
 
     def close(self) -> None:
         # The signal handlers stay until everything is closed: a SIGTERM that arrives while

@@ -53,7 +53,8 @@ def _state_fields(report: BatchReport) -> dict[str, Any]:
     if not any("rows_merged" in r and (r.get("state_keys") or r.get("rows_merged")) for r in report.rows) \
             and report.watermark_ms is None:
         return {}
-    return {"watermark_ms": report.watermark_ms, "late": sum(int(r.get("late") or 0) for r in report.rows),
+    return {"watermark_ms": report.watermark_ms, "late": report.late,
+            "late_outcome": "dead-lettered" if report.dead_letter_topic else "dropped",
             "rows_merged": sum(int(r.get("rows_merged") or 0) for r in report.rows),
             "state_keys": sum(int(r.get("state_keys") or 0) for r in report.rows),
             "restored_records": sum(int(r.get("restore_records") or 0) for r in report.rows)}
@@ -135,8 +136,9 @@ class Telemetry:
         # State across batches (docs/state.md).
         self.state_keys = Gauge("txstream_state_keys", "Keys a state unit held after its last batch", ["app", "unit"],
                                 registry=r)
-        self.late = Counter("txstream_late_records", "Rows behind the watermark (dead-lettered at stage late, or "
-                            "counted only without a dead-letter topic)", ["app"], registry=r)
+        # outcome: "dead-lettered" (at stage late) or "dropped" (no dead-letter topic, as Spark drops them).
+        self.late = Counter("txstream_late_records", "Rows behind the watermark, by where they went",
+                            ["app", "outcome"], registry=r)
         self.restore_seconds = Gauge("txstream_state_restore_seconds", "How long a state unit's last restore took",
                                      ["app", "unit"], registry=r)
         self.restored = Counter("txstream_state_restored_records", "Changelog records state restores read", ["app"],
@@ -346,7 +348,7 @@ class Telemetry:
                 self.restore_seconds.labels(app, unit).set(float(row.get("restore_s") or 0.0))
                 self.restored.labels(app).inc(int(row.get("restore_records") or 0))
             if row.get("late"):
-                self.late.labels(app).inc(int(row["late"]))
+                self.late.labels(app, "dead-lettered" if report.dead_letter_topic else "dropped").inc(int(row["late"]))
             if status in (COMMITTED, ACKED):
                 self._observe_stages(row, slowest, publisher=True)
         for plan in report.plans:

@@ -22,6 +22,13 @@ class BatchReport:
     driver_s: float | None = None
     # A stateful batch's watermark (epoch ms; None: none).
     watermark_ms: int | None = None
+    # Where its late rows went: the dead-letter topic, or None (dropped, as Spark drops them).
+    dead_letter_topic: str | None = None
+
+    @property
+    def late(self) -> int:
+        """Rows behind the watermark, over the units."""
+        return sum(int(r.get("late") or 0) for r in self.rows)
 
     @property
     def statuses(self) -> dict[str, int]:
@@ -49,9 +56,9 @@ class BatchReport:
         others = {s: n for s, n in self.statuses.items() if s not in (COMMITTED, ACKED, EMPTY)}
         if others:
             parts.append(" ".join(f"{s}={n}" for s, n in sorted(others.items())))
-        late = sum(int(r.get("late") or 0) for r in self.rows)
+        late = self.late
         if late or self.watermark_ms is not None:
-            parts.append(f"late {late}")
+            parts.append(f"late {late}" + (f" ({late_destination(self.dead_letter_topic)})" if late else ""))
         if self.watermark_ms is not None:
             from datetime import datetime, timezone
 
@@ -60,3 +67,8 @@ class BatchReport:
         if lag is not None:
             parts.append(f"lag {lag}")
         return "  ".join(parts)
+
+
+def late_destination(dead_letter_topic: str | None) -> str:
+    """Where late rows go, in a batch line's and a summary's words."""
+    return f"dead-lettered to {dead_letter_topic}" if dead_letter_topic else "dropped: no dead_letter_topic"

@@ -115,6 +115,7 @@ class StatefulBatches(WideBatches):
                                    else uuid.uuid4().hex[:12])
         super().start(membership)
         self._ensure_state_topics(stored is None)
+        keep_empty_units(self.jobs.spark)
 
     def _stored_description(self) -> OperatorDescription | None:
         from txstream.kafka.offsets import cluster_topics
@@ -254,6 +255,20 @@ class StatefulBatches(WideBatches):
                         plan_id=batch.plan_id, routing="state key", markers_metadata=self._markers_metadata,
                         state=StateUnit(self.operator, batch.late_ms))
         return out.mapInArrow(functools.partial(publish_unit, spec), result_schema())
+
+
+# Spark's adaptive execution replaces a plan whose input stage came out empty by an empty relation
+# of no partitions (through a join, say): the units' merge tasks would not run, and a batch with
+# no records would emit nothing (issue 60 #19). Every unit must run, whatever its input.
+EMPTY_RELATION_RULE = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+EXCLUDED_RULES = "spark.sql.adaptive.optimizer.excludedRules"
+
+
+def keep_empty_units(spark: Any) -> None:
+    """Exclude the adaptive empty-relation rule for this run's jobs (added to the excluded ones)."""
+    rules = [r for r in (spark.conf.get(EXCLUDED_RULES, "") or "").split(",") if r.strip()]
+    if EMPTY_RELATION_RULE not in rules:
+        spark.conf.set(EXCLUDED_RULES, ",".join([*rules, EMPTY_RELATION_RULE]))
 
 
 def _check_no_shuffle_after_merge(out: Any) -> None:

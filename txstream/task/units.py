@@ -100,8 +100,10 @@ def publish_unit(spec: UnitSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[
             result.restore_s, result.restore_records = merged.restore_s, merged.restore_records
     if merged is not None and merged.skip:
         result.status = ALREADY_DONE   # the merge found the unit's marker at the batch: published before
-    elif not pending and not (merged and (merged.changes or merged.late)):
-        result.status = EMPTY   # nothing to publish: no producer, no marker (a skipped unit)
+    elif not pending and not (merged and (merged.changes or merged.late or merged.events is not None)):
+        # Nothing to publish: no producer, no marker (a skipped unit). A stateful unit that saw rows
+        # (duplicates only, say) still moves its marker: their event time advances the watermark.
+        result.status = EMPTY
     elif spec.publish.guarantee != EXACTLY_ONCE:
         _publish_plain(spec, unit, pending, result)
     else:

@@ -11,6 +11,11 @@ The units' markers (group `<app>.units`) are kept, as `offsets reset` keeps them
 empty changelog and no snapshot, which is the empty state at the marker's batch. Deleting the
 markers instead would number batches from 1 again, beside the output topic's old batches 1, 2, ...
 
+The watermark starts over with the state (a replay must not run into the old one, which would
+find every replayed record late): the latest event time each marker carries (`x=`) and the
+watermark each plan share carries (`w=`) are cleared, offsets and the rest of their metadata
+kept, before the topics are deleted (a reset cut short is run again, and finds the topics).
+
 Refused (with --execute) while the app's group has members, and while its plan log has a pending
 batch, unless --force: some units may have published that batch with the old state, and the others
 would publish it from the empty one.
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from txstream.errors import OffsetsError, TxstreamError
@@ -118,6 +123,58 @@ def delete_topics(admin: Any, names: Sequence[str], timeout: float) -> None:
         time.sleep(0.1)
 
 
+def _committed_metadata(admin: Any, group_id: str, timeout: float) -> list[Any]:
+    """The group's committed offsets (TopicPartitions) with their metadata."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    def call() -> list[Any]:
+        future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
+                                                   request_timeout=timeout)[group_id]
+        return list(future.result(timeout).topic_partitions or [])
+
+    return [tp for tp in kofs.kafka_call(admin, f"reading the offsets of group {group_id}", call, timeout)
+            if tp.offset >= 0]
+
+
+def _rewrite_metadata(admin: Any, group_id: str, parts: list[Any], timeout: float) -> None:
+    """Commit `parts` (offsets unchanged, new metadata) for the inactive or memberless group."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    def call() -> None:
+        result = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id, parts)],
+                                                    request_timeout=timeout)[group_id].result(timeout + 5)
+        failed = [f"{tp.topic}-{tp.partition}: {tp.error.str()}" for tp in result.topic_partitions or []
+                  if tp.error is not None]
+        if failed:
+            raise OffsetsError(f"Kafka refused to clear the watermark in group {group_id}: {'; '.join(failed)}")
+
+    if parts:
+        kofs.kafka_call(admin, f"clearing the watermark in group {group_id}", call, timeout)
+
+
+def clear_watermarks(admin: Any, app_id: str, timeout: float) -> None:
+    """The watermark starts over with the state: each unit marker's latest event time and each
+    plan share's watermark are cleared (driver/stateful.py computes the next watermark from both)."""
+    from confluent_kafka import TopicPartition
+
+    from txstream.records import Marker, PlanShare, markers_name
+
+    markers = []
+    for tp in _committed_metadata(admin, markers_name(app_id), timeout):
+        marker = Marker.decode(tp.offset, tp.metadata)
+        if marker.events is not None:
+            markers.append(TopicPartition(tp.topic, tp.partition, tp.offset,
+                                          metadata=replace(marker, events=None).encode()))
+    _rewrite_metadata(admin, markers_name(app_id), markers, timeout)
+    shares = []
+    for tp in _committed_metadata(admin, app_id, timeout):
+        share = PlanShare.decode(tp.metadata)
+        if share is not None and (share.watermark_ms is not None or share.late_ms is not None):
+            shares.append(TopicPartition(tp.topic, tp.partition, tp.offset,
+                                         metadata=replace(share, watermark_ms=None, late_ms=None).encode()))
+    _rewrite_metadata(admin, app_id, shares, timeout)
+
+
 def reset_state(clients: KafkaClients, app_id: str, target: ofs.ResetTarget | None = None,
                 selection: Mapping[str, Sequence[int] | None] | None = None, *, execute: bool = False,
                 force: bool = False, timeout: float = kofs.DEFAULT_TIMEOUT) -> StateResetResult:
@@ -151,6 +208,7 @@ def reset_state(clients: KafkaClients, app_id: str, target: ofs.ResetTarget | No
                                            timeout=timeout, force=force, with_state=True)
     if execute:
         ofs.ensure_inactive(kofs.describe_group(admin, app_id, timeout))   # a member may have joined meanwhile
+        clear_watermarks(admin, app_id, timeout)
         delete_topics(admin, [t.name for t in topics], timeout)
         result.executed = True
     return result

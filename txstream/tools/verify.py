@@ -143,6 +143,7 @@ class AuditReport:
         out = {k: sum(getattr(p, k) for p in self.partitions) for k in keys}
         out["unexpected"] += self.unexpected_elsewhere
         out["wide_outputs"] = self.wide.records if self.wide is not None else 0
+        out["dead_lettered"] += self.wide.dead_letters if self.wide is not None else 0
         out["repeated_records"] = self.publications.repeats
         out["incomplete_publications"] = self.publications.incomplete
         return out
@@ -371,8 +372,10 @@ def audit(clients: KafkaClients | str, inputs: str | Iterable[str], outputs: str
                     report.without_lineage += 1
                 else:
                     publications.add(unit.publication, unit.position, msg)
+                    # A stateful unit's late row, dead-lettered in its transaction: a dead letter, not an output.
+                    late = msg.topic() in dead_set and (hdr.DLQ_STAGE, b"late") in headers
                     wide.add(unit, msg.value(), next((v for k, v in headers if k == hdr.STATE_KEY), None),
-                             next((v for k, v in headers if k == hdr.STATE_EXPIRES), None))
+                             next((v for k, v in headers if k == hdr.STATE_EXPIRES), None), dead_letter=late)
                 continue
             repeated = publications.add(lineage.publication, lineage.position, msg)
             key = (lineage.topic, lineage.partition)

@@ -53,6 +53,7 @@ class WideAudit:
     batches: dict[tuple[str | None, int], list[BatchRecord]] = field(default_factory=dict)
     units: dict[tuple[str | None, int, int], UnitSeen] = field(default_factory=dict)
     records: int = 0
+    dead_letters: int = 0              # late rows dead-lettered in a stateful unit's transaction
     # Stateful output (docs/state.md): (app, batch, unit, state key, its expiry in ms for a
     # deduplicated key) of each output record naming one.
     emissions: list[tuple[str | None, int, int, bytes, int | None]] = field(default_factory=list)
@@ -65,6 +66,8 @@ class WideAudit:
     problem_count: int = 0
     pending_batches: list[str] = field(default_factory=list)
     reconciled_batches: int = 0
+    reconciled_states: int = 0         # --count-field: stateful apps' lives reconciled (append mode)
+    open_records: int = 0              # ... rows merged into what was not emitted yet (open windows)
     filtered_batches: int = 0          # --count-field: output counts below the input's
     filtered_records: int = 0
     replays: list[str] = field(default_factory=list)
@@ -93,7 +96,15 @@ class WideAudit:
         return {app for app, _, _ in self.units if app is not None}
 
     def add(self, lineage: WideLineage, value: bytes | None, state_key: bytes | None = None,
-            expires: bytes | None = None) -> None:
+            expires: bytes | None = None, dead_letter: bool = False) -> None:
+        """One record of the wide lineage; `dead_letter`: a late row a stateful unit dead-lettered in
+        its transaction (counted in the unit's records, not as an output nor in the count field)."""
+        if dead_letter:
+            seen = self.units.setdefault((lineage.app, lineage.batch, lineage.unit), UnitSeen())
+            seen.records += 1
+            seen.publications.add(lineage.publication)
+            self.dead_letters += 1
+            return
         if state_key is not None:
             try:
                 expires_ms = int(expires) if expires is not None else None
@@ -137,6 +148,12 @@ class WideAudit:
         for (app, batch, unit), seen in self.units.items():
             by_batch.setdefault((app or default_app, batch), {})[unit] = seen
         self._replays()
+        state_counts: dict[tuple[str | None, str | None], list] = {}   # (app, epoch) -> [counted, merged, checkable]
+        for (app, _batch), records in self.batches.items():
+            for record in records:
+                if record.state is not None:
+                    life = state_counts.setdefault((app or default_app, record.state.epoch), [0, 0, True])
+                    life[1] += sum(record.state.unit_merged.values())
         for (app, batch), units in sorted(by_batch.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
             name = _name(app, batch)
             records = self.batches.get((app, batch), [])
@@ -157,8 +174,17 @@ class WideAudit:
                 if got != expected.get(unit, 0):
                     self._problem(f"{name} unit {unit}: {got} record(s) in the output, the batch record "
                                   f"says {expected.get(unit, 0)}")
-            if self.count_field is not None:
+            if self.count_field is not None and any(r.state is not None for r in records):
+                # A stateful batch emits what the state holds (windows its watermark closed, from rows of
+                # earlier batches): reconciled over the state's life below, not batch by batch.
+                life = next(r.state for r in records if r.state is not None)
+                totals = state_counts.setdefault((app, life.epoch), [0, 0, True])
+                totals[0] += sum(s.counted for s in units.values())
+                totals[2] &= life.output_mode == "append" and life.rows_once
+            elif self.count_field is not None:
                 self._reconcile(name, records, units, visible, dead_offsets)
+        if self.count_field is not None:
+            self._reconcile_state(state_counts)
         for (app, batch), records in sorted(self.batches.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
             closed = sum(v for r in records for v in r.unit_records.values())
             if (app, batch) not in by_batch and closed:
@@ -264,6 +290,22 @@ class WideAudit:
         else:
             self.reconciled_batches += 1
 
+    def _reconcile_state(self, state_counts: dict[tuple[str | None, str | None], list]) -> None:
+        """A stateful app's count field over the state's life (one epoch: `state reset` starts a new
+        one): in append mode each window or key is emitted once with every row merged into it, so the
+        counts add up to at most the rows merged (fewer: windows still open). Update mode emits a key
+        again with its running count, and a hopping window counts a row in several: not checkable."""
+        for (app, epoch), (counted, merged, checkable) in sorted(state_counts.items(), key=lambda kv: str(kv[0])):
+            if not checkable:
+                continue
+            where = f"{app or 'the app'}'s state" + (f" (epoch {epoch})" if epoch else "")
+            if counted > merged:
+                self._problem(f"{where}: the output's {self.count_field} add up to {counted}, more than the "
+                              f"{merged} row(s) its batches merged: duplicates")
+            else:
+                self.reconciled_states += 1
+                self.open_records += merged - counted
+
     def _replays(self) -> None:
         """Batches of one app whose ranges overlap an earlier closing's: an offsets reset re-read them."""
         by_app: dict[str | None, list[tuple[int, int, BatchRecord]]] = {}
@@ -294,6 +336,9 @@ class WideAudit:
             out.append(f"wide output: {self.reconciled_batches} batch(es) reconciled ({self.count_field} vs input)"
                        + (f"; {self.unreadable_counts} value(s) without a readable {self.count_field}"
                           if self.unreadable_counts else ""))
+            if self.reconciled_states:
+                out.append(f"state: {self.reconciled_states} state(s) reconciled ({self.count_field} of every emission "
+                           f"vs rows merged; {self.open_records} row(s) in what is not emitted yet)")
             if self.unreconciled_batches:
                 out.append(f"wide output: {self.unreconciled_batches} batch(es) not reconciled: they read input "
                            "beyond the audited range (batches from before an offsets reset)")

@@ -343,7 +343,7 @@ class _Merger:
         windowed = self.windowed if windowed is None else windowed
         keys = [key for key, _ in pairs]
         self.emitted.extend(keys)
-        values, windows = decode_keys(keys, windowed)
+        key_values, windows = decode_keys(keys, windowed)   # not `values`: the module is used below
         names = self.spec.group_names
         columns: dict[str, pa.Array] = {}
         if windowed:
@@ -352,7 +352,7 @@ class _Merger:
                 [values.arrow_column(windows[0], typ.field("start").type, 1000),
                  values.arrow_column(windows[1], typ.field("end").type, 1000)], fields=list(typ))
             names = names[1:]
-        for name, column in zip(names, values, strict=True):
+        for name, column in zip(names, key_values, strict=True):
             columns[name] = values.arrow_column(column, self.fields.field(name).type, 1000)
         finals = aggs.final_columns(self.aggregates, [state for _, state in pairs], self.kinds)
         for agg, column in zip(self.aggregates, finals, strict=True):

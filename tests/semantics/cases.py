@@ -159,6 +159,12 @@ def make_cuts(family: Family, seed: int) -> list[pa.Table]:
         if "gap" in family.features and c == 0:
             cut.append({**_row(family, rnd, ident, clock), "k": "g"})
             ident += 1
+        if "nan" in family.features and c < 2:
+            # NaN then a number for key 'n', a number then NaN for 'o': Spark orders NaN above
+            # every number whichever batch brings it.
+            for key, d in (("n", float("nan") if c == 0 else 1.5), ("o", 1.5 if c == 0 else float("nan"))):
+                cut.append({**_row(family, rnd, ident, clock), "k": key, "d": d})
+                ident += 1
         if "micros" in family.features and cut:
             twin = dict(cut[0])   # a twin one microsecond apart: its own group
             twin.update(id=ident, ts_us=cut[0]["ts_us"] + 1)

@@ -154,3 +154,31 @@ def test_task_modules_stay_on_the_task_side() -> None:
                     and node.func.attr in DATAFRAME_CALLS):
                 problems.append(f"{name} line {node.lineno} calls .{node.func.attr}(): builds a DataFrame")
     assert not problems, "\n".join(problems)
+
+
+OPERATORS_MAY_NOT_IMPORT = ("txstream.driver", "txstream.cli", "txstream.tools", "txstream.task")
+
+
+def test_operators_are_shared_by_the_driver_and_the_workers() -> None:
+    """operators/ is imported by the driver and by the Python workers: it reaches none of the
+    driver, the CLI, the tools or the task shell, and imports pyspark.sql only inside the
+    functions that build frames (a worker imports it without loading them)."""
+    problems = []
+    for name, path in modules().items():
+        if not name.startswith("txstream.operators"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        top_level = set(map(id, tree.body))
+        for node in _nodes(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module]
+            for target in targets:
+                if target.startswith(OPERATORS_MAY_NOT_IMPORT):
+                    problems.append(f"{name} line {node.lineno} imports {target}")
+                if target.startswith("pyspark.sql") and id(node) in top_level:
+                    problems.append(f"{name} line {node.lineno} imports {target} at module level")
+    assert not problems, "\n".join(problems)
+    assert (PACKAGE / "operators" / "__init__.py").read_text() == ""

@@ -353,7 +353,7 @@ def unit_hosts(app_dir: Path, app_id: str, units: int) -> dict[int, dict[int, st
 
 
 def state_copies(host, app_id: str) -> set[int]:
-    """The units whose local copy of the state (task/state_merge.py `_store`: RocksDB in the
+    """The units whose local copy of the state (task/state_unit.py `_store`: RocksDB in the
     executor's local directory) is on `host`."""
     found = host.run(["find", "/tmp", "-maxdepth", "7", "-type", "d", "-name", "agg-*",
                       "-path", f"*/txstream-state-{app_id}/*"],

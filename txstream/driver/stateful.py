@@ -6,7 +6,8 @@ A batch runs as a wide batch (plan log, K units, close). What it adds:
   own, `x=`) minus the watermark's delay, never moving back; logged with the plan, so a re-run of
   the batch filters the same late rows and closes the same windows.
 - The **units**: the transform's stateful operator is replaced by partials Spark computes, routed
-  to the units and merged into each unit's state (driver/stateful_query.py, task/state_merge.py);
+  to the units and merged into each unit's state (driver/stateful_query.py, txstream/operators/,
+  task/state_unit.py);
   each unit's transaction holds its output, its state changes (the changelog), its late records
   and its marker.
 - **Batches with no records**: when the watermark would close windows (or forget keys) that no
@@ -34,14 +35,14 @@ from txstream.driver.specs import TaskSpecs
 from txstream.driver.stateful_query import BatchContext, recording
 from txstream.driver.wide import WideBatch, WideBatches
 from txstream.errors import InfrastructureError, TransformError, UserError
-from txstream.operators.base import next_watermark
+from txstream.operators.base import MergeSpec, next_watermark
+from txstream.operators.kinds import operator_for
 from txstream.protocol import EXACTLY_ONCE, UNITS
 from txstream.settings import RunSettings
 from txstream.state.changelog import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, changelog_topic, snapshot_topic
-from txstream.state.operator import AGGREGATE, STATE_TOPIC_CONFIG, OperatorDescription, state_topic
+from txstream.state.operator import STATE_TOPIC_CONFIG, OperatorDescription, state_topic
 from txstream.task.result import result_schema
 from txstream.task.spec import PartitionPlan
-from txstream.task.state_merge import MergeSpec
 from txstream.task.units import StateUnit, UnitSpec, publish_unit, read_markers
 
 
@@ -192,19 +193,20 @@ class StatefulBatches(WideBatches):
     def owes_batch(self, owned: list[TopicPartition]) -> bool:
         """The watermark has moved past the last batch's: a batch with no records closes what it
         passed (windows in append mode, expired state)."""
-        if (self.description.watermark is None or self.description.kind == AGGREGATE
-                or len(owned) < self.input_partitions):
+        operator = operator_for(self.description.kind)
+        if self.description.watermark is None or len(owned) < self.input_partitions:
             return False
         log = self.read_log(owned)
         markers = read_markers(self.settings.clients, self.settings.app_id, self.units)
         last = last_watermark(log)
         by_events = self._next_watermark(log, markers, clock=False)
-        if by_events is not None and (last is None or by_events > last):
+        if operator.owes_batch(self.description, last, by_events):
             return True
         # Wall-clock time (opt-in, idle stream): a batch with no records each watermark_idle_s at most.
         by_clock = self._next_watermark(log, markers)
         step = (self.settings.watermark_idle_s or 0) * 1000
-        return by_clock is not None and by_clock != by_events and (last is None or by_clock >= last + step)
+        return (by_clock is not None and by_clock != by_events and operator.owes_batch(self.description, last, by_clock)
+                and (last is None or by_clock >= last + step))
 
     def next_plans(self, planner: Planner, owned: list[TopicPartition],
                    committed: dict[tuple[str, int], int | None], cap: int) -> list[PartitionPlan]:

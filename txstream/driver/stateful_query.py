@@ -1,12 +1,13 @@
-"""The transform's stateful operators, taken from the user's own Structured Streaming code
-(docs/state.md, "Semantics").
+"""The recording of the transform's stateful calls, taken from the user's own Structured
+Streaming code (docs/state.md, "Semantics"); each kind's plan and merge is its operator's
+(txstream/operators/).
 
 The user writes `withWatermark`, `groupBy(...).agg(...)` (with `window(...)` among the keys, or
 not) and `dropDuplicates`/`dropDuplicatesWithinWatermark` as for Structured Streaming. On a batch
 DataFrame Spark would aggregate only the batch and ignore the watermark, so while the transform
 runs these calls are recorded (`recording`): the aggregation the user asked for is replaced by
 one that Spark computes per batch as partials, routes to the K state units and merges into each
-unit's state (task/state_merge.py), in the aggregation's own schema, so the rest of the
+unit's state (task/state_unit.py), in the aggregation's own schema, so the rest of the
 transform (its `select` of key and value) applies to the merged rows unchanged.
 
 Recording the calls, rather than taking the analyzed plan apart, keeps the user's own Column
@@ -23,9 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from txstream.errors import TransformError
-from txstream.state import aggregates as aggs
-from txstream.state.operator import AGGREGATE, DEDUP, SESSION, WINDOW, Aggregate, OperatorDescription, state_format
-from txstream.task.state_merge import EVENTS, FIRST, LATE, LATE_MS, ROUTE, ROWS, MergeSpec, merge_unit
+from txstream.operators.aggregate import aggregation_partials
+from txstream.operators.arbitrary import ArbitraryState
+from txstream.operators.base import ROUTE, MergeSpec
+from txstream.operators.dedup import Deduplicate
+from txstream.operators.kinds import operator_for
+from txstream.state.operator import AGGREGATE, SESSION, WINDOW, OperatorDescription
+from txstream.task.state_unit import merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,
              "secs": 1000, "minute": 60_000, "minutes": 60_000, "min": 60_000, "mins": 60_000,
@@ -152,10 +157,9 @@ def _patches(originals: dict) -> dict:
             return _stateful_dedup(self, list(subset) if subset else list(self.columns), within)
         return call
 
-    def refused(what: str, why: str) -> Callable:
+    def refused(what: str) -> Callable:
         def call(*_args, **_kwargs):
-            raise TransformError(f"{what} is not supported with state across batches yet: {why} "
-                                 "(docs/state.md, 'What is refused')")
+            raise TransformError(ArbitraryState.refusal(what))
         return call
 
     patches = {(DataFrame, "withWatermark"): with_watermark, (DataFrame, "groupBy"): group_by,
@@ -168,8 +172,7 @@ def _patches(originals: dict) -> dict:
         if (GroupedData, name) in originals:
             patches[(GroupedData, name)] = shortcut(function)
     if (GroupedData, "applyInPandasWithState") in originals:
-        patches[(GroupedData, "applyInPandasWithState")] = refused(
-            "applyInPandasWithState", "arbitrary per-key state comes next, on this foundation")
+        patches[(GroupedData, "applyInPandasWithState")] = refused("applyInPandasWithState")
     return patches
 
 
@@ -213,135 +216,38 @@ def _window_of(cols: list) -> tuple[int, str, dict[str, Any]] | None:
     return None
 
 
-def _late_split(source: Any, watermark: tuple[str, int] | None, watermark_ms: int | None) -> tuple[Any, Any]:
-    """(rows on time, rows behind the watermark) of `source`."""
-    from pyspark.sql import functions as F
-
-    if watermark is None or watermark_ms is None:
-        return source, None
-    column = watermark[0]
-    if column not in source.columns:
-        raise TransformError(f"the watermark's column {column!r} does not reach the stateful operator (its input "
-                             f"has {', '.join(source.columns)}): keep it in the columns you aggregate or deduplicate")
-    late = F.coalesce(F.col(column) < F.timestamp_millis(F.lit(watermark_ms)), F.lit(False))
-    late_rows = source.where(late).select(
-        F.to_json(F.struct(*[F.col(c) for c in source.columns])).alias(LATE),
-        F.unix_millis(F.col(column).cast("timestamp")).alias(LATE_MS))
-    return source.where(~late), late_rows.withColumn(ROUTE, F.hash(F.col(LATE)))
-
-
 def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
-    from pyspark.sql import functions as F
-
     context, recorded = _context()
     _second_operator(recorded)
-    plan = real._jdf.queryExecution().analyzed()
-    grouping = plan.groupingExpressions().size()
-    schema = real.schema
-    group_names = tuple(f.name for f in schema.fields[:grouping])
-    aggregates, partials = [], []
-    expressions = plan.aggregateExpressions()
-    for i in range(grouping, expressions.size()):
-        expression = expressions.apply(i)
-        name = expression.name()
-        inner = expression.child() if expression.getClass().getSimpleName() == "Alias" else expression
-        if inner.getClass().getSimpleName() != "AggregateExpression":
-            raise TransformError(f"the aggregate {expression.sql()} is an expression over aggregates: aggregate "
-                                 "first, then compute it in a select after the aggregation")
-        function = inner.aggregateFunction()
-        spark_class, distinct = function.getClass().getSimpleName(), bool(inner.isDistinct())
-        why = aggs.refusal(spark_class, distinct)
-        if why is not None:
-            raise TransformError(f"{expression.sql()} cannot be kept across batches: {why}")
-        children = function.children()
-        argument = children.apply(0).sql() if children.size() else "1"
-        agg = Aggregate(name, aggs.function_name(spark_class, distinct), argument)
-        aggregates.append(agg)
-        column = F.expr(argument)
-        p = f"_txs_p{len(partials)}"
-        if agg.function == "count":
-            partials.append(F.count(column).alias(p))
-        elif agg.function == "count_distinct":
-            partials.append(F.collect_set(column).alias(p))
-        elif agg.function == "approx_count_distinct":
-            partials.append(F.hll_sketch_agg(column, aggs.SKETCH_LG_K).alias(p))
-        elif agg.function == "avg":
-            partials.append(F.sum(column.cast("double")).alias(p))
-            partials.append(F.count(column).alias(f"_txs_p{len(partials)}"))
-        else:
-            partials.append(getattr(F, agg.function)(column).alias(p))
+    group_names, aggregates, partials = aggregation_partials(real)
     window = _window_of(cols)
-    watermark = recorded.watermark
-    if window is not None and watermark is None:
-        raise TransformError("a window aggregation needs withWatermark(column, delay) before the groupBy: without "
-                             "one its windows never close and its state grows without bound")
-    if context.output_mode == "append" and window is None:
-        raise TransformError("output mode append (Structured Streaming's default) needs a window and a watermark for "
-                             "an aggregation: each result is emitted once, when its window closes. Set output_mode = "
-                             "'update' or 'complete' for totals so far, or 'per-batch' to aggregate each batch alone "
-                             "(docs/state.md)")
-    kind = window[1] if window is not None else AGGREGATE
     if window is not None and window[0] != 0:
         raise TransformError("put window(...) or session_window(...) first among the groupBy columns")
-    description = OperatorDescription(
-        "agg", kind, context.units, context.output_mode, [n for n in group_names[1 if window else 0:]],
-        aggregates, window[2] if window else None,
-        {"column": watermark[0], "delay_ms": watermark[1]} if watermark else None,
-        aggs.session_schema(aggregates) if kind == SESSION else aggs.state_schema(aggregates),
-        state_format=state_format(kind))
+    operator = operator_for(window[1] if window is not None else AGGREGATE)
+    description = operator.describe(context.units, context.output_mode, group_names, aggregates,
+                                    window[2] if window else None, recorded.watermark)
     recorded.description = description
     if context.merge_spec is None:   # describing only (at start): the real aggregation's shape will do
         return real
     with _ours():
-        ontime, late = _late_split(source, watermark, context.watermark_ms)
-        events = F.max(F.col(watermark[0])).alias(EVENTS) if watermark else F.lit(None).cast("timestamp").alias(EVENTS)
-        grouped = ontime.groupBy(*cols).agg(*partials, events, F.count(F.lit(1)).alias(ROWS))
-        # A group's sessions live in one state key (they merge across batches): routed by the
-        # group alone; a fixed window is its own key, routed with it.
-        routed = group_names[1:] if kind == SESSION else group_names
-        grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{n}`") for n in routed]) if routed else F.lit(0))
-        if late is not None:
-            grouped = grouped.unionByName(late, allowMissingColumns=True)
+        grouped = operator.partials(description, source, cols, partials, group_names, context.watermark_ms)
     spec = context.merge_spec(description, group_names, tuple(f"_txs_p{i}" for i in range(len(partials))),
-                              _arrow_schema(schema), None)
-    return (context.merge_frame or _unit_merge)(grouped, spec, schema)
+                              _arrow_schema(real.schema), None)
+    return (context.merge_frame or _unit_merge)(grouped, spec, real.schema)
 
 
 def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
-
     context, recorded = _context()
     _second_operator(recorded)
     watermark = recorded.watermark
-    if within and watermark is None:
-        raise TransformError("dropDuplicatesWithinWatermark needs withWatermark(column, delay) before it")
-    missing = [c for c in subset if c not in source.columns]
-    if missing:
-        raise TransformError(f"dropDuplicates: no column {missing[0]!r} among {', '.join(source.columns)}")
-    description = OperatorDescription(
-        "dedup", DEDUP, context.units, context.output_mode, list(subset), [], None,
-        {"column": watermark[0], "delay_ms": watermark[1]} if watermark else None,
-        aggs.state_schema([], event_time=True), state_format=state_format(DEDUP))
+    operator = Deduplicate()
+    description = operator.describe(context.units, context.output_mode, subset, list(source.columns), watermark,
+                                    within)
     recorded.description = description
     if context.merge_spec is None:
         return source
     with _ours():
-        return _dedup_frame(context, description, source, subset, watermark)
-
-
-def _dedup_frame(context: BatchContext, description: OperatorDescription, source: Any, subset: list[str],
-                 watermark: tuple[str, int] | None) -> Any:
-    from pyspark.sql import functions as F
-
-    ontime, late = _late_split(source, watermark, context.watermark_ms)
-    # The copy kept is the first by (input partition, offset) when the rows still carry them,
-    # else the least row: the same copy on every re-run of the batch.
-    order = [F.col(c).alias(f"o{i}") for i, c in enumerate(("partition", "offset")) if c in source.columns]
-    first = F.min(F.struct(*order, F.struct(*[F.col(f"`{c}`") for c in source.columns]).alias("row"))).alias(FIRST)
-    events = F.max(F.col(watermark[0])).alias(EVENTS) if watermark else F.lit(None).cast("timestamp").alias(EVENTS)
-    grouped = ontime.groupBy(*[F.col(f"`{c}`") for c in subset]).agg(first, events, F.count(F.lit(1)).alias(ROWS))
-    grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{c}`") for c in subset]))
-    if late is not None:
-        grouped = grouped.unionByName(late, allowMissingColumns=True)
+        grouped = operator.partials(description, source, subset, context.watermark_ms)
     spec = context.merge_spec(description, tuple(subset), (), _arrow_schema(source.schema),
                               watermark[0] if watermark else None)
     return (context.merge_frame or _unit_merge)(grouped, spec, source.schema)

@@ -57,6 +57,10 @@ class OperatorDescription:
     # Which life of the state this is: new when the description is first written (after a
     # `txstream state reset` too), so a worker's local copy of an earlier life is never reused.
     epoch: str = ""
+    # Deduplication: dropDuplicatesWithinWatermark (keys forgotten once ts + delay passes the
+    # watermark) rather than dropDuplicates (kept, unless the event time is a key). Outside the
+    # fingerprint, as the output mode: a state written before it was recorded reads as False.
+    within_watermark: bool = False
 
     @property
     def windowed(self) -> bool:
@@ -65,7 +69,8 @@ class OperatorDescription:
     def fingerprint(self) -> str:
         """What must not change while state exists: everything but the output mode and the
         watermark's delay (both only change what is emitted and when)."""
-        kept = {k: v for k, v in asdict(self).items() if k not in ("output_mode", "watermark", "epoch")}
+        kept = {k: v for k, v in asdict(self).items() if k not in ("output_mode", "watermark", "epoch",
+                                                                               "within_watermark")}
         return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> bytes:

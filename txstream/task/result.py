@@ -42,7 +42,7 @@ class TaskResult:
     message: str = ""
     transactional_id: str = ""   # the producer that published it (exactly-once)
     largest_record: int = 0      # bytes of the range's largest input record (key + value)
-    # A stateful unit's (task/state_merge.py): input rows merged into its state, rows behind the
+    # A stateful unit's (task/state_unit.py): input rows merged into its state, rows behind the
     # watermark, keys held after the batch (before its deletions), and its restore.
     rows_merged: int = 0
     late: int = 0

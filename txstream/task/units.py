@@ -58,6 +58,7 @@ class Marker:
     events: int | None = None   # a stateful unit: the latest event time it has seen (ms), for the watermark
     merged: int = -1            # a stateful unit: input rows its batch merged into the state
     late: int = -1              # ... and rows behind the watermark
+    attempt: str = ""           # ... and which merge attempt's changes it committed (task/state_unit.py)
 
     @property
     def done_through(self) -> int:
@@ -68,6 +69,8 @@ class Marker:
         text = f"p={self.plan_id};r={self.rows};h={self.content};v={self.values}"
         if self.events is not None:
             text += f";x={self.events}"
+        if self.attempt:
+            text += f";a={self.attempt}"
         return text if self.merged < 0 else f"{text};m={self.merged};l={self.late}"
 
     @staticmethod
@@ -82,7 +85,8 @@ class Marker:
             merged, late = int(fields.get("m", -1)), int(fields.get("l", -1))
         except ValueError:
             events, merged, late = None, -1, -1
-        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""), events, merged, late)
+        return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""), events, merged, late,
+                      fields.get("a", ""))
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,7 @@ class _UnitTransaction(Transaction):
     def __init__(self, spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], result: TaskResult,
                  merged: dict | None = None) -> None:
         self.spec, self.unit, self.batches, self.result = spec, unit, batches, result
-        self.merged = merged            # a stateful unit's merge result (task/state_merge.py)
+        self.merged = merged            # a stateful unit's merge result (task/state_unit.py)
         self.events: int | None = None  # the marker's event time before this batch
         self.collector: RecordCollector | None = None
 
@@ -292,10 +296,12 @@ class _UnitTransaction(Transaction):
         if self.merged is not None and self.merged.get("events") is not None:
             events = max(events or self.merged["events"], self.merged["events"])
         merged = late = -1
+        attempt = ""
         if self.merged is not None:
             merged, late = self.merged["rows"], len(self.merged["late"])
+            attempt = self.merged.get("attempt", "")
         marker = Marker(spec.batch_id + 1, spec.plan_id, len(sent), *content_hash(sent), events=events,
-                        merged=merged, late=late)
+                        merged=merged, late=late, attempt=attempt)
         return ([TopicPartition(markers_name(spec.app_id), self.unit, marker.offset, metadata=marker.metadata())],
                 spec.markers_metadata)
 

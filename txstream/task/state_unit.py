@@ -1,0 +1,158 @@
+"""A stateful unit's merge in a Spark task (a `mapInArrow` body after `repartition(K, ...)`):
+docs/state.md.
+
+Spark hands unit i the batch's partial aggregates of the groups that hash to it (or, for
+deduplication, each key's first row), and the batch's late rows. This shell brings unit i's state
+partition to the unit's marker (a local copy plus the changelog's tail: state/restore.py), has
+the operator of its kind (txstream/operators/) merge the partials into it and decide what the
+output mode emits, and yields those rows in the aggregation's own schema, for the rest of the
+user's transform and then the unit's publisher (task/units.py), which runs later in the same task.
+
+The merge writes nothing to Kafka. The batch's state changes, its late rows and its latest event
+time go to the publisher through the task's side file (task/sidefile.py), and reach Kafka in the
+unit's transaction with its output and its marker. The local copy takes them only from the
+changelog, at the next batch's restore: it never holds a change Kafka did not commit.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from txstream.operators.base import MergeSpec
+from txstream.operators.kinds import operator_for
+from txstream.state.errors import StateStoreError
+from txstream.state.restore import restore
+from txstream.state.store import StateStore, StoreVersion
+from txstream.state.stores import open_store
+from txstream.task import worker_heap
+from txstream.task.sidefile import run_directory, write_state
+
+
+def _store(spec: MergeSpec, unit: int) -> tuple[StateStore, Path | None]:
+    """The unit's local copy (RocksDB in the executor's local directory, which every Python worker
+    of the executor opens in turn) and its directory; a memory store (and None) when another
+    process holds it."""
+    if spec.store_kind == "rocksdb":
+        # Named by the state's epoch: a copy from before a `txstream state reset` is never opened.
+        path = run_directory(f"txstream-state-{spec.app_id}") / f"{spec.operator}-{spec.description.epoch}-{unit}"
+        os.makedirs(path.parent, exist_ok=True)
+        try:
+            return open_store("rocksdb", str(path), unit), path
+        except StateStoreError:
+            pass   # a speculative copy of the unit holds it: restore into memory instead
+    return open_store("memory", None, unit), None
+
+
+def _pending_file(path: Path) -> Path:
+    return path.with_name(path.name + ".pending")
+
+
+def _take_pending(spec: MergeSpec, unit: int, store: StateStore, path: Path | None, marker: Any) -> bool:
+    """The changes this executor merged for the unit's last batch, applied to the local copy if
+    that batch committed (its marker says so) on top of the very state they were merged into: the
+    copy then need not read its own batch back from the changelog. Returns whether it did."""
+    if path is None:
+        return False
+    pending = _pending_file(path)
+    try:
+        with open(pending, "rb") as src:
+            saved = pickle.load(src)
+    except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+        return False
+    finally:
+        pending.unlink(missing_ok=True)
+    if (saved["base"] != store.version.batch or marker.done_through != saved["batch"]
+            or not marker.attempt or saved.get("attempt") != marker.attempt):
+        # The batch did not commit, another attempt of it did (its changes may differ: the marker
+        # names the attempt that committed), or the copy moved since: restore reads the changelog.
+        return False
+    from txstream.state.changelog import changelog_end
+
+    # Every record of the committed batch lies below the changelog's end now, and no later batch
+    # of this unit committed (the marker names this one): the copy covers up to the end.
+    end = changelog_end(spec.clients, spec.app_id, spec.operator, unit, spec.timeout_s)
+    store.load(saved["changes"].items(), StoreVersion(unit, saved["batch"], end))
+    return True
+
+
+def _save_pending(spec: MergeSpec, path: Path | None, store: StateStore, attempt: str) -> None:
+    if path is None or not store.changes():
+        return
+    pending = _pending_file(path)
+    with open(pending.with_suffix(".tmp"), "wb") as out:
+        pickle.dump({"batch": spec.batch_id, "base": store.version.batch, "attempt": attempt,
+                     "changes": dict(store.changes())}, out,
+                    protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(pending.with_suffix(".tmp"), pending)
+
+
+def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    worker_heap.settle()
+    from pyspark import TaskContext
+
+    from txstream.task.units import read_markers
+
+    unit = TaskContext.get().partitionId()
+    received = list(batches)
+    markers = read_markers(spec.clients, spec.app_id, spec.description.units, spec.timeout_s)
+    marker = markers[unit]
+    if marker.done_through >= spec.batch_id:
+        # Published by an earlier attempt: its state is in the changelog already, nothing to merge.
+        write_state(spec.side_dir, spec.batch_id, {"skip": True})
+        return
+    store, path = _store(spec, unit)
+    try:
+        started = time.perf_counter()
+        _take_pending(spec, unit, store, path, marker)
+        report = restore(spec.clients, spec.app_id, spec.operator, unit, store, marker,
+                         reread_marker=lambda: read_markers(spec.clients, spec.app_id, spec.description.units,
+                                                            spec.timeout_s)[unit],
+                         timeout=spec.timeout_s)
+        restored_s = time.perf_counter() - started
+        snapshot_s = _snapshot_if_due(spec, unit, store, report)
+        operator = operator_for(spec.description.kind)
+        # This attempt's name, in the side file (so in the marker its publisher commits) and in the
+        # pending file: a later batch applies the pending changes only if this attempt committed.
+        attempt = uuid.uuid4().hex[:12]
+        merged = operator.merge(spec, store, pa.Table.from_batches(received) if received else None)
+        write_state(spec.side_dir, spec.batch_id, {
+            "changes": dict(store.changes()), "attempt": attempt, "late": merged.late, "events": merged.events,
+            "emitted": merged.emitted, "expires": merged.expires, "rows": merged.rows,
+            "restore": {"source": report.source, "records": report.changelog_records, "seconds": restored_s,
+                        "snapshot_seconds": snapshot_s},
+            "keys": operator.user_keys(store)})
+        _save_pending(spec, path, store, attempt)
+        store.abort()
+    finally:
+        store.close()
+    if merged.out is not None and merged.out.num_rows:
+        yield from merged.out.to_batches()
+
+
+def _snapshot_if_due(spec: MergeSpec, unit: int, store: StateStore, report: Any) -> float:
+    """Write a snapshot of the state just restored (the state after the marker's batch) when the
+    changelog has grown `spec.snapshot_every` records past the newest snapshot: a restore then reads
+    that snapshot and a tail shorter than that. Its own transactional.id: the unit's producer
+    stays the publisher's. Returns the seconds it took (0: none was due)."""
+    if report.changelog_to - report.snapshot_offset < spec.snapshot_every or store.version.changelog_offset is None:
+        return 0.0
+    from confluent_kafka import Producer
+
+    from txstream.state.snapshot import write_snapshot
+
+    started = time.perf_counter()
+    producer = Producer(spec.clients.producer(**{
+        "transactional.id": f"{spec.app_id}-{spec.operator}-snapshot-{unit}", "enable.idempotence": True}))
+    try:
+        producer.init_transactions(spec.timeout_s)
+        write_snapshot(spec.clients, producer, spec.app_id, spec.operator, store, store.version.changelog_offset,
+                       spec.timeout_s)
+    finally:
+        producer.flush(1)
+    return time.perf_counter() - started

@@ -18,29 +18,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstream.driver.stateful_query import BatchContext, recording
-from txstream.operators.base import next_watermark
+from txstream.operators.base import ROUTE, MergeSpec, next_watermark
+from txstream.operators.kinds import operator_for
 from txstream.state.memory import MemoryStore
-from txstream.state.operator import AGGREGATE
-from txstream.task.state_merge import ROUTE, MergeSpec
 
 APP = "semantics"
 _UNIT = "_txs_diff_unit"
-
-
-def _merge(spec: MergeSpec, store: MemoryStore, table: pa.Table) -> Any:
-    """The operator's merge of one unit's partials (operators/<kind>.py once they are split out
-    of task/state_merge.py)."""
-    try:
-        from txstream import operators
-
-        merge = getattr(operators, "merge", None)
-    except ImportError:
-        merge = None
-    if merge is not None:
-        return merge(spec, store, table)
-    from txstream.task.state_merge import merge_partials
-
-    return merge_partials(spec, store, table.to_batches())
 
 
 @dataclass
@@ -75,11 +58,14 @@ class TxRun:
 
         def merge_frame(grouped: Any, spec: MergeSpec, out_schema: Any) -> Any:
             routed = grouped.repartition(spec.description.units, ROUTE).withColumn(_UNIT, F.spark_partition_id())
-            table = routed.toArrow()
+            # Arrow batches as Spark's tasks get them (toArrow's cast refuses the late rows' null FIRST).
+            collected = routed._collect_as_arrow()  # noqa: SLF001
+            table = pa.Table.from_batches(collected) if collected else None
             outs = []
             for unit, store in enumerate(self.stores):
-                part = table.filter(pc.equal(table[_UNIT], unit)).drop_columns([_UNIT])
-                merged = _merge(spec, store, part)
+                part = None if table is None else table.filter(pc.equal(table[_UNIT], unit)).drop_columns([_UNIT])
+                merged = operator_for(spec.description.kind).merge(spec, store, part if part is not None and
+                                                                   part.num_rows else None)
                 store.commit(batch_id)
                 if merged.events is not None:
                     self.events[unit] = max(self.events[unit] or merged.events, merged.events)
@@ -103,11 +89,10 @@ class TxRun:
         return TxBatch(batch_id, rows, watermark, index, late_ids)
 
     def owes_batch(self, last_watermark: int | None) -> bool:
-        """driver/stateful.py `owes_batch`: a batch with no records when the watermark moved past
-        the last batch's, for every kind but running aggregates."""
+        """The driver's question (driver/stateful.py): does the operator owe a batch with no
+        records at the watermark the next batch would run with?"""
         d = self.description
-        return (d is not None and d.watermark is not None and d.kind != AGGREGATE and self.watermark is not None
-                and (last_watermark is None or self.watermark > last_watermark))
+        return d is not None and operator_for(d.kind).owes_batch(d, last_watermark, self.watermark)
 
 
 def run_txstream(spark: Any, query: Callable[[Any], Any], mode: str, units: int, cuts: list[pa.Table]) -> list[TxBatch]:

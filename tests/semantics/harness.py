@@ -1,0 +1,112 @@
+"""txstream's side of the differential suite, without Kafka (issue 60, the fast layer): the
+real rewrite (driver/stateful_query.py's `recording` replaces the stateful operator with Spark
+partials), the real merge into a memory store per unit kept across batches, batch after batch,
+with the watermark computed as the driver computes it (operators/base.py `next_watermark`).
+
+Only the transport differs from a run: the partials are collected (repartitioned by unit as
+Spark's tasks get them) and merged here instead of in `mapInArrow` tasks that restore the unit
+from Kafka, and the merged rows go back to Spark (`BatchContext.merge_frame`) so the rest of the
+user's transform applies to them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txstream.driver.stateful_query import BatchContext, recording
+from txstream.operators.base import ROUTE, MergeSpec, next_watermark
+from txstream.operators.kinds import operator_for
+from txstream.state.memory import MemoryStore
+
+APP = "semantics"
+_UNIT = "_txs_diff_unit"
+
+
+@dataclass
+class TxBatch:
+    batch_id: int
+    rows: list[dict]
+    watermark_ms: int | None
+    cut: int | None                     # None: a batch with no records
+    late_ids: set[int] = field(default_factory=set)
+
+
+class TxRun:
+    """One app's state (K memory stores) and watermark across its batches."""
+
+    def __init__(self, spark: Any, query: Callable[[Any], Any], mode: str, units: int, schema: Any) -> None:
+        self.spark, self.query, self.mode, self.units, self.schema = spark, query, mode, units, schema
+        self.stores = [MemoryStore(u) for u in range(units)]
+        self.events: list[int | None] = [None] * units
+        self.watermark: int | None = None
+        self.batch_id = 1   # a fresh store is at batch 0
+        self.description = None
+
+    def batch(self, cut: pa.Table | None, index: int | None) -> TxBatch:
+        from pyspark.sql import functions as F
+
+        late_ids: set[int] = set()
+        batch_id, watermark = self.batch_id, self.watermark
+
+        def merge_spec(description, group_names, partial_names, out_schema, event_column):
+            return MergeSpec(APP, None, "", batch_id, description, group_names, partial_names, out_schema,
+                             watermark, "memory", 60.0, event_column)
+
+        def merge_frame(grouped: Any, spec: MergeSpec, out_schema: Any) -> Any:
+            routed = grouped.repartition(spec.description.units, ROUTE).withColumn(_UNIT, F.spark_partition_id())
+            # Arrow batches as Spark's tasks get them (toArrow's cast refuses the late rows' null FIRST).
+            collected = routed._collect_as_arrow()  # noqa: SLF001
+            table = pa.Table.from_batches(collected) if collected else None
+            outs = []
+            for unit, store in enumerate(self.stores):
+                part = None if table is None else table.filter(pc.equal(table[_UNIT], unit)).drop_columns([_UNIT])
+                merged = operator_for(spec.description.kind).merge(spec, store, part if part is not None and
+                                                                   part.num_rows else None)
+                store.commit(batch_id)
+                if merged.events is not None:
+                    self.events[unit] = max(self.events[unit] or merged.events, merged.events)
+                late_ids.update(json.loads(text)["id"] for text, _ms in merged.late)
+                if merged.out is not None and merged.out.num_rows:
+                    outs.append(merged.out)
+            rows = pa.concat_tables(outs) if outs else spec.out_schema.empty_table()
+            return self.spark.createDataFrame(rows, schema=out_schema)
+
+        context = BatchContext(APP, self.units, self.mode, batch_id, watermark, merge_spec, merge_frame)
+        frame = self.spark.createDataFrame(cut if cut is not None else self.schema.empty_table(),
+                                           schema=_spark_schema(self.schema))
+        with recording(context) as recorded:
+            out = self.query(frame)
+            rows = out.toArrow().to_pylist()
+        self.description = recorded.description
+        self.batch_id += 1
+        delay = (self.description.watermark or {}).get("delay_ms") if self.description else None
+        if delay is not None:
+            self.watermark = next_watermark(self.watermark, self.events, delay)
+        return TxBatch(batch_id, rows, watermark, index, late_ids)
+
+    def owes_batch(self, last_watermark: int | None) -> bool:
+        """The driver's question (driver/stateful.py): does the operator owe a batch with no
+        records at the watermark the next batch would run with?"""
+        d = self.description
+        return d is not None and operator_for(d.kind).owes_batch(d, last_watermark, self.watermark)
+
+
+def run_txstream(spark: Any, query: Callable[[Any], Any], mode: str, units: int, cuts: list[pa.Table]) -> list[TxBatch]:
+    run = TxRun(spark, query, mode, units, cuts[0].schema)
+    batches = []
+    for i, cut in enumerate(cuts):
+        b = run.batch(cut, i)
+        batches.append(b)
+        if run.owes_batch(b.watermark_ms):
+            batches.append(run.batch(None, None))
+    return batches
+
+
+def _spark_schema(schema: pa.Schema) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)

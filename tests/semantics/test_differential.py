@@ -1,0 +1,205 @@
+"""txstream's stateful answers against Spark Structured Streaming's own (issue 60): the same
+query over the same rows and the same batch cuts, run by Spark's engine (oracle.py) and by
+txstream's rewrite and merge without Kafka (harness.py).
+
+Compared: in append and update mode what each batch emits (multisets of rows; a cut's batch and
+the no-data batch after it apart), in complete mode the last batch, and always the rows each
+engine drops as late (txstream's late rows must be Spark's dropped rows). Cut invariance: where
+Spark's final answer is the same for two cuttings of one input, txstream's must be too.
+
+Seeded: TXSTREAM_DIFF_SEED (default 60) and TXSTREAM_DIFF_CASES (seeds per family and mode,
+default 1). A failure prints its seed and its cuts. A known divergence is marked xfail(strict):
+when its fix lands the case passes, the mark fails the suite, and the mark is to be removed.
+"""
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from collections import Counter
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import AnalysisException
+
+from tests.semantics.cases import families, make_cuts, recut
+from tests.semantics.harness import run_txstream
+from tests.semantics.oracle import run_spark
+from txstream.errors import TransformError
+
+FAMILIES = families()
+BASE_SEED = int(os.environ.get("TXSTREAM_DIFF_SEED", "60"))
+SEEDS = int(os.environ.get("TXSTREAM_DIFF_CASES", "1"))
+
+# (family, mode) -> the issue 60 divergence its cases meet on every seed (cases.py makes sure).
+# Still differing after ops' per-kind late rules (#1), session gap (#5), dedup eviction (#8) and
+# complete-mode batches (#20) were merged: the first difference not yet read (see the suite's report).
+_LATE = "issue 60 #1: late rows or emissions differ from Spark's (still after the per-kind late rule)"
+_UNLISTED = "issue 60, not among its 22 (found by this suite): "
+KNOWN: dict[tuple[str, str], str] = {
+    ("running_nan", "update"): "issue 60 #14: min/max with NaN depend on batch order",
+    ("running_decimal", "update"): "issue 60 #11: decimals (ArrowInvalid: rescaling would lose data)",
+    ("running_decimal_avg", "update"): "issue 60 #11: avg(decimal) crashes (Arrow rescaling)",
+    ("running_binary_key", "update"): "issue 60 #7: non-UTF-8 binary keys collide and come back altered",
+    ("running_micros_key", "update"): "issue 60 #10: timestamps in keys cut to the millisecond",
+    ("running_count_distinct2", "update"): "issue 60 #6: count(DISTINCT a, b); Spark refuses DISTINCT in a "
+                                            "streaming aggregation, txstream runs it",
+    ("running_filter", "update"): "issue 60 #6: an aggregate's FILTER (WHERE ...) is ignored",
+    ("hopping", "append"): _UNLISTED + "a hopping window closed by the watermark is emitted in txstream's "
+                           "no-data batch, by Spark with the next batch of data",
+    ("hopping_ontime", "append"): _UNLISTED + "a hopping window closed by the watermark is emitted in "
+                                  "txstream's no-data batch, by Spark with the next batch of data",
+    ("session", "append"): _UNLISTED + "a closed session is emitted in txstream's no-data batch, by Spark not there",
+    ("session", "update"): _UNLISTED + "Spark refuses session windows in update mode, txstream runs them",
+    ("session_gap_apart", "append"): "issue 60 #10: a session's end (ts + gap) is cut to the millisecond (.001000 vs Spark's .001001)",
+    ("window_complete", "complete"): "issue 60 #1: the oracle derives that Spark drops a row in complete mode, txstream none (the derivation "
+                                      "is unconfirmed by numRowsDroppedByWatermark here)",
+    ("dedup_watermark_ts_key", "append"): "issue 60 #1: late by the current watermark; Spark judges by the previous batch's",
+    ("dedup_within_watermark", "append"): "issue 60 #8: dropDuplicatesWithinWatermark: still differs "
+                                          "from Spark after the #8 fix",
+}
+
+
+def _seed(*parts: Any) -> int:
+    return zlib.crc32(repr((BASE_SEED, *parts)).encode())
+
+
+def _cases() -> list[Any]:
+    out = []
+    for name, family in FAMILIES.items():
+        for mode in family.modes:
+            for i in range(SEEDS):
+                seed = _seed(name, mode, i)
+                marks = [pytest.mark.xfail(strict=True, reason=KNOWN[(name, mode)])] if (name, mode) in KNOWN else []
+                out.append(pytest.param(name, mode, 1 + seed % 3, seed, id=f"{name}-{mode}-K{1 + seed % 3}-{seed}",
+                                        marks=marks))
+    return out
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, float):
+        return "NaN" if math.isnan(value) else float(f"{value:.12g}")
+    if isinstance(value, Decimal):
+        return ("decimal", str(value))
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return tuple((k, _norm(v)) for k, v in value.items())   # the schema's order: keys first
+    if isinstance(value, list):
+        return tuple(_norm(v) for v in value)
+    return value
+
+
+def _bag(rows: list[dict]) -> Counter:
+    return Counter(_norm(r) for r in rows)
+
+
+def _per_cut(batches: list[Any], cuts: int) -> list[tuple[Counter, Counter, set]]:
+    """Per cut: what its batch emitted, what the no-data batch after it emitted, its late rows."""
+    out = [[Counter(), Counter(), set()] for _ in range(cuts)]
+    current = -1
+    for b in batches:
+        if b.cut is not None:
+            current = b.cut
+            out[current][0] = _bag(b.rows)
+            out[current][2] = set(b.late_ids)
+        elif current >= 0:
+            out[current][1] += _bag(b.rows)
+        elif b.rows:
+            raise AssertionError(f"a no-data batch before any data emitted {b.rows}")
+    return [tuple(x) for x in out]
+
+
+def _show(cuts: list[pa.Table]) -> str:
+    return "\n".join(f"  cut {i}: " + "; ".join(
+        f"#{r['id']} {r['ts'].isoformat()[11:26]} k={r['k']!r} b={r['b']!r} v={r['v']} d={r['d']} m={r['m']}"
+        for r in cut.to_pylist()) for i, cut in enumerate(cuts))
+
+
+def _compare(name: str, mode: str, seed: int, cuts: list[pa.Table], spark_batches: list, tx_batches: list) -> None:
+    where = f"family {name}, mode {mode}, seed {seed} (TXSTREAM_DIFF_SEED={BASE_SEED})\n{_show(cuts)}"
+    ours, theirs = _per_cut(tx_batches, len(cuts)), _per_cut(spark_batches, len(cuts))
+    for i, ((o_rows, o_after, o_late), (s_rows, s_after, s_late)) in enumerate(zip(ours, theirs, strict=True)):
+        assert o_late == s_late, f"cut {i}: txstream's late rows {sorted(o_late)}, Spark dropped {sorted(s_late)}\n{where}"
+        if mode == "complete":
+            continue
+        assert o_rows == s_rows, (f"cut {i}'s batch emitted\n  txstream {sorted(o_rows.elements(), key=repr)}\n"
+                                  f"  Spark    {sorted(s_rows.elements(), key=repr)}\n{where}")
+        assert o_after == s_after, (f"the no-data batch after cut {i} emitted\n  txstream "
+                                    f"{sorted(o_after.elements(), key=repr)}\n  Spark    "
+                                    f"{sorted(s_after.elements(), key=repr)}\n{where}")
+    if mode == "complete":
+        last_ours, last_theirs = _bag(tx_batches[-1].rows), _bag(spark_batches[-1].rows)
+        assert last_ours == last_theirs, (f"the last batch's table\n  txstream {sorted(last_ours.elements(), key=repr)}"
+                                          f"\n  Spark    {sorted(last_theirs.elements(), key=repr)}\n{where}")
+
+
+@pytest.mark.parametrize(("name", "mode", "units", "seed"), _cases())
+def test_txstream_emits_what_spark_emits(semantic_spark, name: str, mode: str, units: int, seed: int) -> None:
+    family = FAMILIES[name]
+    cuts = make_cuts(family, seed)
+    try:
+        spark_batches = run_spark(semantic_spark, family.query, mode, cuts, family.late_rule())
+    except AnalysisException as refused:
+        # What Spark refuses (a DISTINCT aggregate, a session window in update mode) txstream
+        # must refuse too, at its first batch, rather than run it as something else.
+        with pytest.raises(TransformError):
+            run_txstream(semantic_spark, family.query, mode, units, cuts)
+            pytest.fail(f"Spark refuses {name} in {mode} mode ({str(refused).splitlines()[0]}), txstream runs it")
+        return
+    tx_batches = run_txstream(semantic_spark, family.query, mode, units, cuts)
+    _compare(name, mode, seed, cuts, spark_batches, tx_batches)
+
+
+def _final(batches: list[Any], mode: str, keys: int) -> tuple[Counter, frozenset]:
+    """What a cutting does not change when Spark's answer does not depend on it: complete mode's
+    last table, append mode's union of emissions, update mode's last row per group (`keys`: the
+    group's leading columns), and the rows dropped."""
+    late = frozenset(i for b in batches for i in b.late_ids)
+    if mode == "complete":
+        return _bag(batches[-1].rows), late
+    if mode == "append":
+        return sum((_bag(b.rows) for b in batches), Counter()), late
+    latest: dict[Any, Any] = {}
+    for b in batches:
+        for row in b.rows:
+            normal = _norm(row)
+            latest[normal[:keys]] = normal
+    return Counter(latest.values()), late
+
+
+# (family, mode, group key columns in the output) for the cut invariance check.
+INVARIANT = [("running", "update", 1), ("running", "complete", 1), ("tumbling_ontime", "append", 2),
+             ("session_gap_apart", "append", 2), ("dedup", "append", 0), ("dedup_within_watermark", "append", 0)]
+KNOWN_CUTS: dict[tuple[str, str], str] = {}
+
+
+def _invariant_cases() -> list[Any]:
+    out = []
+    for name, mode, keys in INVARIANT:
+        for i in range(SEEDS):
+            seed = _seed("cuts", name, mode, i)
+            marks = [pytest.mark.xfail(strict=True, reason=KNOWN_CUTS[(name, mode)])] if (name, mode) in KNOWN_CUTS else []
+            out.append(pytest.param(name, mode, keys, seed, id=f"{name}-{mode}-{seed}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize(("name", "mode", "keys", "seed"), _invariant_cases())
+def test_where_spark_ignores_the_cuts_txstream_does_too(semantic_spark, name: str, mode: str, keys: int,
+                                                          seed: int) -> None:
+    family = FAMILIES[name]
+    cuts = make_cuts(family, seed)
+    other = recut(cuts, seed + 1)
+    units = 1 + seed % 3
+    spark_a = _final(run_spark(semantic_spark, family.query, mode, cuts, family.late_rule()), mode, keys)
+    spark_b = _final(run_spark(semantic_spark, family.query, mode, other, family.late_rule()), mode, keys)
+    if spark_a != spark_b:
+        pytest.skip(f"Spark's own answer depends on these cuts (seed {seed})")
+    tx_a = _final(run_txstream(semantic_spark, family.query, mode, units, cuts), mode, keys)
+    tx_b = _final(run_txstream(semantic_spark, family.query, mode, units, other), mode, keys)
+    assert tx_a == tx_b, (f"txstream's answer depends on the cuts (Spark's does not): family {name}, mode {mode}, "
+                          f"seed {seed}\n  cuts A:\n{_show(cuts)}\n  cuts B:\n{_show(other)}\n"
+                          f"  A: {sorted(tx_a[0].elements(), key=repr)}\n  B: {sorted(tx_b[0].elements(), key=repr)}")

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.support.state_commit import commit_batch
 from txstream.driver.stateful_query import BatchContext, recording
 from txstream.operators.base import MergeSpec, next_watermark
 from txstream.operators.kinds import operator_for
@@ -97,7 +98,7 @@ def txstream_run(spark: Any, query: Callable[[Any], Any], mode: str,
             collected = grouped._collect_as_arrow()  # noqa: SLF001
             table = pa.Table.from_batches(collected) if collected else None
             merged = operator_for(spec.description.kind).merge(spec, store, table)
-            store.commit(batch_id)
+            commit_batch(store, batch_id)
             if merged.events is not None:
                 events = max(events or merged.events, merged.events)
             late.extend(json.loads(text) for text, _ in merged.late)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tests.support.state_commit import commit_batch
 from txstream.driver.stateful_query import BatchContext, recording
 from txstream.operators.base import ROUTE, MergeSpec, next_watermark
 from txstream.operators.kinds import operator_for
@@ -43,6 +44,7 @@ class TxRun:
         self.stores = [MemoryStore(u) for u in range(units)]
         self.events: list[int | None] = [None] * units
         self.watermark: int | None = None
+        self.ran_with: int | None = None   # the last batch's watermark: this batch's late rows are judged by it
         self.batch_id = 1   # a fresh store is at batch 0
         self.description = None
 
@@ -66,7 +68,7 @@ class TxRun:
                 part = None if table is None else table.filter(pc.equal(table[_UNIT], unit)).drop_columns([_UNIT])
                 merged = operator_for(spec.description.kind).merge(spec, store, part if part is not None and
                                                                    part.num_rows else None)
-                store.commit(batch_id)
+                commit_batch(store, batch_id)
                 if merged.events is not None:
                     self.events[unit] = max(self.events[unit] or merged.events, merged.events)
                 late_ids.update(json.loads(text)["id"] for text, _ms in merged.late)
@@ -75,7 +77,8 @@ class TxRun:
             rows = pa.concat_tables(outs) if outs else spec.out_schema.empty_table()
             return self.spark.createDataFrame(rows, schema=out_schema)
 
-        context = BatchContext(APP, self.units, self.mode, batch_id, watermark, merge_spec, merge_frame)
+        context = BatchContext(APP, self.units, self.mode, batch_id, watermark, merge_spec, merge_frame,
+                               late_ms=self.ran_with)
         frame = self.spark.createDataFrame(cut if cut is not None else self.schema.empty_table(),
                                            schema=_spark_schema(self.schema))
         with recording(context) as recorded:
@@ -83,6 +86,7 @@ class TxRun:
             rows = out.toArrow().to_pylist()
         self.description = recorded.description
         self.batch_id += 1
+        self.ran_with = watermark
         delay = (self.description.watermark or {}).get("delay_ms") if self.description else None
         if delay is not None:
             self.watermark = next_watermark(self.watermark, self.events, delay)

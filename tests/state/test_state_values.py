@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.support.state_commit import commit_batch
 from txstream.driver.stateful_query import BatchContext, recording
 from txstream.operators.base import MergeSpec
 from txstream.operators.kinds import operator_for
@@ -73,7 +74,7 @@ def _merged(spark, monkeypatch, rows: list[tuple], cuts: list[tuple[int, int]], 
             collected = grouped._collect_as_arrow()  # noqa: SLF001
             merged = operator_for(spec.description.kind).merge(
                 spec, store, pa.Table.from_batches(collected) if collected else None)
-            store.commit(batch_id)
+            commit_batch(store, batch_id)
             if merged.out is not None:
                 for row in merged.out.to_pylist():
                     last[tuple(_hashable(row[n]) for n in spec.group_names)] = row

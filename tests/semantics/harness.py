@@ -102,11 +102,13 @@ class TxRun:
 def run_txstream(spark: Any, query: Callable[[Any], Any], mode: str, units: int, cuts: list[pa.Table]) -> list[TxBatch]:
     run = TxRun(spark, query, mode, units, cuts[0].schema)
     batches = []
+    # As the oracle feeds Spark (every cut's file there before the query starts), a batch with no
+    # records runs only once the input is exhausted: before that the next cut is always waiting,
+    # as it is for txstream's driver, which plans a batch with no records only when idle.
     for i, cut in enumerate(cuts):
-        b = run.batch(cut, i)
-        batches.append(b)
-        if run.owes_batch(b.watermark_ms):
-            batches.append(run.batch(None, None))
+        batches.append(run.batch(cut, i))
+    while run.owes_batch(batches[-1].watermark_ms):
+        batches.append(run.batch(None, None))
     return batches
 
 

@@ -141,6 +141,9 @@ def run_spark(spark: Any, query: Callable[[Any], Any], mode: str, cuts: list[pa.
         if late is not None and late.kind == DEDUP and b.cut is not None and b.dropped != len(b.late_ids):
             raise AssertionError(f"batch {b.batch_id}: Spark dropped {b.dropped} rows, the late rule says "
                                  f"{sorted(b.late_ids)}")
+        if late is not None and b.late_ids and not b.dropped and late.kind in (WINDOW, SESSION):
+            # Spark counts the partial aggregates it drops: a late row leaves at least one.
+            raise AssertionError(f"batch {b.batch_id}: Spark dropped nothing, the late rule says {sorted(b.late_ids)}")
         if late is not None and bool(b.dropped) != bool(b.late_ids) and late.kind == AGGREGATE:
             raise AssertionError(f"batch {b.batch_id}: Spark dropped {b.dropped} rows, the late rule says "
                                  f"{sorted(b.late_ids)}")

@@ -34,33 +34,21 @@ FAMILIES = families()
 BASE_SEED = int(os.environ.get("TXSTREAM_DIFF_SEED", "60"))
 SEEDS = int(os.environ.get("TXSTREAM_DIFF_CASES", "1"))
 
-# (family, mode) -> the issue 60 divergence its cases meet on every seed (cases.py makes sure).
-# Still differing after ops' per-kind late rules (#1), session gap (#5), dedup eviction (#8) and
-# complete-mode batches (#20) were merged: the first difference not yet read (see the suite's report).
-_LATE = "issue 60 #1: late rows or emissions differ from Spark's (still after the per-kind late rule)"
-_UNLISTED = "issue 60, not among its 22 (found by this suite): "
+# (family, mode) -> why txstream's answer still differs from Spark's for its cases (cases.py
+# makes every seed meet it). Strict: the day it is fixed the case passes and the mark must go.
 KNOWN: dict[tuple[str, str], str] = {
-    ("running_nan", "update"): "issue 60 #14: min/max with NaN depend on batch order",
-    ("running_decimal", "update"): "issue 60 #11: decimals (ArrowInvalid: rescaling would lose data)",
-    ("running_decimal_avg", "update"): "issue 60 #11: avg(decimal) crashes (Arrow rescaling)",
-    ("running_binary_key", "update"): "issue 60 #7: non-UTF-8 binary keys collide and come back altered",
-    ("running_micros_key", "update"): "issue 60 #10: timestamps in keys cut to the millisecond",
-    ("running_count_distinct2", "update"): "issue 60 #6: count(DISTINCT a, b); Spark refuses DISTINCT in a "
-                                            "streaming aggregation, txstream runs it",
-    ("running_filter", "update"): "issue 60 #6: an aggregate's FILTER (WHERE ...) is ignored",
-    ("hopping", "append"): _UNLISTED + "a hopping window closed by the watermark is emitted in txstream's "
-                           "no-data batch, by Spark with the next batch of data",
-    ("hopping_ontime", "append"): _UNLISTED + "a hopping window closed by the watermark is emitted in "
-                                  "txstream's no-data batch, by Spark with the next batch of data",
-    ("session", "append"): _UNLISTED + "a closed session is emitted in txstream's no-data batch, by Spark not there",
-    ("session", "update"): _UNLISTED + "Spark refuses session windows in update mode, txstream runs them",
-    ("session_gap_apart", "append"): "issue 60 #10: a session's end (ts + gap) is cut to the millisecond (.001000 vs Spark's .001001)",
-    ("window_complete", "complete"): "issue 60 #1: the oracle derives that Spark drops a row in complete mode, txstream none (the derivation "
-                                      "is unconfirmed by numRowsDroppedByWatermark here)",
-    ("dedup_watermark_ts_key", "append"): "issue 60 #1: late by the current watermark; Spark judges by the previous batch's",
-    ("dedup_within_watermark", "append"): "issue 60 #8: dropDuplicatesWithinWatermark: still differs "
-                                          "from Spark after the #8 fix",
+    ("running_count_distinct2", "update"): "Spark refuses DISTINCT aggregates on a stream, so there is no oracle here; "
+                                            "txstream keeps count(DISTINCT ...) as an extension, checked against "
+                                            "Spark's batch aggregate in tests/state/test_state_values.py",
+    ("session_gap_apart", "append"): "a session's bounds are kept in milliseconds: its end (last event + gap) "
+                                     "loses the event's microseconds (.001000 where Spark says .001001)",
 }
+
+
+def _late_rule(family: Any, mode: str) -> Any:
+    """Spark's late predicate for the family; none in complete mode, where Spark drops nothing
+    (its numRowsDroppedByWatermark stays 0: the state is never closed)."""
+    return None if mode == "complete" else family.late_rule()
 
 
 def _seed(*parts: Any) -> int:
@@ -142,7 +130,7 @@ def test_txstream_emits_what_spark_emits(semantic_spark, name: str, mode: str, u
     family = FAMILIES[name]
     cuts = make_cuts(family, seed)
     try:
-        spark_batches = run_spark(semantic_spark, family.query, mode, cuts, family.late_rule())
+        spark_batches = run_spark(semantic_spark, family.query, mode, cuts, _late_rule(family, mode))
     except AnalysisException as refused:
         # What Spark refuses (a DISTINCT aggregate, a session window in update mode) txstream
         # must refuse too, at its first batch, rather than run it as something else.
@@ -194,8 +182,8 @@ def test_where_spark_ignores_the_cuts_txstream_does_too(semantic_spark, name: st
     cuts = make_cuts(family, seed)
     other = recut(cuts, seed + 1)
     units = 1 + seed % 3
-    spark_a = _final(run_spark(semantic_spark, family.query, mode, cuts, family.late_rule()), mode, keys)
-    spark_b = _final(run_spark(semantic_spark, family.query, mode, other, family.late_rule()), mode, keys)
+    spark_a = _final(run_spark(semantic_spark, family.query, mode, cuts, _late_rule(family, mode)), mode, keys)
+    spark_b = _final(run_spark(semantic_spark, family.query, mode, other, _late_rule(family, mode)), mode, keys)
     if spark_a != spark_b:
         pytest.skip(f"Spark's own answer depends on these cuts (seed {seed})")
     tx_a = _final(run_txstream(semantic_spark, family.query, mode, units, cuts), mode, keys)

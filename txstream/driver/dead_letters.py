@@ -12,9 +12,9 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from txstream.constants import COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.kafka import transactions
 from txstream.kafka.transactions import Publication, publish_plain
-from txstream.protocol import COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.records import DeadLetter
 from txstream.task.publish import current_offsets, fence_pool, range_collector
 from txstream.task.spec import PartitionPlan, PublishSpec

@@ -1,7 +1,7 @@
 """`txstream status`: one screen on an app, whether or not an instance runs.
 
 From Kafka alone: the group's state and members, per input partition the committed offset, last
-stable offset, log end and lag (tools/offsets.py), and the last publication of each input
+stable offset, log end and lag (tools/offset_reset.py), and the last publication of each input
 partition, read from the lineage headers at the tail of the output topics (docs/architecture.md,
 §6). From a running instance, when its metrics URL is given: its live figures.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from txstream.errors import OffsetsError
 from txstream.kafka import headers as hdr
-from txstream.kafka import offsets as kofs
+from txstream.kafka import lookups as kofs
 from txstream.kafka.config import KafkaClients
 from txstream.kafka.scan import scan
 

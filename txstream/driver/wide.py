@@ -53,7 +53,7 @@ from txstream.errors import (
     UserError,
 )
 from txstream.kafka import transactions
-from txstream.kafka.transactions import Publication, TransactionalPublisher, publish_plain
+from txstream.kafka.transactions import CallableTransaction, TransactionalPublisher, publish_plain
 from txstream.records import (
     BatchRecord,
     DeadLetter,
@@ -442,7 +442,7 @@ class WideBatches:
                                  str(batch.batch_id).encode(), partition=0)
 
         assert self._publisher is not None
-        transaction = Publication(produce, lambda: (offsets, self.membership.group_metadata()))
+        transaction = CallableTransaction(produce, lambda: (offsets, self.membership.group_metadata()))
         try:
             # Any Kafka failure but a fence aborts and publishes again: the driver's producer is
             # the only one of its id, so nothing else can take the transaction over.

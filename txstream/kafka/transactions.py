@@ -394,7 +394,7 @@ class Transaction:
         return None
 
 
-class Publication(Transaction):
+class CallableTransaction(Transaction):
     """A transaction given as two callables: `produce(producer)` and `offsets()`."""
 
     def __init__(self, produce: Callable[[Any], None], offsets: Callable[[], tuple[list, Any]]) -> None:

@@ -155,10 +155,10 @@ def restore_child(bootstrap: str, app: str, keys: int, store_kind: str, workdir:
     """Restore unit 0 into a fresh `store_kind` store and measure it (runs in its own process)."""
     import txstream.state.snapshot as snapshot_module
     from txstream.kafka.config import KafkaClients
+    from txstream.records import Marker
     from txstream.state.codec import StateCodec
     from txstream.state.restore import restore
     from txstream.state.stores import open_store
-    from txstream.records import Marker
 
     clients = KafkaClients(bootstrap)
     path = os.path.join(workdir, f"store-{store_kind}")

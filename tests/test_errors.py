@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from txstream import errors as E
-from txstream.failures import one_line, understand, unexpected_cause
+from txstream.classify import one_line, understand, unexpected_cause
 from txstream.kafka.errors import classify_kafka, kafka_error_of
 from txstream.spark.remote_errors import RemoteFailure, parse_python_traceback
 
@@ -39,7 +39,7 @@ def test_decisions_are_taken_by_type() -> None:
     for retried in (E.InfrastructureError("x"), E.BatchTimeout("x"), E.FencedError("x"),
                     E.AbortableError("x"), E.TransientKafkaError("x"), E.KafkaFailure("x")):
         assert E.decide(retried) is E.Decision.RETRY, retried
-    from txstream.faults import InjectedFault
+    from txstream.fault_injection import InjectedFault
 
     assert E.decide(understand(InjectedFault("x"))) is E.Decision.RETRY
     assert isinstance(understand(KeyError("k")), E.InfrastructureError)
@@ -89,9 +89,9 @@ def test_remote_failures_name_their_kind() -> None:
     own = RemoteFailure("txstream.errors.OutputError", "topic")
     assert udf.raised_in_user_code and not setup.raised_in_user_code and not engine.raised_in_user_code
     assert own.txstream_type is E.OutputError and udf.txstream_type is None
-    from txstream.faults import InjectedFault
+    from txstream.fault_injection import InjectedFault
 
-    assert RemoteFailure("txstream.faults.InjectedFault").txstream_type is InjectedFault
+    assert RemoteFailure("txstream.fault_injection.InjectedFault").txstream_type is InjectedFault
     assert RemoteFailure("txstream.nowhere.OutputError").txstream_type is None
     assert RemoteFailure("os.path.join").txstream_type is None
 

@@ -81,8 +81,8 @@ def test_stable_readers_ask_again_quickly_unless_the_user_says_otherwise() -> No
 def test_transactional_producers_linger_longer_unless_the_user_says_otherwise() -> None:
     """A transaction's output is invisible until its commit, which sends what waits at once
     (task/spec.py TRANSACTIONAL_LINGER): 100 ms there, 5 ms where output is visible when acknowledged."""
+    from txstream.constants import EXACTLY_ONCE
     from txstream.kafka.config import KafkaClients
-    from txstream.protocol import EXACTLY_ONCE
     from txstream.task.spec import PublishSpec, ReadSpec
 
     def spec(clients: KafkaClients) -> PublishSpec:

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txstream.constants import EXACTLY_ONCE, GUARANTEES, WIDE_MODES
 from txstream.errors import SettingsError, TransformError
 from txstream.kafka.config import KafkaClients
 from txstream.processor import Processor
-from txstream.protocol import EXACTLY_ONCE, GUARANTEES, WIDE_MODES
 from txstream.serde.avro import load_schema
 from txstream.serde.registry import RegistryConfig
 

@@ -344,12 +344,12 @@ def measure_restore(keys: int, store_kind: str) -> dict:
 
     from txstream.kafka.config import KafkaClients
     from txstream.local.cluster import LocalKafkaCluster, free_port_block
+    from txstream.records import Marker
     from txstream.state.changelog import ChangelogWriter, changelog_end, changelog_topic, snapshot_topic
     from txstream.state.codec import StateCodec
     from txstream.state.restore import restore
     from txstream.state.snapshot import write_snapshot
     from txstream.state.stores import open_store
-    from txstream.records import Marker
 
     work = tempfile.mkdtemp(prefix="state-restore-")
     cluster = LocalKafkaCluster(port=free_port_block(1), data_dir=os.path.join(work, "kafka"), die_with_parent=True)

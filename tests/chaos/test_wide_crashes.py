@@ -4,7 +4,7 @@ at random moments, restarted until a run exits 0. The aggregated output must rec
 the input (per bucket, counts and sums over every output record equal the input's) and `verify`
 must be clean per batch and unit.
 
-Dangerous points (txstream/faults.py): in the driver between the plan log and the run; in a unit
+Dangerous points (txstream/fault_injection.py): in the driver between the plan log and the run; in a unit
 before and after its commit; between the last unit and the input commit; task failures that
 Spark retries (mid-produce).
 """

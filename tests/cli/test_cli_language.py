@@ -125,7 +125,7 @@ def test_produce_says_what_it_wrote_when_the_broker_dies(kafka_cluster_factory, 
     says how many records were written and how many were not."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from txstream.kafka.offsets import watermarks
+    from txstream.kafka.lookups import watermarks
 
     cluster = kafka_cluster_factory(1, controlled=True)
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})

@@ -4,13 +4,13 @@
    after the group's committed offsets show that some partitions of this run committed), 4+
    times, restarting each time until a run exits 0. The read_committed output must equal one
    clean run's output: the input's (key, value) multiset, and `txstream.verify.audit` clean.
-2. Faults at the dangerous points (txstream/faults.py, TXSTREAM_FAULTS): a kill between produce
+2. Faults at the dangerous points (txstream/fault_injection.py, TXSTREAM_FAULTS): a kill between produce
    and commit, after the commit before the driver learns of it, in the driver between batches,
    and task failures that Spark retries. Each restarts until done and checks the exact output.
 
 `kill` faults fire in a Spark Python worker, which lives in the process group of Spark's Python
 daemon (pyspark/daemon.py calls setpgid), not the driver's. tests/support/running.py therefore exports
-TXSTREAM_DRIVER_PGID (the session's group) so faults.py SIGKILLs the driver and its JVM; the
+TXSTREAM_DRIVER_PGID (the session's group) so fault_injection.py SIGKILLs the driver and its JVM; the
 worker that fired it survives a moment longer, and the rest of the session is then swept.
 """
 from __future__ import annotations

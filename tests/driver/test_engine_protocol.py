@@ -9,6 +9,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from processors.passthrough import PassThrough
 from tests.support.kafka import committed, produce, read_all
 from tests.support.waiting import wait_until
+from txstream.constants import ALREADY_DONE, COMMITTED, STALE_PLAN, batch_job_group
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.membership import GroupMembership
 from txstream.driver.narrow import NarrowBatches
@@ -17,7 +18,6 @@ from txstream.driver.planning import transactional_id
 from txstream.driver.specs import TaskSpecs
 from txstream.errors import FencedError
 from txstream.kafka.transactions import TransactionalPublisher
-from txstream.protocol import ALREADY_DONE, COMMITTED, STALE_PLAN, batch_job_group
 from txstream.settings import resolve
 from txstream.task.spec import PartitionPlan
 

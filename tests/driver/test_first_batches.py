@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 from processors.passthrough import PassThrough
 from tests.support.kafka import produce, read_all
 from tests.support.waiting import wait_until
-from txstream.kafka.offsets import describe_group
+from txstream.kafka.lookups import describe_group
 
 PARTITIONS, PER_PARTITION = 4, 5_000
 

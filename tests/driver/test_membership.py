@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient
 
 from tests.support.waiting import wait_until
 from txstream.driver.membership import GroupMembership
-from txstream.kafka.offsets import describe_group
+from txstream.kafka.lookups import describe_group
 
 
 class _Recorded:

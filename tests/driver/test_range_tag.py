@@ -9,8 +9,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from txstream.constants import RANGE_COLUMN
 from txstream.driver.range_tag import carry_range_tag
-from txstream.protocol import RANGE_COLUMN
 from txstream.task.collector import OFFSET_COLUMN
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from processors.sample_orders import orders
 from tests.support.waiting import wait_until
-from txstream.kafka.offsets import committed_offsets, describe_group
+from txstream.kafka.lookups import committed_offsets, describe_group
 from txstream.tools.topic_io import produce_lines
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import json
 from processors.enrich_orders import EnrichOrders
 from txstream.driver.metrics import Telemetry
 from txstream.driver.report import BatchReport
-from txstream.kafka.offsets import Watermarks
+from txstream.kafka.lookups import Watermarks
 from txstream.settings import resolve
 from txstream.task.spec import PartitionPlan
 

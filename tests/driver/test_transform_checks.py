@@ -75,7 +75,7 @@ def test_missing_output_topic_is_a_clear_error(topics, run_processor) -> None:
 def test_a_transform_spark_optimises_to_reading_nothing_is_refused(topics, run_processor, admin) -> None:
     """`where(lit(False))`: Spark drops the input from the plan, so no task reads, publishes or
     commits anything. The run must stop saying so, not claim it caught up with nothing committed."""
-    from txstream.kafka.offsets import committed_offsets
+    from txstream.kafka.lookups import committed_offsets
 
     source, sink, dlq = topics
     app_id = f"nothing-ever-{uuid.uuid4().hex[:8]}"

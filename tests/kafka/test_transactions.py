@@ -15,7 +15,7 @@ from tests.support.kafka import committed, live_member, produce, read_all
 from txstream.errors import FencedError
 from txstream.kafka import transactions
 from txstream.kafka.config import KafkaClients
-from txstream.kafka.transactions import Publication, Transaction, TransactionalPublisher, publish_plain
+from txstream.kafka.transactions import CallableTransaction, Transaction, TransactionalPublisher, publish_plain
 from txstream.task.spec import PRODUCER_DEFAULTS
 
 TIMEOUT_S = 30
@@ -110,7 +110,7 @@ def test_a_fenced_attempt_stops_and_reports_what_the_attempt_that_fenced_it_did(
         try:
             outcome = transactions.run(raced, publisher, fresh=True, renew=renew, other_attempt_s=TIMEOUT_S)
             with pytest.raises(FencedError):   # without `renew` the fence is the caller's
-                transactions.run(Publication(lambda p: None, lambda: (offsets, metadata)), publisher,
+                transactions.run(CallableTransaction(lambda p: None, lambda: (offsets, metadata)), publisher,
                                  fresh=True, renew=None)
         finally:
             publisher.close()

@@ -136,7 +136,7 @@ def test_a_slot_read_together_hands_its_ranges_over_in_few_batches_each_in_offse
 
     from processors.sample_orders import orders
     from tests.support.kafka import avro_bytes
-    from txstream.protocol import RANGE_COLUMN
+    from txstream.constants import RANGE_COLUMN
     from txstream.serde.avro import load_schema
     from txstream.task.reading import read_planned_range
     from txstream.task.sidefile import read_side_files

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from txstream.errors import InfrastructureError
-from txstream.faults import InjectedFault
+from txstream.fault_injection import InjectedFault
 from txstream.kafka.config import KafkaClients
 from txstream.records import Marker, markers_name, read_markers
 from txstream.state import partition

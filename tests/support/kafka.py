@@ -17,7 +17,7 @@ import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from txstream.kafka import headers
-from txstream.kafka import offsets as kofs
+from txstream.kafka import lookups as kofs
 from txstream.kafka.retry import retriable
 from txstream.tools.topic_io import end_offsets, produce_waiting
 

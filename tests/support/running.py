@@ -189,7 +189,7 @@ class Run:
     cwd: Path | None = None   # default: the repository
 
     def start(self) -> Run:
-        # The shell records its own pid (== the new session's process group) for faults.py's
+        # The shell records its own pid (== the new session's process group) for fault_injection.py's
         # `kill` action, then execs the CLI so the pid stays the same.
         command = "TXSTREAM_DRIVER_PGID=$$ exec " + " ".join(shlex.quote(a) for a in self.args)
         self.log = open(self.log_path, "ab")

@@ -15,9 +15,9 @@ import pytest
 from confluent_kafka import Consumer
 
 from tests.support.kafka import drop_cached_publishers, read_all
+from txstream.constants import ALREADY_DONE, COMMITTED, EXACTLY_ONCE
 from txstream.kafka.config import KafkaClients
 from txstream.kafka.transactions import TransactionalPublisher
-from txstream.protocol import ALREADY_DONE, COMMITTED, EXACTLY_ONCE
 from txstream.task import publish
 from txstream.task.result import TaskResult
 from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pytest
 
 from tests.support.kafka import committed, drop_cached_publishers, live_member, produce, read_all
+from txstream.constants import COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.errors import AbortableError
 from txstream.kafka.config import KafkaClients
 from txstream.kafka.transactions import TransactionalPublisher
-from txstream.protocol import COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.task import publish
 from txstream.task.result import TaskResult
 from txstream.task.spec import PRODUCER_DEFAULTS, PartitionPlan, PublishSpec, ReadSpec

@@ -13,8 +13,8 @@ import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.support.kafka import committed, drop_cached_publishers, live_member, produce, read_all
+from txstream.constants import ALREADY_DONE, COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.kafka.config import KafkaClients
-from txstream.protocol import ALREADY_DONE, COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.task import publish
 from txstream.task.result import TaskResult
 from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec

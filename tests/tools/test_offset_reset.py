@@ -197,7 +197,7 @@ def test_reset_of_a_wide_app_with_a_pending_batch_is_refused_unless_forced(boots
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     from confluent_kafka.admin import AdminClient
 
-    from txstream.kafka.offsets import describe_group
+    from txstream.kafka.lookups import describe_group
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     # The killed driver's membership ends with its session timeout.

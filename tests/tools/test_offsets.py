@@ -1,4 +1,4 @@
-"""`txstream offsets show|reset`, txstream.kafka.offsets and txstream.tools.offsets, against the real broker (never a mock).
+"""`txstream offsets show|reset`, txstream.kafka.lookups and txstream.tools.offset_reset, against the real broker (never a mock).
 
 Each test builds its own topic and group: records from a plain Producer, committed offsets from a
 Consumer that commits and closes (so the group is Empty), open transactions from a transactional
@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient
 from tests.support.kafka import live_member
 from txstream.cli import main
 from txstream.errors import OffsetsError
-from txstream.kafka import offsets as ofs
-from txstream.kafka.offsets import Partition
+from txstream.kafka import lookups as ofs
+from txstream.kafka.lookups import Partition
 
 BASE_TS = int(time.time() * 1000) - 3_600_000  # record i of a topic has timestamp BASE_TS + i seconds
 

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.kafka import committed, live_member
 from txstream.cli.main import main
-from txstream.kafka import offsets as kofs
+from txstream.kafka import lookups as kofs
 from txstream.kafka.config import KafkaClients
 from txstream.records import markers_name, read_markers
 from txstream.state.changelog import (

@@ -27,9 +27,9 @@ def acls(processor: str, clients: KafkaClients, principal: str, app_id: str | No
     """The ACLs PROCESSOR's app needs for its principal: one `kafka-acls.sh` line each (stdout), and
     why (stderr); `--execute` creates them."""
     from txstream import settings as run_settings
-    from txstream.failures import one_line
+    from txstream.classify import one_line
     from txstream.kafka import acls as kafka_acls
-    from txstream.kafka.offsets import admin_client
+    from txstream.kafka.lookups import admin_client
 
     if ":" not in principal:
         raise click.BadParameter("expected TYPE:NAME, e.g. User:orders-app", param_hint="--principal")

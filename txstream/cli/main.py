@@ -178,7 +178,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
     except click.ClickException:
         raise
     except Exception as exc:  # every failure ends as one clear line, its type decides the words
-        from txstream.failures import one_line, unexpected_cause
+        from txstream.classify import one_line, unexpected_cause
 
         cause = unexpected_cause(exc)
         if cause is not None:
@@ -212,7 +212,7 @@ def run_directory(app_id: str) -> Path:
 def _reachable(clients: KafkaClients, timeout: float) -> None:
     """One metadata request before anything else starts: an unreachable cluster is one line after
     `timeout` seconds."""
-    from txstream.kafka.offsets import admin_client, cluster_topics
+    from txstream.kafka.lookups import admin_client, cluster_topics
 
     cluster_topics(admin_client(clients), timeout)
 

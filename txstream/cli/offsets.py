@@ -1,6 +1,6 @@
 """`txstream offsets show|reset`: consumer-group offsets in kafka-consumer-groups.sh vocabulary.
 
-Reading lives in txstream/kafka/offsets.py, resetting in txstream/tools/offsets.py; this module
+Reading lives in txstream/kafka/lookups.py, resetting in txstream/tools/offset_reset.py; this module
 parses options and prints tables.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ import click
 
 from txstream.cli.options import kafka_options, timeout_option
 from txstream.errors import TxstreamError
-from txstream.kafka import offsets as kofs
+from txstream.kafka import lookups as kofs
 from txstream.kafka.config import KafkaClients
-from txstream.tools import offsets as ofs
+from txstream.tools import offset_reset as ofs
 
 _APP_ID = click.option("--app-id", required=True, help="The app id, which is its consumer group id.")
 _TIMEOUT = timeout_option()

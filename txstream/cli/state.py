@@ -21,7 +21,7 @@ def state() -> None:
 
 def _one_line(action):
     """Every failure as one line (exit 1), never a traceback."""
-    from txstream.failures import one_line
+    from txstream.classify import one_line
 
     try:
         return action()

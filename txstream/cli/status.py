@@ -25,7 +25,7 @@ def status(app_id: str, clients: KafkaClients, outputs: tuple[str, ...], topics:
     """The app's group state and members; per input partition the committed offset, last stable
     offset, lag and the last publication (from the output's lineage headers: no instance needs to
     run); and a running instance's live figures when --metrics-url is given."""
-    from txstream.failures import one_line
+    from txstream.classify import one_line
     from txstream.tools.status import status as app_status
 
     try:

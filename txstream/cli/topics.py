@@ -26,8 +26,8 @@ def create(name: str, clients: KafkaClients, partitions: int | None, replication
            configs: tuple[str, ...], timeout: float) -> None:
     """Create topic NAME. A topic that exists as asked is left as it is (exit 0); one that exists
     with other partitions, replication or configs is an error that says how it differs."""
-    from txstream.failures import one_line
-    from txstream.kafka.offsets import admin_client, cluster_topics
+    from txstream.classify import one_line
+    from txstream.kafka.lookups import admin_client, cluster_topics
     from txstream.tools import topics as tt
 
     config = pairs(configs, "--config")
@@ -64,8 +64,8 @@ def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], outpu
     Prints the plan first; an existing topic is never changed: if it differs from what is asked
     (partitions, replication, the configs given) the command says how and creates nothing."""
     from txstream import settings as run_settings
-    from txstream.failures import one_line
-    from txstream.kafka.offsets import admin_client
+    from txstream.classify import one_line
+    from txstream.kafka.lookups import admin_client
     from txstream.tools import topics as tt
 
     try:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from txstream.protocol import ACKED, AT_LEAST_ONCE, AT_MOST_ONCE
+from txstream.constants import ACKED, AT_LEAST_ONCE, AT_MOST_ONCE
 
 
 class DriverCommits:

@@ -12,9 +12,9 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from txstream.constants import COMMITTED, EXACTLY_ONCE, STALE_PLAN
 from txstream.kafka import transactions
-from txstream.kafka.transactions import Publication, publish_plain
-from txstream.protocol import COMMITTED, EXACTLY_ONCE, STALE_PLAN
+from txstream.kafka.transactions import CallableTransaction, publish_plain
 from txstream.records import DeadLetter
 from txstream.task.publish import current_offsets, fence_pool, range_collector
 from txstream.task.spec import PartitionPlan, PublishSpec
@@ -39,7 +39,7 @@ def publish_dead_letter(spec: PublishSpec, plan: PartitionPlan, record: DeadLett
     try:
         if current_offsets(spec, [plan])[0] != offset:
             return STALE_PLAN
-        transactions.run(Publication(produce, lambda: (next_offset, spec.group_metadata)), publisher,
+        transactions.run(CallableTransaction(produce, lambda: (next_offset, spec.group_metadata)), publisher,
                          fresh=True, renew=None)
         return COMMITTED
     finally:

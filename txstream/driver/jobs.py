@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from txstream.classify import understand
+from txstream.constants import RANGE_COLUMN, batch_job_group, dry_run_job_group
 from txstream.driver.checks import check_narrow, check_output, single_chain
 from txstream.driver.range_tag import carry_range_tag
 from txstream.driver.slots import SlotLayout
 from txstream.driver.specs import TaskSpecs
 from txstream.errors import BatchTimeout, TxstreamError
-from txstream.failures import understand
-from txstream.protocol import RANGE_COLUMN, batch_job_group, dry_run_job_group
 from txstream.settings import RunSettings
 from txstream.task.publish import publish_slot
 from txstream.task.reading import input_struct, read_planned_range

@@ -16,7 +16,8 @@ from typing import Callable
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from txstream import faults
+from txstream import fault_injection
+from txstream.classify import one_line, understand
 from txstream.driver.batches import BatchProtocol
 from txstream.driver.choice import choose_protocol
 from txstream.driver.jobs import SparkJobs
@@ -38,7 +39,6 @@ from txstream.errors import (
     decide,
     topic_missing,
 )
-from txstream.failures import one_line, understand
 from txstream.records import DeadLetter
 from txstream.serde.registry import CLIENT_MODULES as REGISTRY_CLIENT_MODULES
 from txstream.settings import RunSettings
@@ -94,7 +94,7 @@ class Driver:
     # -- set-up -----------------------------------------------------------------------------------
 
     def _admin_client(self) -> AdminClient:
-        from txstream.kafka.offsets import admin_client
+        from txstream.kafka.lookups import admin_client
 
         return admin_client(self.settings.clients)
 
@@ -102,7 +102,7 @@ class Driver:
         """Inputs, the output and the dead-letter topic must exist: txstream never creates them."""
         s = self.settings
         from txstream.kafka.acls import app_needs, check_access
-        from txstream.kafka.offsets import cluster_topics
+        from txstream.kafka.lookups import cluster_topics
 
         known = cluster_topics(self.admin, timeout=30)  # also the reachability check: one clear line
         # Before "does not exist": a topic the principal may not describe is not listed either.
@@ -128,7 +128,7 @@ class Driver:
         warmed up meanwhile; on a cluster the processor's code is shipped and every executor core
         passes the preflight (driver/preflight.py) before anything is read."""
         s = self.settings
-        faults.remember_driver()
+        fault_injection.remember_driver()
         self.spark = build_spark(s.master, s.app_id, s.spark_conf, ui_port=s.spark_ui_port,
                                  cores_hint=self.input_partitions or None, echo=self.echo,
                                  worker_imports=REGISTRY_CLIENT_MODULES if s.schema_registry is not None else ())
@@ -158,7 +158,7 @@ class Driver:
         transform's check: one of them may be a wide app's only instance, which must
         keep its partitions while this driver finds that out and refuses (driver/wide.py). Unknown
         (the group cannot be described, e.g. no ACL for it): not empty."""
-        from txstream.kafka.offsets import describe_group
+        from txstream.kafka.lookups import describe_group
 
         try:
             return not describe_group(self.admin, self.settings.app_id, timeout=10).members
@@ -283,7 +283,7 @@ class Driver:
             if report is None:
                 continue
             self._report(report, planner.marks, report.line(self._lag(owned, report)))
-            faults.maybe_fail("driver.between_batches")
+            fault_injection.maybe_fail("driver.between_batches")
             if s.max_batches is not None and self.totals["batches"] >= s.max_batches:
                 break
             wait = s.trigger_interval - (time.monotonic() - started)

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from txstream.constants import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED, batch_job_group
 from txstream.errors import SettingsError
-from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED, batch_job_group
 
 if TYPE_CHECKING:  # pragma: no cover
     from confluent_kafka import TopicPartition
 
     from txstream.driver.report import BatchReport
-    from txstream.kafka.offsets import Watermarks
+    from txstream.kafka.lookups import Watermarks
     from txstream.settings import RunSettings
 
 log = logging.getLogger("txstream")

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 
+from txstream.constants import ACKED, ALREADY_DONE, COMMITTED, STALE_PLAN
 from txstream.driver.commits import DriverCommits
 from txstream.driver.dead_letters import publish_dead_letter
 from txstream.driver.jobs import SparkJobs
@@ -23,7 +24,6 @@ from txstream.driver.report import BatchReport
 from txstream.driver.slots import SlotLayout, Slots
 from txstream.driver.specs import TaskSpecs
 from txstream.errors import InfrastructureError, TransformError
-from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, STALE_PLAN
 from txstream.records import DeadLetter
 from txstream.settings import RunSettings
 from txstream.task.spec import PartitionPlan

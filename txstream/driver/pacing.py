@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from txstream.protocol import ACKED, COMMITTED
+from txstream.constants import ACKED, COMMITTED
 
 
 class Pacing:

@@ -13,8 +13,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream.errors import NoCommittedOffsetError
-from txstream.kafka import offsets
-from txstream.kafka.offsets import Partition, Watermarks
+from txstream.kafka import lookups
+from txstream.kafka.lookups import Partition, Watermarks
 from txstream.kafka.retry import retriable
 from txstream.task.spec import PartitionPlan
 
@@ -27,13 +27,13 @@ def transactional_id(app_id: str, topic: str, partition: int) -> str:
 
 
 def watermarks(admin: AdminClient, partitions: list[TopicPartition], timeout: float = 30) -> dict[Partition, Watermarks]:
-    """The owned partitions' watermarks (txstream.kafka.offsets), keyed (topic, partition).
+    """The owned partitions' watermarks (txstream.kafka.lookups), keyed (topic, partition).
 
     A leader that just moved answers FENCED_LEADER_EPOCH & co.: ask again briefly; if it
     persists, the driver starts a new admin client (its metadata is stale)."""
     if not partitions:
         return {}
-    return retriable(lambda: offsets.watermarks(admin, [(tp.topic, tp.partition) for tp in partitions],
+    return retriable(lambda: lookups.watermarks(admin, [(tp.topic, tp.partition) for tp in partitions],
                                                 timeout, retry_s=0), 5)
 
 

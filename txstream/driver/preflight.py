@@ -14,8 +14,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from txstream.classify import one_line
 from txstream.errors import ExecutorEnvironmentError
-from txstream.failures import one_line
 from txstream.spark.remote_errors import from_spark
 from txstream.task import probe as probe_module
 

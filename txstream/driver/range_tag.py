@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from txstream.protocol import RANGE_COLUMN
+from txstream.constants import RANGE_COLUMN
 from txstream.task.collector import OFFSET_COLUMN
 
 _CATALYST = "org.apache.spark.sql.catalyst"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from txstream.protocol import ACKED, COMMITTED, EMPTY
+from txstream.constants import ACKED, COMMITTED, EMPTY
 from txstream.task.spec import PartitionPlan
 
 

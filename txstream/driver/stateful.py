@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 
+from txstream.constants import EXACTLY_ONCE, UNITS
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.planning import Planner
 from txstream.driver.specs import TaskSpecs
@@ -37,7 +38,6 @@ from txstream.errors import InfrastructureError, TransformError, UserError
 from txstream.operators import plan as plan_reading
 from txstream.operators.base import MergeSpec, next_watermark
 from txstream.operators.kinds import operator_for
-from txstream.protocol import EXACTLY_ONCE, UNITS
 from txstream.records import LoggedPartition, StateFacts, last_watermark, read_markers
 from txstream.settings import RunSettings
 from txstream.state.changelog import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, changelog_topic, snapshot_topic
@@ -118,7 +118,7 @@ class StatefulBatches(WideBatches):
         keep_empty_units(self.jobs.spark)
 
     def _stored_description(self) -> OperatorDescription | None:
-        from txstream.kafka.offsets import cluster_topics
+        from txstream.kafka.lookups import cluster_topics
         from txstream.state import partition
 
         topic = state_topic(self.settings.app_id)

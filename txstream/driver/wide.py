@@ -28,7 +28,17 @@ from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 
-from txstream import faults
+from txstream import fault_injection
+from txstream.constants import (
+    ACKED,
+    ALREADY_DONE,
+    AT_MOST_ONCE,
+    COMMITTED,
+    EMPTY,
+    EXACTLY_ONCE,
+    SINGLE_TRANSACTION,
+    UNITS,
+)
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.membership import GroupMembership
 from txstream.driver.planning import Planner
@@ -43,17 +53,7 @@ from txstream.errors import (
     UserError,
 )
 from txstream.kafka import transactions
-from txstream.kafka.transactions import Publication, TransactionalPublisher, publish_plain
-from txstream.protocol import (
-    ACKED,
-    ALREADY_DONE,
-    AT_MOST_ONCE,
-    COMMITTED,
-    EMPTY,
-    EXACTLY_ONCE,
-    SINGLE_TRANSACTION,
-    UNITS,
-)
+from txstream.kafka.transactions import CallableTransaction, TransactionalPublisher, publish_plain
 from txstream.records import (
     BatchRecord,
     DeadLetter,
@@ -272,7 +272,7 @@ class WideBatches:
             # Logged before it runs: after any crash, exactly this batch runs again.
             self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=batch.share(p.end).encode())
                           for p in batch.plans], "log the plan")
-            faults.maybe_fail("driver.after_plan_log", batch_id)
+            fault_injection.maybe_fail("driver.after_plan_log", batch_id)
         return batch
 
     def _next_watermark(self, log: dict[tuple[str, int], LoggedPartition], markers: dict) -> int | None:
@@ -353,7 +353,7 @@ class WideBatches:
         for row in by_status.get(VALUES_DIFFER, []):
             self.echo(f"note: batch {batch.batch_id}: {row['message']}")
         read = self._read_accounts(batch, accounts)
-        faults.maybe_fail("driver.before_close", batch.batch_id)
+        fault_injection.maybe_fail("driver.before_close", batch.batch_id)
         started = time.perf_counter()
         if s.guarantee == EXACTLY_ONCE:
             markers = read_markers(s.clients, s.app_id, batch.units)
@@ -442,7 +442,7 @@ class WideBatches:
                                  str(batch.batch_id).encode(), partition=0)
 
         assert self._publisher is not None
-        transaction = Publication(produce, lambda: (offsets, self.membership.group_metadata()))
+        transaction = CallableTransaction(produce, lambda: (offsets, self.membership.group_metadata()))
         try:
             # Any Kafka failure but a fence aborts and publishes again: the driver's producer is
             # the only one of its id, so nothing else can take the transaction over.

@@ -17,7 +17,7 @@ from typing import Any
 
 from txstream.errors import InfrastructureError
 from txstream.kafka.acls import create_refused
-from txstream.kafka.offsets import cluster_topics
+from txstream.kafka.lookups import cluster_topics
 
 
 def ensure_topic(admin: Any, name: str, partitions: int, config: Mapping[str, str], *, app_id: str,

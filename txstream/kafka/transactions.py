@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from txstream import faults
+from txstream import fault_injection
 from txstream.errors import AbortableError, FatalKafkaError, FencedError, TaskError
 from txstream.kafka.errors import classify_kafka, kafka_error_of
 
@@ -394,7 +394,7 @@ class Transaction:
         return None
 
 
-class Publication(Transaction):
+class CallableTransaction(Transaction):
     """A transaction given as two callables: `produce(producer)` and `offsets()`."""
 
     def __init__(self, produce: Callable[[Any], None], offsets: Callable[[], tuple[list, Any]]) -> None:
@@ -431,14 +431,14 @@ def run(transaction: Transaction, publisher: TransactionalPublisher, *, fresh: b
     work, and the outcome is what `transaction.other_attempt` says within `other_attempt_s`
     (`status` None if nothing, `fence` set); if not, `renew()` gives the next producer. Without
     `renew` the FencedError is the caller's. `fault_detail`: the test-only fault points
-    (txstream.faults) fire with it; None, not at all. The commit flushes what is in flight
+    (txstream.fault_injection) fire with it; None, not at all. The commit flushes what is in flight
     (commit_transaction does), so the offsets' requests need not wait for the output's acks."""
     outcome = Outcome(False, init_s=publisher.init_seconds if fresh else 0.0,
                       transactional_id=publisher.transactional_id)
 
     def fault(point: str) -> None:
         if fault_detail is not None:
-            faults.maybe_fail(point, fault_detail)
+            fault_injection.maybe_fail(point, fault_detail)
 
     for attempt in range(1, attempts + 1):
         outcome.attempts = attempt
@@ -535,7 +535,7 @@ def stable_offsets(config: dict[str, Any], partitions: list, timeout_s: float) -
     of `config` (KafkaClients.stable_reader), read stably: a commit still pending in an open
     transaction is resolved first, as read_committed makes librdkafka ask for stable offsets
     (KIP-447). The re-checks before a commit read here, through a consumer that never joins.
-    (kafka/offsets.py `committed_offsets` answers the commands, with the AdminClient.)"""
+    (kafka/lookups.py `committed_offsets` answers the commands, with the AdminClient.)"""
     from confluent_kafka import Consumer
 
     from txstream.kafka.retry import retriable

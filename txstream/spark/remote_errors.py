@@ -43,7 +43,7 @@ _TRACEBACK = "Traceback (most recent call last):"
 
 def txstream_error_type(qualified: str) -> type[TxstreamError] | None:
     """The txstream error class a worker's traceback names ('txstream.errors.OutputError',
-    'txstream.faults.InjectedFault', ...), looked up by name so that this parser depends on no
+    'txstream.fault_injection.InjectedFault', ...), looked up by name so that this parser depends on no
     module that defines one; None for any other name."""
     module, _, name = qualified.rpartition(".")
     if module != "txstream" and not module.startswith("txstream."):

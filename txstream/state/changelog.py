@@ -43,7 +43,7 @@ def tombstone_retention_ms(clients: KafkaClients, app_id: str, operator: str, ti
     the broker says it, kept a few minutes per process: read only by a restore with a tail."""
     import time
 
-    from txstream.kafka.offsets import admin_client, kafka_call
+    from txstream.kafka.lookups import admin_client, kafka_call
 
     topic = changelog_topic(app_id, operator)
     key = (clients.bootstrap_servers, topic)

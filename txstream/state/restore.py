@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from txstream import faults
+from txstream import fault_injection
 from txstream.kafka.config import KafkaClients
 from txstream.state import partition
 from txstream.state.changelog import HeaderReader, changelog_topic, tombstone_retention_ms
@@ -153,7 +153,7 @@ def _read_tail(reader: partition.Reader, topic: str, operator: str, unit: int, s
                    operator, unit)
         store.load(changes)
         report.changelog_records += len(changes)
-        faults.maybe_fail("state.mid_restore", unit)
+        fault_injection.maybe_fail("state.mid_restore", unit)
 
     return partition.read_to_end(reader, topic, unit, start, take, timeout)
 

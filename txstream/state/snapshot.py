@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from txstream import faults
+from txstream import fault_injection
 from txstream.kafka.config import KafkaClients
 from txstream.kafka.transactions import Transaction, TransactionalPublisher, run
 from txstream.state import partition
@@ -109,7 +109,7 @@ class SnapshotTransaction(Transaction):
         self.manifest = Manifest(self.operator, version.unit, version.batch, self.changelog_offset, keys, chunks,
                                  first[0] if first else -1)
         produce(MANIFEST, self.manifest.to_bytes())
-        faults.maybe_fail("state.before_snapshot_commit", version.unit)
+        fault_injection.maybe_fail("state.before_snapshot_commit", version.unit)
 
     def offsets(self) -> tuple[list, Any]:
         return [], None

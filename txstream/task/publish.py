@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from txstream import faults
+from txstream import fault_injection
+from txstream.constants import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED, RANGE_COLUMN, STALE_PLAN
 from txstream.errors import AbortableError, InfrastructureError, PoisonRecordError
 from txstream.kafka import transactions
 from txstream.kafka.transactions import (
@@ -33,7 +34,6 @@ from txstream.kafka.transactions import (
 from txstream.kafka.transactions import (
     cached_publishers as cached_publishers,  # this worker's pool, as the tests see it
 )
-from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, EXACTLY_ONCE, FENCED, RANGE_COLUMN, STALE_PLAN
 from txstream.serde.avro import AvroCodec
 from txstream.task import worker_heap
 from txstream.task.collector import RecordCollector, add_runs, encoded_batch
@@ -228,7 +228,7 @@ def _produce_piece(output: _SlotOutput, batch: pa.RecordBatch, runs: list[tuple[
                    results: list[TaskResult]) -> None:
     """One output batch to its runs' collectors, each run's records counted to its range."""
     def produced(pos: int) -> None:
-        faults.maybe_fail("publish.mid_produce", output.plans[pos])
+        fault_injection.maybe_fail("publish.mid_produce", output.plans[pos])
 
     if len(runs) > 1:
         # Keys and values encoded once per batch, not once per run: the columnar encoder has a
@@ -470,4 +470,4 @@ def _publish_plain(spec: PublishSpec, plans: list[PartitionPlan], pieces: Iterat
     _set(results, ACKED)
     for result in results:
         result.attempts = 1
-    faults.maybe_fail("publish.after_commit", plans[0])   # acknowledged; the driver has not heard of it
+    fault_injection.maybe_fail("publish.after_commit", plans[0])   # acknowledged; the driver has not heard of it

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from txstream import faults
-from txstream.protocol import RANGE_COLUMN
+from txstream import fault_injection
+from txstream.constants import RANGE_COLUMN
 from txstream.records import DeadLetter
 from txstream.serde.avro import AvroCodec, arrow_type
 from txstream.serde.registry import RegistryDecoder, subjects_of
@@ -220,7 +220,7 @@ def read_ranges(spec: ReadSpec, reads: list[RangeRead], tagged: bool = False) ->
 
 def _range_done(r: RangeRead) -> None:
     """A range is read and its rows handed over: its account is final."""
-    faults.maybe_fail("read.end", r.plan)
+    fault_injection.maybe_fail("read.end", r.plan)
 
 
 def _by_range(messages: list, reading: dict[tuple[str, int], Any], one_topic: bool) -> dict[tuple[str, int], list]:

@@ -1,11 +1,11 @@
-"""What one task reports to the driver: a row of RESULT_SCHEMA (its outcomes: txstream/protocol.py)."""
+"""What one task reports to the driver: a row of RESULT_SCHEMA (its outcomes: txstream/constants.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from txstream.protocol import EMPTY
+from txstream.constants import EMPTY
 
 RESULT_SCHEMA = pa.schema([
     ("index", pa.int32()), ("status", pa.string()), ("records_in", pa.int64()),

@@ -22,11 +22,11 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from txstream import faults
+from txstream import fault_injection
+from txstream.constants import ACKED, ALREADY_DONE, COMMITTED, EMPTY, EXACTLY_ONCE, FENCED
 from txstream.errors import AbortableError, TaskError
 from txstream.kafka import headers, transactions
 from txstream.kafka.transactions import Transaction, group_moved, pooled_publisher, publish_plain
-from txstream.protocol import ACKED, ALREADY_DONE, COMMITTED, EMPTY, EXACTLY_ONCE, FENCED
 from txstream.records import Marker, markers_name, read_markers
 from txstream.serde.avro import AvroCodec
 from txstream.task import publish, worker_heap
@@ -184,7 +184,7 @@ class _UnitTransaction(Transaction):
                 self._state_keys()
             for batch in self.batches:
                 self.result.records_out += self.collector.add_batch(batch)
-                faults.maybe_fail("publish.mid_produce", self.unit)
+                fault_injection.maybe_fail("publish.mid_produce", self.unit)
             if self.merged is not None:
                 self._late_records()
         else:

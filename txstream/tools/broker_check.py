@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from txstream.kafka.config import KafkaClients, as_clients
-from txstream.kafka.offsets import admin_client, cluster_topics, watermarks
+from txstream.kafka.lookups import admin_client, cluster_topics, watermarks
 from txstream.kafka.scan import scan
 
 

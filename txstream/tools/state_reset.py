@@ -3,7 +3,7 @@
 Deletes the app's state topics: `<app>.state` (the operators' descriptions and fingerprints) and
 each operator's changelog and snapshot topics; the engine creates them again, empty, at its next
 start. With a target of `txstream offsets reset` (--to-earliest, ...) the app's input offsets are
-moved too, by tools/offsets.py `reset_offsets` itself, so that state and input start over
+moved too, by tools/offset_reset.py `reset_offsets` itself, so that state and input start over
 together.
 
 The units' markers (group `<app>.units`) are kept, as `offsets reset` keeps them: a marker m says
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from txstream.errors import OffsetsError, TxstreamError
-from txstream.kafka import offsets as kofs
+from txstream.kafka import lookups as kofs
 from txstream.kafka.config import KafkaClients
 from txstream.state.changelog import changelog_topic, snapshot_topic
 from txstream.state.operator import state_topic
-from txstream.tools import offsets as ofs
+from txstream.tools import offset_reset as ofs
 from txstream.tools.state_view import no_state, read_descriptions
 
 # Besides the operators `<app>.state` describes: the engine's operator names, so that topics left
@@ -83,7 +83,7 @@ def state_topics(clients: KafkaClients, admin: Any, app_id: str, known: Mapping[
 
 
 def _pending_refusal(admin: Any, app_id: str, timeout: float) -> str | None:
-    """Why the state must not be reset now: a pending batch of the plan log (tools/offsets.py
+    """Why the state must not be reset now: a pending batch of the plan log (tools/offset_reset.py
     `wide_app_state` finds it), in the words of a state reset."""
     _warnings, refusal = ofs.wide_app_state(admin, app_id, timeout)
     if refusal is None:

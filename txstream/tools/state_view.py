@@ -22,7 +22,7 @@ from typing import Any
 from uuid import UUID
 
 from txstream.errors import UserError
-from txstream.kafka import offsets as kofs
+from txstream.kafka import lookups as kofs
 from txstream.kafka.config import KafkaClients
 from txstream.records import Marker, PlanShare, read_markers
 from txstream.state import partition

@@ -1,7 +1,7 @@
 """`txstream status`: one screen on an app, whether or not an instance runs.
 
 From Kafka alone: the group's state and members, per input partition the committed offset, last
-stable offset, log end and lag (tools/offsets.py), and the last publication of each input
+stable offset, log end and lag (tools/offset_reset.py), and the last publication of each input
 partition, read from the lineage headers at the tail of the output topics (docs/architecture.md,
 §6). From a running instance, when its metrics URL is given: its live figures.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from txstream.errors import OffsetsError
 from txstream.kafka import headers as hdr
-from txstream.kafka import offsets as kofs
+from txstream.kafka import lookups as kofs
 from txstream.kafka.config import KafkaClients
 from txstream.kafka.scan import scan
 
@@ -23,7 +23,7 @@ DEFAULT_TAIL = 1000
 
 
 @dataclass(frozen=True)
-class Publication:
+class LastPublication:
     """The newest output record of one input partition found at the output's tail."""
     source_offset: int           # the input offset it came from (the batch published up to here)
     publication: str | None      # the publication id: one per published range, i.e. per batch
@@ -40,7 +40,7 @@ class PartitionStatus:
     log_end: int
     lag: int | None              # last stable offset - committed
     owner: str | None            # member id, when an instance owns it
-    last_publication: Publication | None = None
+    last_publication: LastPublication | None = None
     live_lag: float | None = None
 
 
@@ -99,13 +99,13 @@ def _live_text(live: dict[str, Any]) -> str:
 
 
 def last_publications(clients: KafkaClients | str, outputs: list[str], tail: int = DEFAULT_TAIL,
-                      timeout: float = 30) -> tuple[dict[tuple[str, int], Publication], list[str]]:
+                      timeout: float = 30) -> tuple[dict[tuple[str, int], LastPublication], list[str]]:
     """Per input partition, its newest output record among the last `tail` offsets of each output
     partition (read_committed); and what was read, in words."""
     admin = kofs.admin_client(clients)
     partitions = kofs.topic_partition_counts(admin, outputs, timeout)
     marks = kofs.watermarks(admin, [(t, p) for t, n in partitions.items() for p in range(n)], timeout)
-    found: dict[tuple[str, int], Publication] = {}
+    found: dict[tuple[str, int], LastPublication] = {}
     read: dict[str, int] = dict.fromkeys(outputs, 0)
     ranges = {(m.topic, m.partition): (max(mark.earliest, mark.last_stable - tail), mark.last_stable)
               for m, mark in marks.items()}
@@ -119,7 +119,7 @@ def last_publications(clients: KafkaClients | str, outputs: list[str], tail: int
             key = (source[0], source[1])
             if key not in found or source[2] >= found[key].source_offset:
                 publication = lineage.publication
-                found[key] = Publication(source[2], publication.decode() if publication else None,
+                found[key] = LastPublication(source[2], publication.decode() if publication else None,
                                          f"{msg.topic()}[{msg.partition()}]@{msg.offset()}", msg.timestamp()[1])
     words = [f"the last {tail} offsets of each of the {partitions[t]} partitions of {t} "
              f"({read[t]} committed records, read_committed)" for t in outputs]

@@ -20,7 +20,7 @@ from confluent_kafka import KafkaException, Producer
 from txstream.errors import KafkaFailure, OffsetsError, SchemaRegistryRefused, SchemaRegistryUnreachable
 from txstream.kafka.config import KafkaClients, as_clients
 from txstream.kafka.errors import classify_kafka
-from txstream.kafka.offsets import admin_client, cluster_topics, watermarks
+from txstream.kafka.lookups import admin_client, cluster_topics, watermarks
 from txstream.kafka.scan import scan
 from txstream.serde.avro import AvroCodec
 

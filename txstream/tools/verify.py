@@ -30,7 +30,7 @@ from confluent_kafka.admin import OffsetSpec
 from txstream.errors import AuditError, KafkaFailure
 from txstream.kafka import headers as hdr
 from txstream.kafka.config import KafkaClients, as_clients
-from txstream.kafka.offsets import admin_client, cluster_topics, committed_offsets, list_offsets, watermarks
+from txstream.kafka.lookups import admin_client, cluster_topics, committed_offsets, list_offsets, watermarks
 from txstream.kafka.scan import scan
 from txstream.records import MARKERS_SUFFIX, BatchRecord
 from txstream.tools.verify_wide import WideAudit, changelog_problems

@@ -22,7 +22,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from txstream.errors import GroupActiveError, OffsetsError
-from txstream.kafka.offsets import (
+from txstream.kafka.lookups import (
     DEFAULT_TIMEOUT,
     GroupInfo,
     Partition,

@@ -29,21 +29,23 @@ def _type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _nodes(tree: ast.AST):
-    """Every node, module- and function-level, except inside `if TYPE_CHECKING:` blocks."""
+def _nodes(tree: ast.AST, type_checking: bool = False):
+    """Every node, module- and function-level, except inside `if TYPE_CHECKING:` blocks (unless
+    `type_checking`: those too)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _type_checking(child):
+            if isinstance(child, ast.If) and _type_checking(child) and not type_checking:
                 stack.extend(child.orelse)
                 continue
             stack.append(child)
 
 
-def imports(name: str, path: Path, known: set[str]) -> dict[str, int]:
-    """The txstream modules `name` imports (each with a line it does so on)."""
+def imports(name: str, path: Path, known: set[str], type_checking: bool = False) -> dict[str, int]:
+    """The txstream modules `name` imports (each with a line it does so on); with
+    `type_checking`, the imports only a type checker makes too."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: dict[str, int] = {}
@@ -54,7 +56,7 @@ def imports(name: str, path: Path, known: set[str]) -> dict[str, int]:
         if target and target != name:
             found.setdefault(target, line)
 
-    for node in _nodes(tree):
+    for node in _nodes(tree, type_checking):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name, node.lineno)
@@ -68,10 +70,10 @@ def imports(name: str, path: Path, known: set[str]) -> dict[str, int]:
     return found
 
 
-def graph() -> dict[str, dict[str, int]]:
+def graph(type_checking: bool = False) -> dict[str, dict[str, int]]:
     found = modules()
     known = set(found)
-    return {name: imports(name, path, known) for name, path in found.items()}
+    return {name: imports(name, path, known, type_checking) for name, path in found.items()}
 
 
 def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
@@ -205,3 +207,17 @@ def test_the_records_sit_below_driver_task_and_tools() -> None:
     problems = _reaching("txstream.records", ("txstream.driver", "txstream.task", "txstream.tools", "txstream.cli"),
                          graph())
     assert not problems, "\n".join(problems)
+
+
+def test_the_state_layer_reaches_nothing_above_it(tmp_path) -> None:
+    """state/ (stores, keys, changelog, snapshots, restore) is what the operators and the task
+    shell stand on: it imports none of them, nor the driver, the tools or the CLI, not even for a
+    type checker (an annotation's import is still an arrow a reader follows)."""
+    above = ("txstream.task", "txstream.operators", "txstream.driver", "txstream.tools", "txstream.cli")
+    problems = _reaching("txstream.state", above, graph(type_checking=True))
+    assert not problems, "\n".join(problems)
+    # The check sees an import made for type checkers only.
+    source = tmp_path / "restore.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from txstream.task.units import Marker\n")
+    assert imports("txstream.state.restore", source, {"txstream.task.units"}, type_checking=True) == {
+        "txstream.task.units": 3}

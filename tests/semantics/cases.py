@@ -4,7 +4,7 @@ A case is a family (a query: kind x aggregates x keys), an output mode, K units 
 rows are made cut by cut, knowing the watermark Spark will run each cut with (the latest event
 time of the cuts before, less the delay), so that a family that must meet a situation (a row
 behind the watermark whose window is still open, a row exactly on the watermark, a session one
-gap after another) meets it on every seed: an xfail mark then holds for every seed.
+gap after another) meets it on every seed: a KNOWN entry then holds for every seed.
 """
 from __future__ import annotations
 

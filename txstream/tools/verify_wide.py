@@ -237,8 +237,11 @@ class WideAudit:
                 self.expired_again += 1
                 if len(self.expired_samples) < SAMPLES:
                     self.expired_samples.append(f"{slot[2][:60]!r} (batches {[b for b, _ in emitted][:5]})")
-        for (app, batch), state in sorted(facts.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
-            record = next(r for r in self.batches.get((app, batch), self.batches.get((None, batch), [])) if r.state)
+        # Each closing's own facts against its own ranges: a batch id may close twice (a batch with
+        # no records that moved no marker, then the first batch after a `state reset`).
+        closings = [(app or default_app, batch, r) for (app, batch), rs in self.batches.items() for r in rs if r.state]
+        for app, batch, record in sorted(closings, key=lambda c: (c[0] or "", c[1], c[2].offset)):
+            state = record.state
             read = 0
             for topic, partition, start, end in record.ranges:
                 if end > self.audited_end.get((topic, partition), end):

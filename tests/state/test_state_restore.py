@@ -318,7 +318,7 @@ def test_a_snapshot_is_a_transaction_of_the_engine_and_releases_its_producer(boo
         if point == "state.before_snapshot_commit":
             raise InjectedFault(point)
 
-    monkeypatch.setattr("txstream.state.snapshot.faults.maybe_fail", fail)
+    monkeypatch.setattr("txstream.state.snapshot.fault_injection.maybe_fail", fail)
     with pytest.raises(InjectedFault):
         unit.snapshot()
     assert _open_producers() == before

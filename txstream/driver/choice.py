@@ -72,13 +72,15 @@ def _stateful(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: A
               frame: Any) -> BatchProtocol:
     """State across batches (docs/state.md): the wide protocol whose units keep the state."""
     from txstream.driver.determinism import check_deterministic
-    from txstream.driver.stateful import StatefulBatches
+    from txstream.driver.stateful import StatefulUnits
+    from txstream.driver.wide import WideBatches
 
     s = settings
     # A unit's replay must merge the same partials: the state, like the output, depends on it.
     for part in check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
                                     s.allow_nondeterministic):
         echo(f"warning: not deterministic (allowed): {part}")
-    protocol = StatefulBatches(s, specs, jobs, admin, sum(topic_partitions.values()), echo, description)
+    protocol = WideBatches(s, specs, jobs, admin, sum(topic_partitions.values()), echo,
+                           state=StatefulUnits(s, specs, jobs, admin, echo, description))
     echo(protocol.describe())
     return protocol

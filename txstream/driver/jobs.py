@@ -23,7 +23,7 @@ from txstream.settings import RunSettings
 from txstream.task.publish import publish_slot
 from txstream.task.reading import input_struct, read_planned_range
 from txstream.task.result import result_schema
-from txstream.task.spec import JOB_SPEC_PROPERTY, FromJob, PartitionPlan, PublishSpec, ReadSpec
+from txstream.task.spec import JOB_SPEC_PROPERTY, FromJob, JobSpec, PartitionPlan, ReadSpec
 from txstream.task.spec import encode as encode_job_spec
 
 SINK_COLUMNS = ("key", "value", "topic", "partition", "headers", "offset")
@@ -31,7 +31,7 @@ BATCH_PROGRESS_EVERY_S = 30.0  # a 'still running' line this often while a batch
 
 
 def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = False,
-                tagged: bool = False, from_job: bool = False):  # SparkSession -> DataFrame
+                tagged: bool = False):  # SparkSession -> DataFrame
     """The batch's input DataFrame: one Spark partition per planned range, read by task i; with
     `per_slot`, one per slot (`spec.slot_width` consecutive reading tasks), its ranges read
     together in one Python hand-off (Spark pays a hand-off per partition: a slot of many ranges
@@ -50,15 +50,14 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = Fa
     process on the driver to plan the read (a data source costs planning round trips per batch
     and more Python daemons at start-up).
 
-    `from_job`: the tasks read the ranges of the spec their job carries (task/spec.py FromJob),
-    not `spec`'s, which then gives the frame only its shape: the frame serves every batch of that
-    shape."""
+    The tasks read the ranges of the spec their job carries (task/spec.py FromJob), not
+    `spec`'s, which gives the frame only its shape: a narrow batch's frame serves every batch of
+    that shape. Run it with `SparkJobs.collect`."""
     n = max(1, len(spec.layout) or len(spec.plans))
     # spark.range splits [0, n) into equal consecutive runs: partition j holds slot j's tasks.
     partitions = n // spec.slot_width if per_slot and spec.slot_width > 1 else n
     frame = spark.range(0, n, 1, partitions).mapInArrow(
-        functools.partial(read_planned_range, FromJob("read", spec.clients, spec.registry) if from_job else spec,
-                          accounts, tagged),
+        functools.partial(read_planned_range, FromJob("read", spec.clients, spec.registry), accounts, tagged),
         input_struct(spec.key_schema, spec.value_schema, tagged))
     return frame.drop(RANGE_COLUMN) if tagged else frame
 
@@ -100,7 +99,7 @@ class SparkJobs:
     def narrow_output(self, batch_id: int, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
         """The transform's output over a narrow job's source (its ranges come with each job)."""
         spec = self.specs.for_reading(batch_id, plans, layout.layout, layout.width)
-        source = range_frame(self.spark, spec, None, per_slot, per_slot and self.settings.lineage, from_job=True)
+        source = range_frame(self.spark, spec, None, per_slot, per_slot and self.settings.lineage)
         return self.to_sink(self.settings.processor.transform(source))
 
     def narrow_job(self, batch_id: int, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool, out=None):
@@ -148,12 +147,13 @@ class SparkJobs:
 
     # -- running ----------------------------------------------------------------------------------
 
-    def collect(self, frame, spec: PublishSpec) -> list[dict]:
-        """Run a narrow batch's job with its spec as the job's local property (task/spec.py)."""
+    def collect(self, frame, job: JobSpec, arrow: bool = False) -> Any:
+        """Run a batch's job with its spec as the job's local property (task/spec.py): its rows
+        as dicts, or with `arrow` as one Arrow table. Every batch job is run through here."""
         sc = self.spark.sparkContext
-        sc.setLocalProperty(JOB_SPEC_PROPERTY, encode_job_spec(spec))
+        sc.setLocalProperty(JOB_SPEC_PROPERTY, encode_job_spec(job))
         try:
-            return [row.asDict() for row in frame.collect()]
+            return frame.toArrow() if arrow else [row.asDict() for row in frame.collect()]
         finally:
             sc.setLocalProperty(JOB_SPEC_PROPERTY, None)
 
@@ -231,8 +231,9 @@ class SparkJobs:
                        f"txstream {self.settings.app_id}: dry run of {len(plans)} range(s) (isolating a record)",
                        interruptOnCancel=True)
         try:
-            count = functools.partial(count_rows, self.specs.for_reading(batch_id, plans))
-            self.output_frame(batch_id, plans).mapInArrow(count, "rows long").collect()
+            spec = self.specs.for_reading(batch_id, plans)
+            count = functools.partial(count_rows, FromJob("read", spec.clients, spec.registry))
+            self.collect(self.output_frame(batch_id, plans).mapInArrow(count, "rows long"), JobSpec(spec))
             return None
         except Exception as exc:
             return understand(exc)

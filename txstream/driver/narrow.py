@@ -26,7 +26,7 @@ from txstream.driver.specs import TaskSpecs
 from txstream.errors import InfrastructureError, TransformError
 from txstream.records import DeadLetter
 from txstream.settings import RunSettings
-from txstream.task.spec import PartitionPlan
+from txstream.task.spec import JobSpec, PartitionPlan
 
 
 @dataclass
@@ -163,7 +163,8 @@ class NarrowBatches:
         description = (f"txstream {self.settings.app_id} batch {batch_id} ({len(plans)} partitions in "
                        f"{layout.publishing_tasks} slots, {sum(p.size for p in plans)} records)")
         driver_s = time.monotonic() - (planned_at or started)
-        rows = self.jobs.run(lambda: self.jobs.collect(frame, spec), batch_id, description, membership.poll)
+        rows = self.jobs.run(lambda: self.jobs.collect(frame, JobSpec(spec.read, spec)), batch_id, description,
+                             membership.poll)
         if plans and not rows:
             # No publishing task ran, so nothing was read, published or committed: Spark removed
             # the input from the plan. Remembering the plans' ends as committed would be a lie.

@@ -1,7 +1,6 @@
-"""The stateful batch protocol: the wide protocol whose output units are the state partitions
-(docs/state.md, docs/wide-transforms.md).
-
-A batch runs as a wide batch (plan log, K units, close). What it adds:
+"""The state side of a wide batch: a wide batch whose output units are the state partitions
+(docs/state.md, docs/wide-transforms.md). `WideBatches` runs the protocol (plan log, K units,
+close) and hands what differs to its `StatefulUnits`:
 - The **watermark**: the latest event time any unit has seen (each unit's marker carries its
   own, `x=`) minus the watermark's delay, never moving back; logged with the plan, so a re-run of
   the batch filters the same late rows and closes the same windows.
@@ -26,25 +25,21 @@ import uuid
 from dataclasses import replace
 from typing import Any, Callable
 
-from confluent_kafka import TopicPartition
-
 from txstream.constants import EXACTLY_ONCE, UNITS
 from txstream.driver.jobs import SparkJobs
-from txstream.driver.planning import Planner
 from txstream.driver.specs import TaskSpecs
 from txstream.driver.stateful_query import BatchContext, recording
-from txstream.driver.wide import WideBatch, WideBatches
+from txstream.driver.wide import WideBatch
 from txstream.errors import InfrastructureError, TransformError, UserError
 from txstream.operators import plan as plan_reading
 from txstream.operators.base import MergeSpec, next_watermark
 from txstream.operators.kinds import operator_for
-from txstream.records import LoggedPartition, StateFacts, last_watermark, read_markers
+from txstream.records import LoggedPartition, StateFacts, last_watermark
 from txstream.settings import RunSettings
 from txstream.state.changelog import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, changelog_topic, snapshot_topic
 from txstream.state.operator import STATE_TOPIC_CONFIG, OperatorDescription, state_topic
-from txstream.task.result import result_schema
 from txstream.task.spec import PartitionPlan
-from txstream.task.units import StateUnit, UnitSpec, publish_unit
+from txstream.task.units import StateUnit
 
 
 class StateChangedError(UserError):
@@ -71,21 +66,32 @@ def describe_operator(settings: RunSettings, units: int, build: Callable[[], Any
     return recorded.description, built
 
 
-class StatefulBatches(WideBatches):
-    """The stateful protocol for one run (a `BatchProtocol`)."""
+class StatefulUnits:
+    """What a stateful run's wide batches add (composed into `WideBatches` as its `state`)."""
 
     def __init__(self, settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: Any,
-                 input_partitions: int, echo: Callable[[str], None], description: OperatorDescription) -> None:
-        super().__init__(settings, specs, jobs, admin, input_partitions, echo)
-        self.units = description.units
+                 echo: Callable[[str], None], description: OperatorDescription) -> None:
+        self.settings = settings
+        self.specs = specs
+        self.jobs = jobs
+        self.admin = admin
+        self.echo = echo
         self.description = description
         self.store_kind = "rocksdb"
         self._checked_shape = False
         self._idle_since: float | None = None   # monotonic: when planning last found no input
 
     @property
+    def units(self) -> int:
+        return self.description.units
+
+    @property
     def operator(self) -> str:
         return self.description.operator
+
+    @property
+    def watermarked(self) -> bool:
+        return self.description.watermark is not None
 
     def describe(self) -> str:
         d = self.description
@@ -97,14 +103,14 @@ class StatefulBatches(WideBatches):
 
     # -- start ------------------------------------------------------------------------------------
 
-    def start(self, membership: Any) -> None:
-        if self.settings.guarantee != EXACTLY_ONCE or self.mode != UNITS:
+    def check_start(self, wide_mode: str) -> None:
+        """Before the wide protocol starts: the stored operator is this one (K kept from it)."""
+        if self.settings.guarantee != EXACTLY_ONCE or wide_mode != UNITS:
             raise TransformError("state across batches runs exactly-once in units mode only (the state's changes "
                                  "commit in each unit's transaction): remove --guarantee/--wide-mode or output_mode")
         stored = self._stored_description()
         if stored is not None and self.settings.output_units is None and stored.units != self.units:
-            self.units = stored.units   # K is fixed for the state's lifetime
-            self.description = replace(self.description, units=stored.units)
+            self.description = replace(self.description, units=stored.units)   # K is fixed for the state's lifetime
         if stored is not None and stored.fingerprint() != self.description.fingerprint():
             changes = "; ".join(stored.differences(self.description))
             raise StateChangedError(
@@ -113,8 +119,11 @@ class StatefulBatches(WideBatches):
                 f"`txstream state reset --app-id {self.settings.app_id} --execute` (docs/state.md)")
         self.description = replace(self.description, epoch=stored.epoch if stored is not None and stored.epoch
                                    else uuid.uuid4().hex[:12])
-        super().start(membership)
-        self._ensure_state_topics(stored is None)
+        self._new = stored is None
+
+    def started(self) -> None:
+        """After the wide protocol started: the state topics, the description of a new state."""
+        self._ensure_state_topics(self._new)
         keep_empty_units(self.jobs.spark)
 
     def _stored_description(self) -> OperatorDescription | None:
@@ -160,8 +169,9 @@ class StatefulBatches(WideBatches):
 
     # -- planning ---------------------------------------------------------------------------------
 
-    def _next_watermark(self, log: dict[tuple[str, int], LoggedPartition], markers: dict,
-                        clock: bool = True) -> int | None:
+    def next_watermark(self, log: dict[tuple[str, int], LoggedPartition], markers: dict,
+                       clock: bool = True) -> int | None:
+        """The watermark a new batch is planned with."""
         watermark = self.description.watermark
         if watermark is None:
             return None
@@ -174,40 +184,26 @@ class StatefulBatches(WideBatches):
             known.append(int(time.time() * 1000) - watermark["delay_ms"])
         return max(known) if known else None
 
-    def owes_batch(self, owned: list[TopicPartition]) -> bool:
-        """The watermark has moved past the last batch's: a batch with no records closes what it
-        passed (windows in append mode, expired state)."""
-        operator = operator_for(self.description.kind)
-        if self.description.watermark is None or len(owned) < self.input_partitions:
-            return False
-        log = self.read_log(owned)
-        markers = read_markers(self.settings.clients, self.settings.app_id, self.units)
-        last = last_watermark(log)
-        by_events = self._next_watermark(log, markers, clock=False)
-        if operator.owes_batch(self.description, last, by_events):
-            return True
-        # Wall-clock time (opt-in, idle stream): a batch with no records each watermark_idle_s at most.
-        by_clock = self._next_watermark(log, markers)
-        step = (self.settings.watermark_idle_s or 0) * 1000
-        return (by_clock is not None and by_clock != by_events and operator.owes_batch(self.description, last, by_clock)
-                and (last is None or by_clock >= last + step))
-
-    def next_plans(self, planner: Planner, owned: list[TopicPartition],
-                   committed: dict[tuple[str, int], int | None], cap: int) -> list[PartitionPlan]:
-        plans = super().next_plans(planner, owned, committed, cap)
+    def planned(self, plans: list[PartitionPlan]) -> None:
+        """What planning found: input, or none since when (the idle clock)."""
         if plans and any(p.size for p in plans):
             self._idle_since = None
         elif self._idle_since is None:
             self._idle_since = time.monotonic()
-        if plans or not self.owes_batch(owned):
-            return plans
-        log = self.read_log(owned)
-        empty = [PartitionPlan(t, p, entry.committed, entry.committed, entry.committed, "")
-                 for (t, p), entry in sorted(log.items()) if entry.committed is not None]
-        if not empty:
-            return []
-        self.current = self._log_new_batch(log, empty)
-        return self.current.plans
+
+    def owes_batch(self, log: dict[tuple[str, int], LoggedPartition], markers: dict) -> bool:
+        """The watermark has moved past the last batch's: a batch with no records closes what it
+        passed (windows in append mode, expired state)."""
+        operator = operator_for(self.description.kind)
+        last = last_watermark(log)
+        by_events = self.next_watermark(log, markers, clock=False)
+        if operator.owes_batch(self.description, last, by_events):
+            return True
+        # Wall-clock time (opt-in, idle stream): a batch with no records each watermark_idle_s at most.
+        by_clock = self.next_watermark(log, markers)
+        step = (self.settings.watermark_idle_s or 0) * 1000
+        return (by_clock is not None and by_clock != by_events and operator.owes_batch(self.description, last, by_clock)
+                and (last is None or by_clock >= last + step))
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -215,11 +211,13 @@ class StatefulBatches(WideBatches):
                     partial_names: tuple[str, ...], out_schema: Any, event_column: str | None) -> MergeSpec:
         spec = self.specs.publish
         description = replace(description, epoch=self.description.epoch)
-        return MergeSpec(self.settings.app_id, spec.clients, spec.read.side_dir, batch.batch_id, description,
-                         group_names, partial_names, out_schema, batch.watermark_ms, self.store_kind,
-                         spec.timeout_s, event_column, self.settings.state_snapshot_every)
+        batch.merge = MergeSpec(self.settings.app_id, spec.clients, spec.read.side_dir, batch.batch_id, description,
+                                group_names, partial_names, out_schema, batch.watermark_ms, self.store_kind,
+                                spec.timeout_s, event_column, self.settings.state_snapshot_every)
+        return batch.merge
 
-    def _output(self, batch: WideBatch, accounts: Any) -> Any:
+    def output(self, batch: WideBatch, accounts: Any) -> Any:
+        """The transform's output over the batch's ranges, its stateful operator merged by the units."""
         context = BatchContext(self.settings.app_id, batch.units, self.description.output_mode, batch.batch_id,
                                batch.watermark_ms, functools.partial(self._merge_spec, batch), late_ms=batch.late_ms)
         with recording(context) as recorded:
@@ -232,7 +230,11 @@ class StatefulBatches(WideBatches):
             self._checked_shape = True
         return out
 
-    def _closing_facts(self, batch: WideBatch, markers: dict) -> StateFacts:
+    def unit(self, batch: WideBatch) -> StateUnit:
+        """What each unit task of the batch is told about its state."""
+        return StateUnit(self.operator, batch.late_ms)
+
+    def facts(self, batch: WideBatch, markers: dict) -> StateFacts:
         """The batch's state facts, for `txstream verify`: the operator, its mode, the watermark,
         and per unit that published the batch the rows it merged and the rows that were late."""
         done = {i: m for i, m in markers.items() if m.done_through == batch.batch_id and m.merged >= 0}
@@ -242,19 +244,6 @@ class StatefulBatches(WideBatches):
         # The epoch: after a `txstream state reset` keys start over, and their second emission is no duplicate.
         return StateFacts(d.operator, d.kind, d.output_mode, d.epoch, batch.watermark_ms, not hopping,
                           {i: m.merged for i, m in done.items()}, {i: m.late for i, m in done.items()})
-
-    def run_batch(self, plans: list[PartitionPlan], planned_at: float | None = None) -> Any:
-        watermark = self.current.watermark_ms if self.current is not None and self.current.plans == plans else None
-        report = super().run_batch(plans, planned_at)
-        report.watermark_ms = watermark
-        return report
-
-    def _unit_frame(self, batch: WideBatch, out: Any) -> Any:
-        """The merged output is partitioned by unit already: each task publishes its unit."""
-        spec = UnitSpec(publish=self.specs.publish, batch_id=batch.batch_id, units=batch.units,
-                        plan_id=batch.plan_id, routing="state key", markers_metadata=self._markers_metadata,
-                        state=StateUnit(self.operator, batch.late_ms))
-        return out.mapInArrow(functools.partial(publish_unit, spec), result_schema())
 
 
 # Spark's adaptive execution replaces a plan whose input stage came out empty by an empty relation

@@ -30,6 +30,7 @@ from txstream.operators.base import ROUTE, MergeSpec
 from txstream.operators.dedup import Deduplicate
 from txstream.operators.kinds import operator_for
 from txstream.state.operator import AGGREGATE, OperatorDescription
+from txstream.task.spec import FromJob
 from txstream.task.state_unit import merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,
@@ -264,5 +265,5 @@ def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
 
 def _unit_merge(grouped: Any, spec: MergeSpec, out_schema: Any) -> Any:
     """The merge in Spark's tasks: the partials routed to the K units, each merged into its state."""
-    return grouped.repartition(spec.description.units, ROUTE).mapInArrow(functools.partial(merge_unit, spec),
-                                                                         out_schema)
+    task = functools.partial(merge_unit, FromJob("merge", spec.clients))   # the spec comes with the batch's job
+    return grouped.repartition(spec.description.units, ROUTE).mapInArrow(task, out_schema)

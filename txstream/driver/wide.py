@@ -24,7 +24,7 @@ import hashlib
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from confluent_kafka import TopicPartition
 
@@ -70,7 +70,7 @@ from txstream.records import (
 from txstream.settings import RunSettings
 from txstream.task.reading import ReadAccounts
 from txstream.task.result import TaskResult, result_schema
-from txstream.task.spec import PartitionPlan
+from txstream.task.spec import FromJob, JobSpec, PartitionPlan
 from txstream.task.units import (
     NONDETERMINISTIC,
     VALUES_DIFFER,
@@ -79,6 +79,9 @@ from txstream.task.units import (
     unit_transactional_id,
     wide_collector,
 )
+
+if TYPE_CHECKING:
+    from txstream.driver.stateful import StatefulUnits
 
 
 class WideAppRunningError(UserError):
@@ -103,6 +106,7 @@ class WideBatch:
     watermark_ms: int | None = None   # a stateful batch's (driver/stateful.py): what its state closes by
     late_ms: int | None = None        # ... and what its late rows are judged by (the previous batch's)
     state: StateFacts | None = None   # a stateful batch's facts for its record (`txstream verify` reads them)
+    merge: Any = None                 # a stateful batch's merge spec (operators/base.py MergeSpec), for its job
 
     def share(self, end: int) -> PlanShare:
         """This batch's share of the plan log for a partition ending at `end`."""
@@ -120,14 +124,16 @@ class WideBatches:
     remembers = False   # committed offsets carry the plan log: always read from Kafka
 
     def __init__(self, settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, admin: Any,
-                 input_partitions: int, echo: Callable[[str], None]) -> None:
+                 input_partitions: int, echo: Callable[[str], None], state: StatefulUnits | None = None) -> None:
         self.settings = settings
+        # A stateful run's: its units are the state's partitions (driver/stateful.py).
+        self.state = state
         self.specs = specs
         self.jobs = jobs
         self.admin = admin
         self.input_partitions = input_partitions
         self.mode = settings.wide_mode
-        self.units = settings.output_units or input_partitions or 1
+        self.units = state.units if state is not None else settings.output_units or input_partitions or 1
         self.allow_nondeterministic = settings.allow_nondeterministic
         self.echo = echo
         self.membership: GroupMembership | None = None
@@ -145,6 +151,8 @@ class WideBatches:
     # -- start ------------------------------------------------------------------------------------
 
     def describe(self) -> str:
+        if self.state is not None:
+            return self.state.describe()
         if self.mode == SINGLE_TRANSACTION:
             return ("protocol: wide, single transaction (the driver publishes each batch's output and "
                     "its input offsets in one transaction)")
@@ -152,8 +160,12 @@ class WideBatches:
                 f"{markers_name(self.settings.app_id)}; docs/wide-transforms.md)")
 
     def start(self, membership: GroupMembership | None) -> None:
-        """Refuse a second live instance; create the markers topic; fence an older driver."""
+        """Refuse a second live instance; create the markers topic; fence an older driver (and
+        check and create the state's)."""
         s = self.settings
+        if self.state is not None:
+            self.state.check_start(self.mode)
+            self.units = self.state.units
         self._refuse_second_instance(membership.member_id() if membership is not None else None)
         if s.guarantee != EXACTLY_ONCE:
             return
@@ -169,6 +181,8 @@ class WideBatches:
         self._publisher = TransactionalPublisher(self.specs.publish.producer_config(transactional=True),
                                                  f"{s.app_id}-driver", None, self.specs.publish.timeout_s)
         self._publisher.init()
+        if self.state is not None:
+            self.state.started()
 
     def joined(self, membership: GroupMembership) -> None:
         self.membership = membership
@@ -243,9 +257,17 @@ class WideBatches:
         pending = pending_batch(log)
         if pending is not None:
             self.current = self._from_log(pending)
+            if self.state is not None:
+                self.state.planned(self.current.plans)
             return self.current.plans
         committed = {key: entry.committed for key, entry in log.items()}
         plans = planner.plan(owned, committed, cap)
+        if self.state is not None:
+            self.state.planned(plans)
+            if not plans and self.owes_batch(owned):
+                # A batch with no records: the watermark closes what no new record will.
+                plans = [PartitionPlan(t, p, entry.committed, entry.committed, entry.committed, "")
+                         for (t, p), entry in sorted(log.items()) if entry.committed is not None]
         if not plans:
             return []
         self.current = self._log_new_batch(log, plans)
@@ -267,7 +289,8 @@ class WideBatches:
         markers = read_markers(self.settings.clients, self.settings.app_id, self.plan_units) if self._logs_plans else {}
         batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
         batch = WideBatch(batch_id, self.plan_units, int(time.time() * 1000), _wide_plans(plans), recovered=False,
-                          watermark_ms=self._next_watermark(log, markers), late_ms=last_watermark(log))
+                          watermark_ms=self.state.next_watermark(log, markers) if self.state is not None else None,
+                          late_ms=last_watermark(log))
         if self._logs_plans:
             # Logged before it runs: after any crash, exactly this batch runs again.
             self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=batch.share(p.end).encode())
@@ -275,12 +298,12 @@ class WideBatches:
             fault_injection.maybe_fail("driver.after_plan_log", batch_id)
         return batch
 
-    def _next_watermark(self, log: dict[tuple[str, int], LoggedPartition], markers: dict) -> int | None:
-        """The watermark a new batch is planned with (a stateful protocol's; none here)."""
-        return None
-
     def owes_batch(self, owned: list[TopicPartition]) -> bool:
-        return False
+        """A stateful run's watermark closes state no new record will: a batch with no records is owed."""
+        if self.state is None or not self.state.watermarked or len(owned) < self.input_partitions:
+            return False
+        markers = read_markers(self.settings.clients, self.settings.app_id, self.units)
+        return self.state.owes_batch(self.read_log(owned), markers)
 
     def _from_log(self, pending: PendingBatch) -> WideBatch:
         plans = [PartitionPlan(t, p, start, end, start, "") for (t, p), (start, end) in sorted(pending.ranges.items())]
@@ -295,6 +318,8 @@ class WideBatches:
 
     def run_batch(self, plans: list[PartitionPlan], planned_at: float | None = None) -> BatchReport:
         batch = self.current
+        # The watermark a batch was planned with, for its batch line (not the isolator's batches').
+        watermark = batch.watermark_ms if batch is not None and batch.plans == plans else None
         if batch is None or batch.plans != plans:
             # Plans from the poison isolator: a new batch of its own, logged like any other.
             batch = self._new_batch_for(plans)
@@ -316,26 +341,40 @@ class WideBatches:
             rows = self._run_units(batch, out, accounts, description)
         self.current = None
         return BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started, reads=self.last_reads,
-                           driver_s=driver_s)
+                           driver_s=driver_s, watermark_ms=watermark)
 
     def _output(self, batch: WideBatch, accounts: Any) -> Any:
-        """The transform's output over the batch's ranges."""
+        """The transform's output over the batch's ranges (its stateful operator merged by the units)."""
+        if self.state is not None:
+            return self.state.output(batch, accounts)
         return self.jobs.output_frame(batch.batch_id, batch.plans, accounts=accounts)
 
-    def _unit_frame(self, batch: WideBatch, out: Any) -> Any:
-        """The output routed to the K units, each published by its task (task/units.py)."""
-        key_routed = "key" in out.columns
-        route = ["key"] if key_routed else list(out.columns)
-        spec = UnitSpec(publish=self.specs.publish, batch_id=batch.batch_id, units=batch.units,
-                        plan_id=batch.plan_id, routing="key" if key_routed else "all columns",
-                        markers_metadata=self._markers_metadata)
-        return out.repartition(batch.units, *route).mapInArrow(functools.partial(publish_unit, spec), result_schema())
+    def _units(self, batch: WideBatch, out: Any) -> tuple[Any, UnitSpec]:
+        """The output routed to the K units, each published by its task (task/units.py), and
+        the units' spec. A stateful batch's merged output is partitioned by unit already."""
+        if self.state is not None:
+            routing = "state key"
+        else:
+            routing = "key" if "key" in out.columns else "all columns"
+            out = out.repartition(batch.units, *(["key"] if routing == "key" else list(out.columns)))
+        spec = UnitSpec(publish=self.specs.publish, batch_id=batch.batch_id, units=batch.units, plan_id=batch.plan_id,
+                        routing=routing, markers_metadata=self._markers_metadata,
+                        state=self.state.unit(batch) if self.state is not None else None)
+        return out.mapInArrow(self._unit_task(), result_schema()), spec
+
+    def _unit_task(self) -> Any:
+        """A unit task's body: its spec comes with the batch's job (`_job`)."""
+        return functools.partial(publish_unit, FromJob("unit", self.specs.read.clients, self.specs.read.registry))
+
+    def _job(self, batch: WideBatch, unit: UnitSpec | None = None) -> JobSpec:
+        """The batch's spec, which its Spark job carries to its tasks (task/spec.py)."""
+        return JobSpec(self.specs.for_reading(batch.batch_id, batch.plans), self.specs.publish, unit, batch.merge)
 
     def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
         s = self.settings
-        frame = self._unit_frame(batch, out)
-        rows = self.jobs.run(lambda: [r.asDict() for r in frame.collect()], batch.batch_id, description,
-                             self.membership.poll)
+        frame, unit = self._units(batch, out)
+        job = self._job(batch, unit)
+        rows = self.jobs.run(lambda: self.jobs.collect(frame, job), batch.batch_id, description, self.membership.poll)
         by_status: dict[str, list[dict]] = {}
         for row in rows:
             by_status.setdefault(row["status"], []).append(row)
@@ -358,7 +397,7 @@ class WideBatches:
         if s.guarantee == EXACTLY_ONCE:
             markers = read_markers(s.clients, s.app_id, batch.units)
             published = {i: m.rows for i, m in markers.items() if m.done_through == batch.batch_id}
-            batch.state = self._closing_facts(batch, markers)
+            batch.state = self.state.facts(batch, markers) if self.state is not None else None
             self._close(batch, read["dead"], records=None, unit_records=published)
         elif s.guarantee != AT_MOST_ONCE:
             self._publish_dead_plain(batch, read["dead"])
@@ -369,7 +408,9 @@ class WideBatches:
 
     def _run_single(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
         """All of the batch's output, its dead letters and its input offsets: one transaction."""
-        table = self.jobs.run(out.toArrow, batch.batch_id, description, self.membership.poll)
+        job = self._job(batch)
+        table = self.jobs.run(lambda: self.jobs.collect(out, job, arrow=True), batch.batch_id, description,
+                              self.membership.poll)
         read = self._read_accounts(batch, accounts)
         started = time.perf_counter()
         if self.settings.guarantee == EXACTLY_ONCE:
@@ -413,10 +454,6 @@ class WideBatches:
                    for p in batch.plans]
         return self._commit(offsets, f"close batch {batch.batch_id}", dead=dead, records=records, batch=batch,
                             unit_records=unit_records)
-
-    def _closing_facts(self, batch: WideBatch, markers: dict) -> StateFacts | None:
-        """What a protocol adds to the batch's record from the units' markers (stateful: its facts)."""
-        return None
 
     def _batch_record(self, batch: WideBatch, unit_records: dict[int, int], dead: int) -> bytes:
         return BatchRecord(batch.batch_id, batch.plan_id, batch.timestamp_ms, self.mode, batch.units,

@@ -11,14 +11,15 @@ from typing import Iterator
 import pyarrow as pa
 
 from txstream.task.sidefile import read_side_file
-from txstream.task.spec import ReadSpec
+from txstream.task.spec import FromJob, ReadSpec, resolve
 
 COUNT_SCHEMA = pa.schema([("rows", pa.int64())])
 
 
-def count_rows(spec: ReadSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def count_rows(spec: ReadSpec | FromJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
+    spec = resolve(spec)
     total = sum(batch.num_rows for batch in batches)
     read_side_file(spec.side_dir, spec.batch_id, spec.plan_at(TaskContext.get().partitionId()))
     yield pa.RecordBatch.from_pylist([{"rows": total}], schema=COUNT_SCHEMA)

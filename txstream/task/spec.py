@@ -4,20 +4,21 @@ The specs are frozen and typed, built on the driver (driver/specs.py). Each defa
 here, once. They hold only plain values, Avro schemas and a `KafkaClients`; the plans of the
 batch are the only part that changes per batch (`with_batch`).
 
-A narrow batch's job is built once and run batch after batch, so its closures hold `FromJob`
-instead of a spec, and each batch's `PublishSpec` travels as a Spark local property of the job
-that runs it (`encode`, `resolve`): Spark hands a job's local properties to each of its tasks,
-retries and speculative copies included, so a task always reads the spec of the job it belongs to.
-Local properties are written to Spark's event log and shown by its UI, so the property carries the
-spec without its `KafkaClients` and registry settings (credentials): those stay in the closure's `FromJob`, which Spark
-ships to tasks over its own connections and never logs (docs/security.md).
+One way, narrow and wide alike: a batch's `JobSpec` travels as a Spark local property of the job
+that runs it (`encode`, `resolve`), and the tasks' closures hold `FromJob`, which names the part
+a task reads. Spark hands a job's local properties to each of its tasks, retries and speculative
+copies included, so a task always reads the spec of the job it belongs to, and a job built once
+(a narrow batch's, run batch after batch) needs nothing rebuilt per batch. Local properties are
+written to Spark's event log and shown by its UI, so the property carries the spec without its
+`KafkaClients` and registry settings (credentials): those stay in the closure's `FromJob`, which
+Spark ships to tasks over its own connections and never logs (docs/security.md).
 """
 from __future__ import annotations
 
 import base64
 import pickle
 import zlib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from txstream.errors import InfrastructureError
@@ -198,29 +199,60 @@ _last: tuple[str, Any] | None = None   # per Python worker: the last property de
 
 
 @dataclass(frozen=True)
+class JobSpec:
+    """Everything one batch's Spark job gives its tasks: its readers' spec, and what its
+    publishing tasks need (a narrow batch's slots, or a wide batch's units and their merge)."""
+
+    read: ReadSpec
+    publish: PublishSpec | None = None
+    unit: Any = None    # a wide batch's unit tasks (task/units.py UnitSpec)
+    merge: Any = None   # a stateful batch's merge tasks (operators/base.py MergeSpec)
+
+
+@dataclass(frozen=True)
 class FromJob:
-    """Stands in a task's closure for the batch's spec: "read" (its ReadSpec) or "publish", with
-    what the job's property leaves out: the run's `KafkaClients` and schema registry settings
-    (credentials, both)."""
+    """Stands in a task's closure for the part of its job's `JobSpec` the task reads ("read",
+    "publish", "unit" or "merge"), with what the job's property leaves out: the run's
+    `KafkaClients` and schema registry settings (credentials, both)."""
 
     part: str
     clients: KafkaClients
     registry: RegistryConfig | None = None
 
 
-# What the local property holds in place of the clients (never a client configuration).
+# What the local property holds in place of the clients and registry settings.
 _CLIENTS_IN_CLOSURE = KafkaClients("(in the task's closure)")
+_REGISTRY_IN_CLOSURE = RegistryConfig("(in the task's closure)")
 
 
-def encode(spec: PublishSpec) -> str:
-    """The local property's value for a batch's PublishSpec, without its clients and registry
+def _with_credentials(value: Any, clients: KafkaClients | None, registry: RegistryConfig | None) -> Any:
+    """`value` with every `KafkaClients` and `RegistryConfig` in its dataclass fields replaced
+    (the parts of a JobSpec nest: a UnitSpec holds a PublishSpec, which holds a ReadSpec)."""
+    if isinstance(value, KafkaClients):
+        return clients
+    if isinstance(value, RegistryConfig):
+        return registry
+    if not is_dataclass(value) or isinstance(value, type):
+        return value
+    changed = {}
+    for f in fields(value):
+        if f.init:
+            old = getattr(value, f.name)
+            new = _with_credentials(old, clients, registry)
+            if new is not old:
+                changed[f.name] = new
+    return replace(value, **changed) if changed else value
+
+
+def encode(job: JobSpec) -> str:
+    """The local property's value for a batch's JobSpec, without its clients and registry
     settings (text: local properties are strings)."""
-    bare = replace(spec, read=replace(spec.read, clients=_CLIENTS_IN_CLOSURE, registry=None))
+    bare = _with_credentials(job, _CLIENTS_IN_CLOSURE, _REGISTRY_IN_CLOSURE)
     return base64.b64encode(zlib.compress(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL), 1)).decode("ascii")
 
 
 def resolve(spec: Any) -> Any:
-    """`spec` itself, or for a `FromJob` the part of the spec its job carries."""
+    """`spec` itself, or for a `FromJob` the part of the JobSpec its job carries."""
     global _last
     if not isinstance(spec, FromJob):
         return spec
@@ -232,7 +264,10 @@ def resolve(spec: Any) -> Any:
         raise InfrastructureError(f"the task's Spark job carries no {JOB_SPEC_PROPERTY} property: a txstream "
                                   "batch job was run without its batch's spec")
     if _last is None or _last[0] != text:
-        bare = pickle.loads(zlib.decompress(base64.b64decode(text)))
-        _last = (text, replace(bare, read=replace(bare.read, clients=spec.clients, registry=spec.registry)))
-    publish = _last[1]
-    return publish.read if spec.part == "read" else publish
+        _last = (text, _with_credentials(pickle.loads(zlib.decompress(base64.b64decode(text))), spec.clients,
+                                         spec.registry))
+    part = getattr(_last[1], spec.part)
+    if part is None:
+        raise InfrastructureError(f"the task's Spark job carries no {spec.part!r} spec: a txstream batch job was "
+                                  "run with another kind of batch's spec")
+    return part

@@ -33,6 +33,7 @@ from txstream.state.store import StateStore, StoreVersion
 from txstream.state.stores import open_store
 from txstream.task import worker_heap
 from txstream.task.sidefile import MergeResult, current_task_attempt, run_directory, state_file, write_state
+from txstream.task.spec import FromJob, resolve
 
 
 def _store(spec: MergeSpec, unit: int) -> tuple[StateStore, Path | None]:
@@ -93,10 +94,12 @@ def _save_pending(spec: MergeSpec, path: Path | None, store: StateStore, attempt
     os.replace(pending.with_suffix(".tmp"), pending)
 
 
-def merge_unit(spec: MergeSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def merge_unit(spec: MergeSpec | FromJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: unit `partitionId`'s merge (`FromJob`: the job carries the spec, task/spec.py)."""
     worker_heap.settle()
     from pyspark import TaskContext
 
+    spec = resolve(spec)
     from txstream.records import read_markers
 
     unit = TaskContext.get().partitionId()

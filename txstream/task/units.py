@@ -33,7 +33,7 @@ from txstream.task import publish, worker_heap
 from txstream.task.collector import RecordCollector
 from txstream.task.result import TaskResult
 from txstream.task.sidefile import MergeResult, take_state
-from txstream.task.spec import PublishSpec
+from txstream.task.spec import FromJob, PublishSpec, resolve
 
 NONDETERMINISTIC = "nondeterministic"   # a replay's rows differ from the committed attempt's
 VALUES_DIFFER = "values-differ"         # same rows and routing, other values (skipped all the same)
@@ -82,11 +82,13 @@ def content_hash(sent: list[tuple]) -> tuple[str, str]:
     return f"{routed_total % (1 << 64):016x}", f"{values_total % (1 << 64):016x}"
 
 
-def publish_unit(spec: UnitSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: unit `partitionId` of batch `spec.batch_id`."""
+def publish_unit(spec: UnitSpec | FromJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: unit `partitionId` of batch `spec.batch_id` (`FromJob`: the job carries
+    the spec, task/spec.py)."""
     worker_heap.settle()
     from pyspark import TaskContext
 
+    spec = resolve(spec)
     unit = TaskContext.get().partitionId()
     result = TaskResult(unit)
     pending = [b for b in batches if b.num_rows]

@@ -101,7 +101,7 @@ def txstream_run(spark: Any, query: Callable[[Any], Any], mode: str,
             commit_batch(store, batch_id)
             if merged.events is not None:
                 events = max(events or merged.events, merged.events)
-            late.extend(json.loads(text) for text, _ in merged.late)
+            late.extend(json.loads(row.row) for row in merged.late)
             if merged.out is not None:
                 merged_rows.extend(_plain(r) for r in merged.out.to_pylist())
             return grouped

@@ -361,3 +361,53 @@ def test_a_watermark_on_a_timestamp_ntz_column_is_refused_as_spark_refuses_it(sp
         describe(spark, schema, query)
     ok = describe(spark, schema, lambda f: query(f.withColumn("ts", F.col("ts").cast("timestamp"))))
     assert ok.window["column"] == "ts"
+
+
+# -- the batch's input is read once, and a late row keeps its input record (item 21) -------------------
+
+def _stateful_frame(spark, transform: Callable, watermark: int | None = 1_000):
+    """The frame of partials a stateful batch builds over the batch's source (never run)."""
+    captured = {}
+
+    def merge_frame(grouped, spec, out_schema):
+        captured["grouped"] = grouped
+        return grouped
+
+    with recording(BatchContext("plan-test", 2, "append", 2, watermark, functools.partial(_spec, "side", 2, watermark),
+                                merge_frame, late_ms=watermark)):
+        transform(_batch(spark))
+    return captured["grouped"]
+
+
+def _readers(frame) -> int:
+    """How many times the physical plan reads the batch's source (a MapInArrow over Range)."""
+    plan = frame._jdf.queryExecution().sparkPlan().toString()
+    return plan.count("MapInArrow partial(")
+
+
+def _orders(batch):
+    return batch.select("key", F.timestamp_millis(F.col("offset")).alias("ts"), F.length("value").alias("n"))
+
+
+@pytest.mark.parametrize("transform", [
+    lambda b: _orders(b).withWatermark("ts", "1 second").groupBy(F.window("ts", "1 minute"), "key").agg(F.sum("n")),
+    lambda b: _orders(b).withWatermark("ts", "1 second").groupBy(F.window("ts", "1 minute", "20 seconds"), "key").count(),
+    lambda b: _orders(b).withWatermark("ts", "1 second").groupBy(F.session_window("ts", "5 seconds"), "key").count(),
+    lambda b: _orders(b).withWatermark("ts", "1 second").dropDuplicatesWithinWatermark(["key"]),
+    lambda b: _orders(b).withWatermark("ts", "1 second").dropDuplicates(["key", "ts"]),
+], ids=["tumbling", "hopping", "session", "dedup-within", "dedup-ts"])
+def test_a_batch_with_a_late_rule_reads_its_input_once_and_carries_the_input_record(spark, transform) -> None:
+    from txstream.operators.base import LATE_RECORD
+
+    grouped = _stateful_frame(spark, transform)
+    assert _readers(grouped) == 1, grouped._jdf.queryExecution().sparkPlan().toString()
+    assert LATE_RECORD in grouped.columns
+
+
+def test_a_late_row_that_cannot_name_its_input_record_still_counts_once(spark) -> None:
+    """A union on the way to the operator: no input record to carry; the late rows are the rows as JSON."""
+    from txstream.operators.base import LATE, LATE_RECORD
+
+    grouped = _stateful_frame(spark, lambda b: _orders(b).unionByName(_orders(b)).withWatermark("ts", "1 second")
+                              .groupBy(F.window("ts", "1 minute"), "key").count())
+    assert LATE in grouped.columns and LATE_RECORD not in grouped.columns

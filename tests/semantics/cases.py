@@ -103,6 +103,14 @@ def families() -> dict[str, Family]:
         Family("session_gap_apart", SESSION, ("append",),
                lambda df: wm(df, 20).groupBy(F.session_window("ts", "5 seconds"), "k").agg(
                    F.count(F.lit(1)).alias("n")), delay_s=20, late=False, features=frozenset({"gap"})),
+        # A filter between withWatermark and the operator: Spark pushes one that does not read the
+        # event time below the watermark (its rows then never advance it), and keeps one that does above.
+        Family("tumbling_filter_after_watermark", WINDOW, ("append",),
+               lambda df: wm(df, 5).where(F.col("v") != 5).groupBy(F.window("ts", "10 seconds"), "k").agg(
+                   F.count(F.lit(1)).alias("n")), delay_s=5),
+        Family("tumbling_event_time_filter", WINDOW, ("append",),
+               lambda df: wm(df, 5).where(F.second("ts") % 3 != 0).groupBy(F.window("ts", "10 seconds"), "k").agg(
+                   F.count(F.lit(1)).alias("n")), delay_s=5),
         Family("window_complete", WINDOW, ("complete",),
                lambda df: wm(df, 5).groupBy(F.window("ts", "10 seconds"), "k").agg(
                    F.count(F.lit(1)).alias("n")), delay_s=5),

@@ -71,7 +71,7 @@ class TxRun:
                 commit_batch(store, batch_id)
                 if merged.events is not None:
                     self.events[unit] = max(self.events[unit] or merged.events, merged.events)
-                late_ids.update(json.loads(text)["id"] for text, _ms in merged.late)
+                late_ids.update(json.loads(late.row)["id"] for late in merged.late)
                 if merged.out is not None and merged.out.num_rows:
                     outs.append(merged.out)
             rows = pa.concat_tables(outs) if outs else spec.out_schema.empty_table()

@@ -142,7 +142,11 @@ def test_windows_in_append_mode_emit_each_closed_window_once_and_route_late_orde
     dead = read_all(bootstrap_servers, dlq)
     assert len(dead) == len(late)
     assert {r.headers["txstream.dlq.stage"] for r in dead} == {b"late"}
-    assert all(json.loads(r.value)["created_at"] for r in dead)
+    # Each late dead letter is its input record as read (issue 60 #21), naming where it was read.
+    assert sorted((r.key, r.value) for r in dead) == sorted((o["customer_id"].encode(), avro_bytes(ORDER, o))
+                                                            for o in late)
+    sources = {r.headers["txstream.dlq.source"].decode().rpartition("/")[0] for r in dead}
+    assert sources <= {f"{source}/0", f"{source}/1"}, sources
 
     # The audit: each window once, none early, rows merged + late = rows read in every batch.
     report = audit(bootstrap_servers, source, sink, dead_letter=dlq, app_id=app)

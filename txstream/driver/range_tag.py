@@ -64,23 +64,10 @@ def _carried(frame: Any, tag: bool, offset: bool = True) -> Any | None:
     spark = frame.sparkSession
     jvm = spark._jvm
     top = frame._jdf.queryExecution().analyzed()
-    above: list[tuple[Any, int]] = []   # (operator, the index of its child towards the reader)
-    node = top
-    while not _is_reader(node):
-        children = node.children()
-        if children.size() == 1:
-            index = 0
-        elif not tag and node.getClass().getName() == _JOIN:
-            sides = [i for i in range(children.size()) if _holds_reader(children.apply(i))]
-            if len(sides) != 1:
-                return None
-            index = sides[0]
-        else:
-            return None
-        above.append((node, index))
-        node = children.apply(index)
-    if not above:
+    found = _path_to_reader(top, through_joins=not tag)
+    if found is None or not found[0]:
         return None
+    above, node = found
     carried = []
     if tag:
         range_attr = _named(node.output(), RANGE_COLUMN)
@@ -93,9 +80,79 @@ def _carried(frame: Any, tag: bool, offset: bool = True) -> Any | None:
         return None
     if offset_attr is not None:
         carried.insert(0, offset_attr)
+    rebuilt = _rebuilt(jvm, node, above, carried)
+    if rebuilt is None:
+        return None
+    scala = jvm.scala.jdk.javaapi.CollectionConverters
+    projection = jvm.java.util.ArrayList(scala.asJava(top.output()))
+    if offset_attr is not None:
+        projection.add(_alias(jvm, offset_attr, OFFSET_COLUMN))
+    if tag:
+        projection.add(carried[-1])
+    rebuilt = jvm.org.apache.spark.sql.catalyst.plans.logical.Project(scala.asScala(projection).toSeq(), rebuilt)
+    jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, rebuilt)
+    return DataFrame(jdf, spark)
+
+
+def carry_reader_columns(frame: Any, names: tuple[str, ...], prefix: str) -> Any | None:
+    """`frame` with the reader's columns `names` (the input record's) as its last columns, each
+    named `prefix + name`, or None when its plan cannot carry them (a union, a reader on both
+    sides of a join, an aggregate)."""
+    from py4j.protocol import Py4JError
+    from pyspark.sql import DataFrame
+
+    try:
+        spark = frame.sparkSession
+        jvm = spark._jvm
+        top = frame._jdf.queryExecution().analyzed()
+        found = _path_to_reader(top, through_joins=True)
+        if found is None:
+            return None
+        above, node = found
+        carried = [_named(node.output(), name) for name in names]
+        if any(attribute is None for attribute in carried):
+            return None
+        rebuilt = _rebuilt(jvm, node, above, carried)
+        if rebuilt is None:
+            return None
+        scala = jvm.scala.jdk.javaapi.CollectionConverters
+        projection = jvm.java.util.ArrayList(scala.asJava(top.output()))
+        for name, attribute in zip(names, carried, strict=True):
+            projection.add(_alias(jvm, attribute, prefix + name))
+        rebuilt = jvm.org.apache.spark.sql.catalyst.plans.logical.Project(scala.asScala(projection).toSeq(), rebuilt)
+        return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, rebuilt), spark)
+    except Py4JError:
+        return None
+
+
+def _path_to_reader(top: Any, through_joins: bool) -> tuple[list[tuple[Any, int]], Any] | None:
+    """The operators from `top` down to txstream's reader, each with the index of its child
+    towards it, and the reader; None when the way down forks (a union; a join, unless
+    `through_joins` and the reader is on one side only)."""
+    above: list[tuple[Any, int]] = []
+    node = top
+    while not _is_reader(node):
+        children = node.children()
+        if children.size() == 1:
+            index = 0
+        elif through_joins and node.getClass().getName() == _JOIN:
+            sides = [i for i in range(children.size()) if _holds_reader(children.apply(i))]
+            if len(sides) != 1:
+                return None
+            index = sides[0]
+        else:
+            return None
+        above.append((node, index))
+        node = children.apply(index)
+    return above, node
+
+
+def _rebuilt(jvm: Any, reader: Any, above: list[tuple[Any, int]], carried: list[Any]) -> Any | None:
+    """The plan above the reader rebuilt with the attributes `carried` appended to every
+    projection, or None when an operator drops them (an aggregate)."""
     scala = jvm.scala.jdk.javaapi.CollectionConverters
     logical = jvm.org.apache.spark.sql.catalyst.plans.logical
-    rebuilt = node
+    rebuilt = reader
     for op, index in reversed(above):
         if op.getClass().getName() == _PROJECT:
             projection = jvm.java.util.ArrayList(scala.asJava(op.projectList()))
@@ -109,14 +166,7 @@ def _carried(frame: Any, tag: bool, offset: bool = True) -> Any | None:
             rebuilt = op.withNewChildren(scala.asScala(children).toSeq())
         if not all(rebuilt.outputSet().contains(attribute) for attribute in carried):
             return None
-    projection = jvm.java.util.ArrayList(scala.asJava(top.output()))
-    if offset_attr is not None:
-        projection.add(_alias(jvm, offset_attr, OFFSET_COLUMN))
-    if tag:
-        projection.add(carried[-1])
-    rebuilt = logical.Project(scala.asScala(projection).toSeq(), rebuilt)
-    jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, rebuilt)
-    return DataFrame(jdf, spark)
+    return rebuilt
 
 
 def _is_reader(node: Any) -> bool:

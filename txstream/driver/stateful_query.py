@@ -23,10 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from txstream.driver.range_tag import carry_reader_columns
 from txstream.errors import TransformError
 from txstream.operators import plan as plan_reading
 from txstream.operators.aggregate import aggregation_partials
-from txstream.operators.base import ROUTE, MergeSpec
+from txstream.operators.base import INPUT, INPUT_RECORD, ROUTE, MergeSpec
 from txstream.operators.dedup import Deduplicate
 from txstream.operators.kinds import operator_for
 from txstream.state.operator import AGGREGATE, OperatorDescription
@@ -240,7 +241,8 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
     if context.merge_spec is None:   # describing only (at start): the real aggregation's shape will do
         return real
     with _ours():
-        grouped = operator.partials(description, source, cols, partials, group_names, context.late_ms)
+        grouped = operator.partials(description, _with_input_record(source, context), cols, partials, group_names,
+                                    context.late_ms)
     spec = context.merge_spec(description, group_names, tuple(f"_txs_p{i}" for i in range(len(partials))),
                               _arrow_schema(real.schema), None)
     return (context.merge_frame or _unit_merge)(grouped, spec, real.schema)
@@ -257,10 +259,20 @@ def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
     if context.merge_spec is None:
         return source
     with _ours():
-        grouped = operator.partials(description, source, subset, context.late_ms)
+        grouped = operator.partials(description, _with_input_record(source, context), subset, context.late_ms)
     spec = context.merge_spec(description, tuple(subset), (), _arrow_schema(source.schema),
                               watermark[0] if watermark else None)
     return (context.merge_frame or _unit_merge)(grouped, spec, source.schema)
+
+
+def _with_input_record(source: Any, context: BatchContext) -> Any:
+    """The stateful operator's input with the reader's record (operators/base.py INPUT_RECORD)
+    carried along, for the dead letters of its late rows, when this batch can have late rows and
+    the transform's plan can carry it (driver/range_tag.py); else `source` as it is."""
+    if context.late_ms is None:
+        return source
+    carried = carry_reader_columns(source, INPUT_RECORD, INPUT)
+    return carried if carried is not None else source
 
 
 def _unit_merge(grouped: Any, spec: MergeSpec, out_schema: Any) -> Any:

@@ -28,6 +28,9 @@ STATE_KEY = "txstream.state.key"       # a stateful output record's state key (d
 # A deduplicated key's expiry (epoch ms, ASCII): its first row's event time plus the watermark's delay.
 STATE_EXPIRES = "txstream.state.expires"
 DLQ_WATERMARK = "txstream.dlq.watermark"   # a late record's: the watermark it missed (ISO 8601, UTC)
+# A late record's input record, `<topic>/<partition>/<offset>` (UTF-8): its dead letter is published by
+# the unit whose state it missed, with that unit's lineage, and is the input record as read.
+DLQ_SOURCE = "txstream.dlq.source"
 
 # One id per published range attempt (one Kafka transaction under exactly-once): `verify`
 # tells two committed publications of the same source offset apart from a 1:n fan-out.

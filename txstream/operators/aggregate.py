@@ -124,21 +124,19 @@ class RunningAggregate(StatefulOperator):
 
     def partials(self, description: OperatorDescription, source: Any, cols: list, partials: list[Any],
                  group_names: tuple[str, ...], watermark_ms: int | None) -> Any:
-        """The batch's frame of partials (one row per group and ROUTE), late rows unioned in."""
+        """The batch's frame of partials (one row per group and ROUTE), late rows among them (LATE set)."""
         from pyspark.sql import functions as F
 
-        ontime, late = self.late_split(description, source, watermark_ms)
+        marked, late = self.late_marked(description, source, watermark_ms)
         watermark = description.watermark
         events = (F.max(F.col(watermark["column"])).alias(EVENTS) if watermark
                   else F.lit(None).cast("timestamp").alias(EVENTS))
-        grouped = self.open_partials(description, ontime.groupBy(*cols).agg(*partials, events,
-                                                                            F.count(F.lit(1)).alias(ROWS)),
+        grouped = self.open_partials(description, marked.groupBy(*cols, *late).agg(*partials, events,
+                                                                                  F.count(F.lit(1)).alias(ROWS)),
                                      group_names, watermark_ms)
         routed = self.routed(group_names)
-        grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{n}`") for n in routed]) if routed else F.lit(0))
-        if late is not None:
-            grouped = grouped.unionByName(late, allowMissingColumns=True)
-        return grouped
+        route = F.hash(*[F.col(f"`{n}`") for n in routed]) if routed else F.lit(0)
+        return grouped.withColumn(ROUTE, self.route(route, late))
 
     def open_partials(self, description: OperatorDescription, grouped: Any, group_names: tuple[str, ...],
                       watermark_ms: int | None) -> Any:

@@ -13,7 +13,7 @@ task/state_unit.py runs it in a task). `owes_batch` is Spark's shouldRunAnotherB
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +28,12 @@ from txstream.state.store import StateStore
 ROUTE = "_txs_route"      # what routed the row to its unit
 LATE = "_txs_late"        # a late row, as JSON (null on partial rows)
 LATE_MS = "_txs_late_ms"  # its event time
+LATE_RECORD = "_txs_late_record"   # ... and the input record it came from, as JSON (when the plan carries it)
+# The reader's columns the driver carries to the stateful operator's input (driver/range_tag.py), named
+# INPUT + name there: where a late row came from, so that its dead letter is the input record as read
+# (the unit reads it back: the reader's frame holds decoded values, not the bytes).
+INPUT = "_txs_in_"
+INPUT_RECORD = ("topic", "partition", "offset")
 EVENTS = "_txs_events"    # the latest event time of a group's rows in the batch
 FIRST = "_txs_first"      # deduplication: the key's first row, (order..., row)
 ROWS = "_txs_rows"        # how many input rows a partial row merges
@@ -61,7 +67,7 @@ class Merged:
 
     out: pa.Table | None              # the rows emitted, in the aggregation's (or the rows') schema
     emitted: list[bytes]              # the state key of each row emitted, in order
-    late: list[tuple[bytes, int]]     # the late rows (JSON) and their event times
+    late: list[LateRow]               # the late rows, one per input row
     events: int | None                # the latest event time among the partials
     rows: int                         # input rows the partials merge
     # Deduplication with a watermark: each emitted row's expiry (ms), aligned with `emitted`.
@@ -86,18 +92,42 @@ def next_watermark(last_ms: int | None, unit_events_ms: list[int | None], delay_
     return max(known) if known else None
 
 
-def split_late(table: pa.Table | None) -> tuple[pa.Table | None, list[tuple[bytes, int]]]:
-    """(the partial rows, or None; the late rows as (JSON, event time)) of a unit's input."""
+class LateRow(NamedTuple):
+    """A row behind the watermark: as the stateful operator saw it (JSON), its event time, and
+    the input record it came from (`<topic>/<partition>/<offset>`), when the transform's plan
+    could carry it there (None: a union or an aggregate on the way)."""
+
+    row: bytes
+    event_ms: int
+    record: bytes | None = None
+
+
+def split_late(table: pa.Table | None) -> tuple[pa.Table | None, list[LateRow]]:
+    """(the partial rows, or None; the late rows) of a unit's input. The late rows come grouped
+    (ROWS copies of one row in a group); a row of a hopping window comes once per window holding
+    it, each group with the same count: the most copies of a row in any one group is its count."""
     if table is None or table.num_rows == 0:
         return None, []
-    late: list[tuple[bytes, int]] = []
+    late: list[LateRow] = []
     late_mask = pc.is_valid(table[LATE]) if LATE in table.column_names else None
     if late_mask is not None and pc.any(late_mask).as_py():
         gone = table.filter(late_mask)
-        late = [(text.encode(), ms) for text, ms in zip(gone[LATE].to_pylist(), gone[LATE_MS].to_pylist(),
-                                                         strict=True)]
+        records = gone[LATE_RECORD].to_pylist() if LATE_RECORD in gone.column_names else [None] * gone.num_rows
+        counts: dict[tuple[str, int, str | None], int] = {}
+        for text, ms, record, n in zip(gone[LATE].to_pylist(), gone[LATE_MS].to_pylist(), records,
+                                       gone[ROWS].to_pylist(), strict=True):
+            counts[(text, ms, record)] = max(counts.get((text, ms, record), 0), n)
+        late = [LateRow(text.encode(), ms, record.encode() if record is not None else None)
+                for (text, ms, record), n in sorted(counts.items(), key=lambda item: (item[0][1], item[0][0],
+                                                                                      item[0][2] or ""))
+                for _ in range(n)]
         table = table.filter(pc.invert(late_mask))
     return (table if table.num_rows else None), late
+
+
+def row_columns(frame: Any) -> list[str]:
+    """The stateful operator's input columns, less those the driver carried (INPUT)."""
+    return [c for c in frame.columns if not c.startswith(INPUT)]
 
 
 class StatefulOperator:
@@ -122,24 +152,39 @@ class StatefulOperator:
         column = F.col(description.watermark["column"])
         return F.coalesce(column <= F.timestamp_millis(F.lit(watermark_ms)), F.lit(False))
 
-    def late_split(self, description: OperatorDescription, source: Any, watermark_ms: int | None) -> tuple[Any, Any]:
-        """(rows on time, late rows as LATE/LATE_MS/ROUTE or None) of `source`."""
+    def late_marked(self, description: OperatorDescription, source: Any, watermark_ms: int | None) -> tuple[Any, list]:
+        """`source` with, on each late row, LATE (the row as JSON), LATE_MS (its event time) and,
+        where the driver carried where it was read (INPUT), LATE_RECORD; null on the rows on time.
+        Returns the frame and the columns to add to the grouping, so that each late row stays a
+        group of its own (ROWS copies of it) and the input is read once: a union of the rows on time
+        and the late rows would read it twice (one scan per branch)."""
         from pyspark.sql import functions as F
 
         if description.watermark is None or watermark_ms is None:
-            return source, None
+            return source, []
         column = description.watermark["column"]
         if column not in source.columns:
             raise TransformError(f"the watermark's column {column!r} does not reach the stateful operator (its "
-                                 f"input has {', '.join(source.columns)}): keep it in the columns you aggregate or "
-                                 "deduplicate")
+                                 f"input has {', '.join(row_columns(source))}): keep it in the columns you aggregate "
+                                 "or deduplicate")
         late = self.late(description, watermark_ms)
         if late is None:
-            return source, None
-        late_rows = source.where(late).select(
-            F.to_json(F.struct(*[F.col(c) for c in source.columns])).alias(LATE),
-            F.unix_millis(F.col(column).cast("timestamp")).alias(LATE_MS))
-        return source.where(~late), late_rows.withColumn(ROUTE, F.hash(F.col(LATE)))
+            return source, []
+        marked = source.withColumn(LATE, F.when(late, F.to_json(F.struct(*[F.col(f"`{c}`") for c in row_columns(source)]))))
+        marked = marked.withColumn(LATE_MS, F.when(late, F.unix_millis(F.col(column).cast("timestamp"))))
+        added = [LATE, LATE_MS]
+        if all(INPUT + name in source.columns for name in INPUT_RECORD):
+            record = F.concat_ws("/", *[F.col(INPUT + name).cast("string") for name in INPUT_RECORD])
+            marked = marked.withColumn(LATE_RECORD, F.when(late, record))
+            added.append(LATE_RECORD)
+        return marked, [F.col(c) for c in added]
+
+    @staticmethod
+    def route(routed: Any, late_columns: list) -> Any:
+        """ROUTE: a partial row's state key (`routed`), a late row's own content."""
+        from pyspark.sql import functions as F
+
+        return F.when(F.col(LATE).isNull(), routed).otherwise(F.hash(*late_columns)) if late_columns else routed
 
     def owes_batch(self, description: OperatorDescription, last_watermark: int | None,
                    next_watermark: int | None) -> bool:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstream.errors import TransformError
-from txstream.operators.base import EVENTS, FIRST, ROUTE, ROWS, Emitted, MergeSpec, StatefulOperator
+from txstream.operators.base import EVENTS, FIRST, ROUTE, ROWS, Emitted, MergeSpec, StatefulOperator, row_columns
 from txstream.state import aggregates as aggs
 from txstream.state import values
 from txstream.state.codec import StateCodec
@@ -41,22 +41,21 @@ class Deduplicate(StatefulOperator):
 
     def partials(self, description: OperatorDescription, source: Any, subset: list[str],
                  watermark_ms: int | None) -> Any:
-        """One row per key of the batch: its first row (FIRST), late rows unioned in."""
+        """One row per key of the batch: its first row (FIRST), late rows among them (LATE set)."""
         from pyspark.sql import functions as F
 
-        ontime, late = self.late_split(description, source, watermark_ms)
+        marked, late = self.late_marked(description, source, watermark_ms)
         watermark = description.watermark
+        columns = row_columns(source)
         # The copy kept is the first by (input partition, offset) when the rows still carry them,
         # else the least row: the same copy on every re-run of the batch.
-        order = [F.col(c).alias(f"o{i}") for i, c in enumerate(("partition", "offset")) if c in source.columns]
-        first = F.min(F.struct(*order, F.struct(*[F.col(f"`{c}`") for c in source.columns]).alias("row"))).alias(FIRST)
+        order = [F.col(c).alias(f"o{i}") for i, c in enumerate(("partition", "offset")) if c in columns]
+        first = F.min(F.struct(*order, F.struct(*[F.col(f"`{c}`") for c in columns]).alias("row"))).alias(FIRST)
         events = (F.max(F.col(watermark["column"])).alias(EVENTS) if watermark
                   else F.lit(None).cast("timestamp").alias(EVENTS))
-        grouped = ontime.groupBy(*[F.col(f"`{c}`") for c in subset]).agg(first, events, F.count(F.lit(1)).alias(ROWS))
-        grouped = grouped.withColumn(ROUTE, F.hash(*[F.col(f"`{c}`") for c in subset]))
-        if late is not None:
-            grouped = grouped.unionByName(late, allowMissingColumns=True)
-        return grouped
+        grouped = marked.groupBy(*[F.col(f"`{c}`") for c in subset], *late).agg(first, events,
+                                                                                 F.count(F.lit(1)).alias(ROWS))
+        return grouped.withColumn(ROUTE, self.route(F.hash(*[F.col(f"`{c}`") for c in subset]), late))
 
     # -- task ------------------------------------------------------------------------------------
 

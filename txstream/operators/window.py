@@ -9,7 +9,7 @@ from typing import Any
 
 from txstream.errors import TransformError
 from txstream.operators.aggregate import RunningAggregate
-from txstream.operators.base import MergeSpec
+from txstream.operators.base import LATE, MergeSpec
 from txstream.state.codec import StateCodec
 from txstream.state.keys import window_prefix
 from txstream.state.operator import WINDOW, OperatorDescription
@@ -48,8 +48,8 @@ class WindowAggregate(RunningAggregate):
 
         if description.output_mode == "complete" or watermark_ms is None:
             return grouped
-        end = F.col(f"`{group_names[0]}`.end")
-        return grouped.where(end > F.timestamp_millis(F.lit(watermark_ms)))
+        open_ = F.col(f"`{group_names[0]}`.end") > F.timestamp_millis(F.lit(watermark_ms))
+        return grouped.where(open_ | F.col(LATE).isNotNull()) if LATE in grouped.columns else grouped.where(open_)
 
     def owes_batch(self, description: Any, last_watermark: int | None, next_watermark: int | None) -> bool:
         return super(RunningAggregate, self).owes_batch(description, last_watermark, next_watermark)

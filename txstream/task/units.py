@@ -216,7 +216,9 @@ class _UnitTransaction(Transaction):
 
     def _late_records(self) -> None:
         """Records behind the watermark: to the dead-letter topic in this transaction, or only
-        counted when there is none (docs/state.md, "Late records")."""
+        counted when there is none (docs/state.md, "Late records"). Each is its input record as
+        read (key, value, headers), read back from its topic, where the transform's plan carried
+        where it came from to the stateful operator; else the row the operator saw, as JSON."""
         late, dead_topic = self.merged.late, self.spec.publish.dead_letter_topic
         if not dead_topic:
             return
@@ -224,12 +226,20 @@ class _UnitTransaction(Transaction):
         said = headers.iso_ms(watermark) if watermark is not None else "none"
         collector, app = self.collector, self.spec.app_id.encode()
         first = len(collector.sent)
-        # The unit's wide lineage, as its output records carry it: `verify` counts them in the unit.
-        collector.add_records([(dead_topic, value, None, -1, [
-            *collector.fixed_headers, (headers.PUBLICATION_SEQ, str(first + i).encode()),
-            (headers.DLQ_STAGE, b"late"), (headers.DLQ_APP_ID, app), (headers.DLQ_WATERMARK, said.encode()),
-            (headers.DLQ_ERROR, f"event time {headers.iso_ms(event_ms)} is behind the watermark {said}".encode())])
-            for i, (value, event_ms) in enumerate(late)])
+        inputs = read_back(self.spec.publish.read, [row.record for row in late if row.record is not None],
+                           self.spec.publish.timeout_s)
+        records = []
+        for i, row in enumerate(late):
+            found = inputs.get(row.record) if row.record is not None else None
+            key, value = (found.key(), found.value()) if found is not None else (None, row.row)
+            own = [(k, v) for k, v in (found.headers() or []) if k not in _LINEAGE_HEADERS] if found is not None else []
+            # The unit's wide lineage, as its output records carry it: `verify` counts them in the unit.
+            records.append((dead_topic, value, key, -1, [
+                *own, *collector.fixed_headers, (headers.PUBLICATION_SEQ, str(first + i).encode()),
+                (headers.DLQ_STAGE, b"late"), (headers.DLQ_APP_ID, app), (headers.DLQ_WATERMARK, said.encode()),
+                *([(headers.DLQ_SOURCE, row.record)] if found is not None else []),
+                (headers.DLQ_ERROR, f"event time {headers.iso_ms(row.event_ms)} is behind the watermark {said}".encode())]))
+        collector.add_records(records)
 
     def offsets(self) -> tuple[list, Any]:
         from confluent_kafka import TopicPartition
@@ -306,3 +316,60 @@ def _publish_plain(spec: UnitSpec, unit: int, batches: list[pa.RecordBatch], res
     _, result.commit_s = publish_plain(spec.publish.producer_config(transactional=False), produce,
                                        spec.publish.timeout_s, f"unit {unit} of batch {spec.batch_id}")
     result.status, result.attempts = ACKED, 1
+
+
+
+# An input record's own headers a late dead letter leaves out: txstream's lineage, which the
+# unit's own replaces (an upstream app's would otherwise be read as this record's).
+_LINEAGE_HEADERS = frozenset((headers.LINEAGE, headers.SOURCE_TOPIC, headers.SOURCE_PARTITION, headers.SOURCE_OFFSET,
+                              headers.PUBLICATION, headers.PUBLICATION_SEQ, headers.BATCH, headers.UNIT, headers.APP))
+# Past this many offsets to the next one wanted, a read-back seeks instead of reading on.
+_SEEK_PAST = 500
+
+
+def read_back(spec: Any, wanted: list[bytes], timeout_s: float) -> dict[bytes, Any]:
+    """The input records named `<topic>/<partition>/<offset>` in `wanted`, read back from their
+    topics (the batch's own ranges: committed, read_committed). One consumer; each partition's
+    offsets read in order, reading on through near ones and seeking to far ones. A record that
+    is gone (retention deleted it since) is missing from the answer."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    by_partition: dict[tuple[str, int], set[int]] = {}
+    for name in wanted:
+        topic, partition, offset = name.decode().rsplit("/", 2)
+        by_partition.setdefault((topic, int(partition)), set()).add(int(offset))
+    found: dict[bytes, Any] = {}
+    if not by_partition:
+        return found
+    consumer = Consumer(spec.consumer_config())
+    try:
+        for (topic, partition), offsets in sorted(by_partition.items()):
+            todo = sorted(offsets)
+            position = None
+            deadline = time.monotonic() + timeout_s
+            while todo:
+                if position is None or todo[0] - position > _SEEK_PAST:
+                    consumer.assign([TopicPartition(topic, partition, todo[0])])
+                    position = todo[0]
+                message = consumer.poll(1.0)
+                if message is None:
+                    if time.monotonic() > deadline:
+                        raise TaskError(f"could not read back {topic}[{partition}]@{todo[0]} (a late record's input) "
+                                        f"within {timeout_s:.0f}s")
+                    continue
+                if message.error() is not None:
+                    if message.error().code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                        todo.pop(0)   # gone: its dead letter is the row the operator saw
+                        position = None
+                        continue
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise TaskError(f"reading back {topic}[{partition}]: {message.error()}")
+                position = message.offset() + 1
+                while todo and todo[0] < position - 1:
+                    todo.pop(0)   # a transaction marker or a compacted offset: nothing there
+                if todo and todo[0] == message.offset():
+                    found[f"{topic}/{partition}/{todo.pop(0)}".encode()] = message
+    finally:
+        consumer.close()
+    return found

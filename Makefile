@@ -35,13 +35,11 @@ host-tools:
 		{ [ "$$(id -u)" = 0 ] && apt-get install -y --no-install-recommends iproute2 util-linux; } || true
 
 # pytest exits 5 when no test ran; make then fails like on any other non-zero exit.
-# TEST_WORKERS pytest-xdist workers, each its own pytest session (its own broker and Spark
-# session); a test file's tests stay on one worker, and the chaos files that share the 3-node
+# TEST_WORKERS pytest-xdist workers (default 2), each its own pytest session (its own broker and
+# Spark session); a test file's tests stay on one worker, and the chaos files that share the 3-node
 # cluster are one work unit (tests/conftest.py _work_unit). Most of the suite waits (brokers
-# restarting, runs making progress), which two workers overlap on 2 cores. 0 (the default) runs it
-# in one process: under two workers the multi-host tests (tests/cluster) failed at setup in CI's
-# run, and pass in one process.
-TEST_WORKERS ?= 0
+# restarting, runs making progress), which two workers overlap on 2 cores. 0 runs it in one process.
+TEST_WORKERS ?= 2
 test: kafka-jars spark-archive host-tools
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 

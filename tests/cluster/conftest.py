@@ -59,9 +59,12 @@ def _environment_without_txstream() -> Path:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(where)], check=True)
     site = next(where.glob("lib/python*/site-packages"))
     (site / "project-libraries.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Without PYTHONPATH: a Spark session this process started has put the checkout on it
+    # (txstream/spark/session.py, for its workers), and would make txstream importable here.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     check = subprocess.run([str(where / "bin" / "python"), "-c", "import pyspark, pyarrow, confluent_kafka; "
                             "import importlib.util as u; print(u.find_spec('txstream') is None)"],
-                           capture_output=True, text=True, cwd=str(where))
+                           capture_output=True, text=True, cwd=str(where), env=env)
     assert check.stdout.strip() == "True", (check.stdout, check.stderr)
     return where
 

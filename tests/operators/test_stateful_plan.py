@@ -411,3 +411,38 @@ def test_a_late_row_that_cannot_name_its_input_record_still_counts_once(spark) -
     grouped = _stateful_frame(spark, lambda b: _orders(b).unionByName(_orders(b)).withWatermark("ts", "1 second")
                               .groupBy(F.window("ts", "1 minute"), "key").count())
     assert LATE in grouped.columns and LATE_RECORD not in grouped.columns
+
+
+# -- also-check: what lies between withWatermark and the stateful operator -------------------------
+
+def _between(spark, step: Callable, mode: str = "append"):
+    rows = spark.createDataFrame([("a", 1, [1])], "k string, v long, xs array<long>").withColumn(
+        "ts", F.timestamp_millis(F.col("v")))
+    table = spark.createDataFrame([("a", "x")], "k string, t string")
+    return describe(spark, "k string", lambda _unused: step(rows.withWatermark("ts", "5 seconds"), table)
+                    .groupBy(F.window("ts", "10 seconds"), "k").count(), mode)
+
+
+@pytest.mark.parametrize(("step", "what"), [
+    (lambda df, t: df.where(F.second("ts") > 0), r"a filter on the event time \(\(second\(ts"),
+    (lambda df, t: df.where(F.rand() > 0.5), "a filter on the event time"),
+    (lambda df, t: df.join(t, "k"), r"a join \(Inner"),
+    (lambda df, t: df.join(t, "k", "left_semi"), r"a join \(LeftSemi"),
+    (lambda df, t: t.join(df, "k", "left"), r"a join \(LeftOuter"),
+    (lambda df, t: df.select("*", F.explode("xs").alias("x")), "an explode"),
+    (lambda df, t: df.limit(5), "a GlobalLimit"),
+], ids=["event-time-filter", "random-filter", "inner-join", "semi-join", "table-first-left-join", "explode", "limit"])
+def test_what_removes_rows_between_withwatermark_and_the_operator_is_refused(spark, step, what) -> None:
+    with pytest.raises(TransformError, match=f"applies {what}.*between withWatermark\\('ts', \\.\\.\\.\\) and groupBy: "
+                                             "Structured Streaming computes the watermark where withWatermark is"):
+        _between(spark, step)
+
+
+@pytest.mark.parametrize("step", [
+    lambda df, t: df.where(F.col("v") > 0),                       # pushed below the watermark by Spark
+    lambda df, t: df.join(t, "k", "left"),
+    lambda df, t: df.select("*", F.explode_outer("xs").alias("x")),
+    lambda df, t: df.withColumn("w", F.col("v") * 2).orderBy("v"),
+], ids=["filter-not-on-event-time", "left-join", "explode-outer", "project-sort"])
+def test_what_keeps_every_row_between_withwatermark_and_the_operator_is_accepted(spark, step) -> None:
+    assert _between(spark, step).watermark == {"column": "ts", "delay_ms": 5000}

@@ -39,11 +39,12 @@ class Family:
     gap_s: int = 5
     late: bool = True                   # rows behind the watermark (whose state may still be open)
     features: frozenset[str] = field(default_factory=frozenset)   # nan, decimal, binary, micros, nulls, gap
+    keep: Callable[[dict], bool] | None = None   # the query's filter, in Python (what reaches the operator)
 
     def late_rule(self) -> Late | None:
         if self.delay_s is None:
             return None
-        return Late(self.kind, "ts", self.size_s * SECOND, self.slide_s * SECOND, self.gap_s * SECOND)
+        return Late(self.kind, "ts", self.size_s * SECOND, self.slide_s * SECOND, self.gap_s * SECOND, self.keep)
 
 
 def _F():
@@ -107,10 +108,10 @@ def families() -> dict[str, Family]:
         # event time below the watermark (its rows then never advance it), and keeps one that does above.
         Family("tumbling_filter_after_watermark", WINDOW, ("append",),
                lambda df: wm(df, 5).where(F.col("v") != 5).groupBy(F.window("ts", "10 seconds"), "k").agg(
-                   F.count(F.lit(1)).alias("n")), delay_s=5),
+                   F.count(F.lit(1)).alias("n")), delay_s=5, keep=lambda r: r["v"] is not None and r["v"] != 5),
         Family("tumbling_event_time_filter", WINDOW, ("append",),
                lambda df: wm(df, 5).where(F.second("ts") % 3 != 0).groupBy(F.window("ts", "10 seconds"), "k").agg(
-                   F.count(F.lit(1)).alias("n")), delay_s=5),
+                   F.count(F.lit(1)).alias("n")), delay_s=5, keep=lambda r: r["ts"].second % 3 != 0),
         Family("window_complete", WINDOW, ("complete",),
                lambda df: wm(df, 5).groupBy(F.window("ts", "10 seconds"), "k").agg(
                    F.count(F.lit(1)).alias("n")), delay_s=5),

@@ -54,9 +54,12 @@ class Late:
     size_us: int = 0                  # window
     slide_us: int = 0
     gap_us: int = 0                   # session
+    keep: Any = None                  # the query's own filter before the operator: rows it removes are never late
 
     def is_late(self, row: dict, watermark_ms: int | None) -> bool:
         if self.event is None or watermark_ms is None or self.kind == AGGREGATE:
+            return False
+        if self.keep is not None and not self.keep(row):
             return False
         ts = row.get(self.event)
         if ts is None:

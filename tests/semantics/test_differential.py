@@ -44,6 +44,13 @@ KNOWN: dict[tuple[str, str], str] = {
                                      "loses the event's microseconds (.001000 where Spark says .001001)",
 }
 
+# What Spark runs and txstream refuses at start, naming the reason (the refusal must match), because
+# the answers would differ: seen differing before the refusal (TXSTREAM_DIFF_CASES=8).
+REFUSED: dict[tuple[str, str], str] = {
+    ("tumbling_event_time_filter", "append"): r"applies a filter on the event time .* between withWatermark\('ts', "
+                                               r"\.\.\.\) and groupBy",
+}
+
 
 def _late_rule(family: Any, mode: str) -> Any:
     """Spark's late predicate for the family; none in complete mode, where Spark drops nothing
@@ -146,6 +153,10 @@ def _emits_what_spark_emits(semantic_spark: Any, name: str, mode: str, units: in
         with pytest.raises(TransformError):
             run_txstream(semantic_spark, family.query, mode, units, cuts)
             pytest.fail(f"Spark refuses {name} in {mode} mode ({str(refused).splitlines()[0]}), txstream runs it")
+        return
+    if (name, mode) in REFUSED:
+        with pytest.raises(TransformError, match=REFUSED[(name, mode)]):
+            run_txstream(semantic_spark, family.query, mode, units, cuts)
         return
     tx_batches = run_txstream(semantic_spark, family.query, mode, units, cuts)
     _compare(name, mode, seed, cuts, spark_batches, tx_batches)

@@ -79,6 +79,7 @@ class Recorded:
     """What one run of the transform asked for."""
 
     watermark: tuple[str, int] | None = None          # (column, delay ms)
+    watermarked: Any = None                           # the frame withWatermark returned
     description: OperatorDescription | None = None
     refusals: list[str] = field(default_factory=list)
 
@@ -138,7 +139,10 @@ def _patches(originals: dict) -> dict:
             if refusal is not None:
                 raise TransformError(refusal)
             _context()[1].watermark = (eventTime, duration_ms(delayThreshold))
-        return originals[(DataFrame, "withWatermark")](self, eventTime, delayThreshold)
+        marked = originals[(DataFrame, "withWatermark")](self, eventTime, delayThreshold)
+        if _context() is not None:
+            _context()[1].watermarked = marked
+        return marked
 
     def group_by(self, *cols):
         grouped = originals[(DataFrame, "groupBy")](self, *cols)
@@ -234,6 +238,7 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
                              "rule needs each row's own session end; use a fixed gap such as '5 minutes'")
     if window is not None and window[0] != 0:
         raise TransformError("put window(...) or session_window(...) first among the groupBy columns")
+    _check_watermark_reaches(source, recorded, "groupBy")
     operator = operator_for(window[1] if window is not None else AGGREGATE)
     description = operator.describe(context.units, context.output_mode, group_names, aggregates,
                                     window[2] if window else None, recorded.watermark)
@@ -252,6 +257,7 @@ def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
     context, recorded = _context()
     _second_operator(recorded)
     watermark = recorded.watermark
+    _check_watermark_reaches(source, recorded, "dropDuplicates")
     operator = Deduplicate()
     description = operator.describe(context.units, context.output_mode, subset, list(source.columns), watermark,
                                     within)
@@ -263,6 +269,15 @@ def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
     spec = context.merge_spec(description, tuple(subset), (), _arrow_schema(source.schema),
                               watermark[0] if watermark else None)
     return (context.merge_frame or _unit_merge)(grouped, spec, source.schema)
+
+
+def _check_watermark_reaches(source: Any, recorded: Recorded, call: str) -> None:
+    if recorded.watermark is not None and recorded.watermarked is not None:
+        with _ours():
+            refusal = plan_reading.rows_removed_after_watermark(source, recorded.watermarked, recorded.watermark[0],
+                                                                call)
+        if refusal is not None:
+            raise TransformError(refusal)
 
 
 def _with_input_record(source: Any, context: BatchContext) -> Any:

@@ -208,3 +208,54 @@ def watermark_refusal(schema: Any, column: str) -> str | None:
                     "(EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE: it needs TIMESTAMP). Cast it to TIMESTAMP before "
                     f"withWatermark (col({column!r}).cast('timestamp') reads it in spark.sql.session.timeZone)")
     return None
+
+
+# Operators that pass every row of their input on (what lies between withWatermark and the stateful
+# operator may be these): Spark's watermark and txstream's then see the same rows.
+_KEEPS_ROWS = {"Project", "SubqueryAlias", "Sort", "Repartition", "RepartitionByExpression", "RebalancePartitions",
+               "Window", "ResolvedHint"}
+# Joins that keep every row of one side (the side's index; None: both).
+_KEEPING_JOINS = {"LeftOuter": (0,), "RightOuter": (1,), "FullOuter": (0, 1)}
+
+
+def _contains(node: Any, target: Any) -> bool:
+    return node.equals(target) or any(_contains(child, target) for child in _seq(node.children()))
+
+
+def rows_removed_after_watermark(source: Any, watermarked: Any, column: str, call: str) -> str | None:
+    """Why the rows reaching the stateful operator (`source`) are not those withWatermark saw
+    (`watermarked`), or None. Spark computes the watermark where withWatermark is (its
+    EventTimeWatermark node), so the rows an operator above it removes still move the watermark;
+    txstream's comes from the rows the stateful operator merges. The same rows reach both only
+    through operators that keep every row, and filters Spark pushes below the watermark
+    (deterministic, not reading the event time: PushPredicateThroughNonJoin)."""
+    top = source._jdf.queryExecution().analyzed()
+    target = watermarked._jdf.queryExecution().analyzed()
+    event = next((a for a in _seq(target.output()) if str(a.name()) == column), None)
+    node = top
+    while not node.equals(target):
+        children = _seq(node.children())
+        sides = [i for i, child in enumerate(children) if _contains(child, target)]
+        if len(sides) != 1:
+            return None   # not below: nothing to compare
+        kind, removes = _name(node), None
+        if kind == "Filter":
+            condition = node.condition()
+            if not condition.deterministic() or (event is not None and condition.references().contains(event)):
+                removes = f"a filter on the event time ({condition.sql()})"
+        elif kind == "Join":
+            join_type = _name(node.joinType()).rstrip("$")
+            if sides[0] not in _KEEPING_JOINS.get(join_type, ()):
+                removes = f"a join ({join_type}: its rows without a partner are removed)"
+        elif kind == "Generate":
+            if not node.outer():
+                removes = "an explode (a row with an empty array is removed; explode_outer keeps it)"
+        elif kind not in _KEEPS_ROWS:
+            removes = f"a {kind}"
+        if removes is not None:
+            return (f"the transform applies {removes} between withWatermark({column!r}, ...) and {call}: Structured "
+                    "Streaming computes the watermark where withWatermark is, so the rows it removes still move the "
+                    "watermark, while txstream sees only the rows that reach the stateful operator. Call "
+                    f"withWatermark after it, just before {call} (a filter that does not read the event time may stay)")
+        node = children[sides[0]]
+    return None

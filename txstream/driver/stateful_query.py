@@ -224,12 +224,13 @@ def _second_operator(recorded: Recorded) -> None:
 def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
     context, recorded = _context()
     _second_operator(recorded)
+    watermark = _watermark_at(source, recorded, "groupBy")
     group_names, aggregates, partials = aggregation_partials(real)
     found = plan_reading.window_of(real)   # read from Spark's plan, not the column's text
     window = (found.index, found.kind, found.spec) if found is not None else None
-    if window is not None and recorded.watermark is not None and window[2]["column"] != recorded.watermark[0]:
+    if window is not None and watermark is not None and window[2]["column"] != watermark[0]:
         raise TransformError(f"the window is over {window[2]['column']!r} but the watermark is on "
-                             f"{recorded.watermark[0]!r}: Structured Streaming closes windows by the watermark of "
+                             f"{watermark[0]!r}: Structured Streaming closes windows by the watermark of "
                              "their own time column; window over the watermark's column")
     if window is not None and "gap" in window[2]:
         # Spark drops a session row once ts + gap(row) <= watermark (operators/session.py late): the
@@ -238,10 +239,9 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
                              "rule needs each row's own session end; use a fixed gap such as '5 minutes'")
     if window is not None and window[0] != 0:
         raise TransformError("put window(...) or session_window(...) first among the groupBy columns")
-    _check_watermark_reaches(source, recorded, "groupBy")
     operator = operator_for(window[1] if window is not None else AGGREGATE)
     description = operator.describe(context.units, context.output_mode, group_names, aggregates,
-                                    window[2] if window else None, recorded.watermark)
+                                    window[2] if window else None, watermark)
     recorded.description = description
     if context.merge_spec is None:   # describing only (at start): the real aggregation's shape will do
         return real
@@ -256,8 +256,7 @@ def _stateful_aggregate(source: Any, cols: list, real: Any) -> Any:
 def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
     context, recorded = _context()
     _second_operator(recorded)
-    watermark = recorded.watermark
-    _check_watermark_reaches(source, recorded, "dropDuplicates")
+    watermark = _watermark_at(source, recorded, "dropDuplicates")
     operator = Deduplicate()
     description = operator.describe(context.units, context.output_mode, subset, list(source.columns), watermark,
                                     within)
@@ -271,13 +270,14 @@ def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
     return (context.merge_frame or _unit_merge)(grouped, spec, source.schema)
 
 
-def _check_watermark_reaches(source: Any, recorded: Recorded, call: str) -> None:
-    if recorded.watermark is not None and recorded.watermarked is not None:
-        with _ours():
-            refusal = plan_reading.rows_removed_after_watermark(source, recorded.watermarked, recorded.watermark[0],
-                                                                call)
-        if refusal is not None:
-            raise TransformError(refusal)
+def _watermark_at(source: Any, recorded: Recorded, call: str) -> tuple[str, int] | None:
+    """The recorded watermark (column, delay) under the name its column has where the stateful
+    operator reads it; refuses what removes rows on the way (operators/plan.py)."""
+    if recorded.watermark is None or recorded.watermarked is None:
+        return recorded.watermark
+    with _ours():
+        column = plan_reading.watermark_column_at(source, recorded.watermarked, recorded.watermark[0], call)
+    return column, recorded.watermark[1]
 
 
 def _with_input_record(source: Any, context: BatchContext) -> Any:

@@ -222,40 +222,62 @@ def _contains(node: Any, target: Any) -> bool:
     return node.equals(target) or any(_contains(child, target) for child in _seq(node.children()))
 
 
-def rows_removed_after_watermark(source: Any, watermarked: Any, column: str, call: str) -> str | None:
-    """Why the rows reaching the stateful operator (`source`) are not those withWatermark saw
-    (`watermarked`), or None. Spark computes the watermark where withWatermark is (its
-    EventTimeWatermark node), so the rows an operator above it removes still move the watermark;
-    txstream's comes from the rows the stateful operator merges. The same rows reach both only
-    through operators that keep every row, and filters Spark pushes below the watermark
-    (deterministic, not reading the event time: PushPredicateThroughNonJoin)."""
+def watermark_column_at(source: Any, watermarked: Any, column: str, call: str) -> str:
+    """The name the watermark's column has where the stateful operator reads it (`source`):
+    Structured Streaming carries the watermark through an alias (the attribute's metadata), so
+    `withWatermark("ts", ...).select(col("ts").alias("t")).groupBy(window("t"))` closes by `t`.
+
+    Refuses (TransformError) what lies between `watermarked`, the frame withWatermark returned,
+    and `source` that can remove rows: Spark computes the watermark where withWatermark is (its
+    EventTimeWatermark node), so the rows an operator above it removes still move the watermark,
+    while txstream's comes from the rows its units merge. The same rows reach both only through
+    operators that keep every row, and filters Spark pushes below the watermark (deterministic,
+    not reading the event time: PushPredicateThroughNonJoin)."""
     top = source._jdf.queryExecution().analyzed()
     target = watermarked._jdf.queryExecution().analyzed()
     event = next((a for a in _seq(target.output()) if str(a.name()) == column), None)
+    path: list[Any] = []
     node = top
     while not node.equals(target):
         children = _seq(node.children())
         sides = [i for i, child in enumerate(children) if _contains(child, target)]
         if len(sides) != 1:
-            return None   # not below: nothing to compare
-        kind, removes = _name(node), None
-        if kind == "Filter":
-            condition = node.condition()
-            if not condition.deterministic() or (event is not None and condition.references().contains(event)):
-                removes = f"a filter on the event time ({condition.sql()})"
-        elif kind == "Join":
-            join_type = _name(node.joinType()).rstrip("$")
-            if sides[0] not in _KEEPING_JOINS.get(join_type, ()):
-                removes = f"a join ({join_type}: its rows without a partner are removed)"
-        elif kind == "Generate":
-            if not node.outer():
-                removes = "an explode (a row with an empty array is removed; explode_outer keeps it)"
-        elif kind not in _KEEPS_ROWS:
-            removes = f"a {kind}"
+            return column   # not below: nothing to follow
+        path.append(node)
+        removes = _removes_rows(node, sides[0], event)
         if removes is not None:
-            return (f"the transform applies {removes} between withWatermark({column!r}, ...) and {call}: Structured "
-                    "Streaming computes the watermark where withWatermark is, so the rows it removes still move the "
-                    "watermark, while txstream sees only the rows that reach the stateful operator. Call "
-                    f"withWatermark after it, just before {call} (a filter that does not read the event time may stay)")
+            raise TransformError(
+                f"the transform applies {removes} between withWatermark({column!r}, ...) and {call}: Structured "
+                "Streaming computes the watermark where withWatermark is, so the rows it removes still move the "
+                "watermark, while txstream sees only the rows that reach the stateful operator. Call "
+                f"withWatermark after it, just before {call} (a filter that does not read the event time may stay)")
         node = children[sides[0]]
-    return None
+    for op in reversed(path):   # upwards: the event time's attribute under each projection's names
+        if event is None or _name(op) != "Project":
+            continue
+        outputs = _seq(op.projectList())
+        if any(_name(e) == "AttributeReference" and e.exprId().equals(event.exprId()) for e in outputs):
+            continue
+        aliased = [e for e in outputs if _name(e) == "Alias" and _name(e.child()) == "AttributeReference"
+                   and e.child().exprId().equals(event.exprId())]
+        event = aliased[0].toAttribute() if aliased else None
+    return str(event.name()) if event is not None else column
+
+
+def _removes_rows(node: Any, side: int, event: Any) -> str | None:
+    """What `node` (its input `side` the watermarked one) removes of its rows, or None."""
+    kind = _name(node)
+    if kind == "Filter":
+        condition = node.condition()
+        if _name(condition) == "IsNotNull":
+            return None   # a null event time moves no watermark (Spark's own window() adds this filter)
+        if not condition.deterministic() or (event is not None and condition.references().contains(event)):
+            return f"a filter on the event time ({condition.sql()})"
+        return None
+    if kind == "Join":
+        join_type = _name(node.joinType()).rstrip("$")
+        return None if side in _KEEPING_JOINS.get(join_type, ()) else \
+            f"a join ({join_type}: its rows without a partner are removed)"
+    if kind == "Generate":
+        return None if node.outer() else "an explode (a row with an empty array is removed; explode_outer keeps it)"
+    return None if kind in _KEEPS_ROWS else f"a {kind}"

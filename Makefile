@@ -41,7 +41,7 @@ host-tools:
 # restarting, runs making progress), which two workers overlap on 2 cores. 0 runs it in one process.
 TEST_WORKERS ?= 2
 test: kafka-jars spark-archive host-tools
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tests only (no broker, no Spark, no subprocess; tests/conftest.py marks the others
 # `integration` and `chaos`): seconds, no jars needed. Fails, like `test`, when nothing is selected.

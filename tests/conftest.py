@@ -70,7 +70,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 # The longest work units, longest first: they start first, so that the short ones fill the
-# workers' ends instead of one long unit starting last (docs/testing.md).
+# workers' ends instead of one long unit starting last (the Makefile passes --no-loadscope-reorder:
+# pytest-xdist would otherwise put the units with the most tests first).
 _LONGEST_FIRST = ("3-node cluster", "tests/chaos/test_state_crashes.py", "tests/driver/test_crash_recovery.py",
                   "tests/cluster/test_cluster_runs.py", "tests/driver/test_guarantees.py",
                   "tests/chaos/test_resources.py", "tests/local/test_security.py", "tests/serde/test_registry_runs.py",

@@ -257,10 +257,10 @@ def test_speculative_copies_race_on_the_other_host(spark_standalone, hosts_kafka
             # Spark >= 3.4 only speculates "inefficient" tasks unless this is off.
             "spark.speculation.efficiency.enabled": "false"}
     app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, conf=conf,
-                      # ~10 s for partition 0's 200 records: far beyond 1.5x the other tasks'
-                      # durations even when their Python workers start slowly on a busy machine
-                      # (at 4 s, 1 CI run in 3 saw no speculative copy).
-                      env={"CLUSTERAPP_SLOW_PARTITION": "0", "CLUSTERAPP_SLOW_MS": "50"})
+                      # ~30 s for partition 0's 200 records: Spark speculates while the other tasks
+                      # take less than 60 s, their Python workers' start on a busy machine included
+                      # (at 4 s, 1 CI run in 3 saw no speculative copy; at 10 s, a run at load 40).
+                      env={"CLUSTERAPP_SLOW_PARTITION": "0", "CLUSTERAPP_SLOW_MS": "150"})
     try:
         checker.start()
         code = app.start(until_caught_up=True).wait(600)

@@ -264,7 +264,7 @@ class WideBatches:
         plans = planner.plan(owned, committed, cap)
         if self.state is not None:
             self.state.planned(plans)
-            if not plans and self.owes_batch(owned):
+            if not plans and self.state.watermarked and self._owes(log):
                 # A batch with no records: the watermark closes what no new record will.
                 plans = [PartitionPlan(t, p, entry.committed, entry.committed, entry.committed, "")
                          for (t, p), entry in sorted(log.items()) if entry.committed is not None]
@@ -302,8 +302,11 @@ class WideBatches:
         """A stateful run's watermark closes state no new record will: a batch with no records is owed."""
         if self.state is None or not self.state.watermarked or len(owned) < self.input_partitions:
             return False
+        return self._owes(self.read_log(owned))
+
+    def _owes(self, log: dict[tuple[str, int], LoggedPartition]) -> bool:
         markers = read_markers(self.settings.clients, self.settings.app_id, self.units)
-        return self.state.owes_batch(self.read_log(owned), markers)
+        return self.state.owes_batch(log, markers)
 
     def _from_log(self, pending: PendingBatch) -> WideBatch:
         plans = [PartitionPlan(t, p, start, end, start, "") for (t, p), (start, end) in sorted(pending.ranges.items())]

@@ -332,6 +332,8 @@ def read_back(spec: Any, wanted: list[bytes], timeout_s: float) -> dict[bytes, A
     topics (the batch's own ranges: committed, read_committed). One consumer; each partition's
     offsets read in order, reading on through near ones and seeking to far ones. A record that
     is gone (retention deleted it since) is missing from the answer."""
+    from collections import deque
+
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     by_partition: dict[tuple[str, int], set[int]] = {}
@@ -344,7 +346,7 @@ def read_back(spec: Any, wanted: list[bytes], timeout_s: float) -> dict[bytes, A
     consumer = Consumer(spec.consumer_config())
     try:
         for (topic, partition), offsets in sorted(by_partition.items()):
-            todo = sorted(offsets)
+            todo = deque(sorted(offsets))
             position = None
             deadline = time.monotonic() + timeout_s
             while todo:
@@ -359,7 +361,7 @@ def read_back(spec: Any, wanted: list[bytes], timeout_s: float) -> dict[bytes, A
                     continue
                 if message.error() is not None:
                     if message.error().code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        todo.pop(0)   # gone: its dead letter is the row the operator saw
+                        todo.popleft()   # gone: its dead letter is the row the operator saw
                         position = None
                         continue
                     if message.error().code() == KafkaError._PARTITION_EOF:
@@ -367,9 +369,9 @@ def read_back(spec: Any, wanted: list[bytes], timeout_s: float) -> dict[bytes, A
                     raise TaskError(f"reading back {topic}[{partition}]: {message.error()}")
                 position = message.offset() + 1
                 while todo and todo[0] < position - 1:
-                    todo.pop(0)   # a transaction marker or a compacted offset: nothing there
+                    todo.popleft()   # a transaction marker or a compacted offset: nothing there
                 if todo and todo[0] == message.offset():
-                    found[f"{topic}/{partition}/{todo.pop(0)}".encode()] = message
+                    found[f"{topic}/{partition}/{todo.popleft()}".encode()] = message
     finally:
         consumer.close()
     return found

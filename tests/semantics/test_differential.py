@@ -40,8 +40,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("running_count_distinct2", "update"): "Spark refuses DISTINCT aggregates on a stream, so there is no oracle here; "
                                             "txstream keeps count(DISTINCT ...) as an extension, checked against "
                                             "Spark's batch aggregate in tests/state/test_state_values.py",
-    ("session_gap_apart", "append"): "a session's bounds are kept in milliseconds: its end (last event + gap) "
-                                     "loses the event's microseconds (.001000 where Spark says .001001)",
 }
 
 # What Spark runs and txstream refuses at start, naming the reason (the refusal must match), because

@@ -109,4 +109,5 @@ def test_a_state_without_the_expiry_index_is_told_apart_by_its_fingerprint() -> 
     assert old.fingerprint() != new.fingerprint()
     assert any("state's format: 1 in the state, 3" in d for d in old.differences(new))
     assert OperatorDescription.from_json(old.to_json()).fingerprint() == old.fingerprint()
-    assert state_format(SESSION) == state_format(WINDOW) == state_format(DEDUP) == 3   # issue 60: exact keys
+    assert state_format(WINDOW) == state_format(DEDUP) == 3   # issue 60: exact keys
+    assert state_format(SESSION) == 4   # issue 60: a session's bounds in microseconds, as Spark's

@@ -198,9 +198,10 @@ class RunningAggregate(StatefulOperator):
         return changed
 
 
-def rows(spec: MergeSpec, pairs: list[tuple[bytes, dict]], windowed: bool) -> Emitted:
+def rows(spec: MergeSpec, pairs: list[tuple[bytes, dict]], windowed: bool, bounds_scale: int = 1000) -> Emitted:
     """The output rows of (state key, state) pairs, built a column at a time; their keys are the
-    emitted ones, in order."""
+    emitted ones, in order. `bounds_scale` turns the keys' window bounds into microseconds (a
+    window's are milliseconds, a session's microseconds)."""
     if not pairs:
         return Emitted()
     fields, aggregates = spec.out_schema, spec.description.aggregates
@@ -211,8 +212,8 @@ def rows(spec: MergeSpec, pairs: list[tuple[bytes, dict]], windowed: bool) -> Em
     if windowed:
         typ = fields.field(names[0]).type
         columns[names[0]] = pa.StructArray.from_arrays(
-            [values.arrow_column(windows[0], typ.field("start").type, 1000),
-             values.arrow_column(windows[1], typ.field("end").type, 1000)], fields=list(typ))
+            [values.arrow_column(windows[0], typ.field("start").type, bounds_scale),
+             values.arrow_column(windows[1], typ.field("end").type, bounds_scale)], fields=list(typ))
         names = names[1:]
     for name, column in zip(names, key_values, strict=True):
         columns[name] = values.arrow_column(column, fields.field(name).type)   # keys keep µs

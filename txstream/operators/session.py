@@ -2,8 +2,10 @@
 (Spark's SessionWindowStateStoreSaveExec). A group's open sessions live in one state key, so a
 group's partials are routed by the group alone (not the session). A batch's sessions (Spark cut
 them within the batch) merge with every open session they overlap; a session closes once the
-watermark passes its end (last event + gap). A group's key is indexed by its sessions' first end
-(state/keys.py expiry_key), so closing reads only the groups that close.
+watermark passes its end (last event + gap). Bounds are epoch microseconds, as Spark's session
+timestamps; a group's key is indexed by its sessions' first end in milliseconds (the watermark's
+unit, rounded down so the index never misses a session that closes), so closing reads only the
+groups that close.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from txstream.state.keys import (
     expiring_key,
     expiry_end,
     expiry_key,
+    micros,
 )
 from txstream.state.operator import SESSION, Aggregate, OperatorDescription
 from txstream.state.store import StateStore
@@ -79,8 +82,8 @@ class SessionWindow(RunningAggregate):
             batch = by_key[key]
             before = codec.decode(stored)["sessions"] if stored is not None else []
             sessions = before
-            for row in sorted(batch, key=lambda r: values.ms(r[window]["start"])):
-                start, end = values.ms(row[window]["start"]), values.ms(row[window]["end"])
+            for row in sorted(batch, key=lambda r: micros(r[window]["start"])):
+                start, end = micros(row[window]["start"]), micros(row[window]["end"])
                 state = aggs.merge(aggregates, aggs.empty(aggregates),
                                    [values.plain(row[n]) for n in spec.partial_names])
                 joined = [s for s in sessions if self.overlaps(s["start"], s["end"], start, end)]
@@ -91,7 +94,7 @@ class SessionWindow(RunningAggregate):
             sessions.sort(key=lambda s: s["start"])
             _put_sessions(store, codec, key, before, sessions)
             changed += [(key, s) for s in sessions if any(
-                values.ms(r[window]["start"]) >= s["start"] and values.ms(r[window]["end"]) <= s["end"]
+                micros(r[window]["start"]) >= s["start"] and micros(r[window]["end"]) <= s["end"]
                 for r in batch)]
         out: list[tuple[bytes, dict]] = []
         if mode == "update":
@@ -104,11 +107,11 @@ class SessionWindow(RunningAggregate):
             closing = sorted(expiring_key(k) for k, _ in store.scan(EXPIRY, end=expiry_end(watermark)))
             for key, stored in zip(closing, store.get_many(closing), strict=True):
                 sessions = codec.decode(stored)["sessions"]
-                closed = [s for s in sessions if s["end"] <= watermark]
+                closed = [s for s in sessions if s["end"] <= watermark * 1000]
                 if mode == "append":
                     out += [_session_pair(key, s) for s in closed]
-                _put_sessions(store, codec, key, sessions, [s for s in sessions if s["end"] > watermark])
-        return rows(spec, out, windowed=True)
+                _put_sessions(store, codec, key, sessions, [s for s in sessions if s["end"] > watermark * 1000])
+        return rows(spec, out, windowed=True, bounds_scale=1)
 
     @staticmethod
     def overlaps(start: int, end: int, other_start: int, other_end: int) -> bool:
@@ -118,12 +121,12 @@ class SessionWindow(RunningAggregate):
 
 
 def _put_sessions(store: StateStore, codec: StateCodec, key: bytes, before: list[dict], after: list[dict]) -> None:
-    """A group's sessions and its index entry (by its sessions' first end), both replaced."""
+    """A group's sessions and its index entry (by its sessions' first end, in ms), both replaced."""
     if before:
-        store.delete(expiry_key(min(s["end"] for s in before), key))
+        store.delete(expiry_key(min(s["end"] for s in before) // 1000, key))
     if after:
         store.put(key, codec.encode({"sessions": after}))
-        store.put(expiry_key(min(s["end"] for s in after), key), EXPIRY_VALUE)
+        store.put(expiry_key(min(s["end"] for s in after) // 1000, key), EXPIRY_VALUE)
     else:
         store.delete(key)
 

@@ -78,7 +78,7 @@ def state_schema(aggregates: list[Aggregate], event_time: bool = False) -> dict[
 
 
 def session_schema(aggregates: list[Aggregate]) -> dict[str, Any]:
-    """A group's open sessions, each its start and end (epoch ms) and its aggregates' state."""
+    """A group's open sessions, each its start and end (epoch µs) and its aggregates' state."""
     session = state_schema(aggregates)
     session = {"type": "record", "name": "Session", "fields": [
         {"name": "start", "type": "long"}, {"name": "end", "type": "long"}, *session["fields"]]}

@@ -24,7 +24,8 @@ STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 
 def state_format(kind: str) -> int:
     """The state format an operator of `kind` writes now (OperatorDescription.state_format)."""
-    return 3   # every kind: keys and values are Spark's exactly (issue 60: bytes, microseconds, decimals)
+    # 3: keys and values are Spark's exactly (bytes, microseconds, decimals); 4: sessions' bounds in µs
+    return 4 if kind == SESSION else 3
 
 
 def state_topic(app_id: str) -> str:
@@ -54,7 +55,8 @@ class OperatorDescription:
     # How the state is laid out: 2 adds the expiry index of deduplication and session windows
     # (state/keys.py), which a state of format 1 lacks (its keys would never expire); 3 keeps
     # binary key values as tagged base64, timestamps in keys as microseconds and decimals as exact
-    # text (a key or value of format 2 would be misread). In the fingerprint, so an older state is
+    # text (a key or value of format 2 would be misread); 4, of session windows, keeps a session's
+    # bounds in microseconds (3: milliseconds). In the fingerprint, so an older state is
     # refused with the way to start over rather than misread.
     state_format: int = 1
     # Which life of the state this is: new when the description is first written (after a

@@ -216,6 +216,8 @@ class WideAudit:
             watermark = state.watermark_ms
             if windowed and watermark is not None:
                 _values, (_start, end) = decode_key(key, windowed=True)
+                if state.kind == "session":   # a session's bounds are microseconds (state format 4)
+                    end = -(-end // 1000)
                 if mode == "append" and end > watermark:
                     self._problem(f"{_name(app, batch)}: a window ending at {end} emitted before the watermark "
                                   f"({watermark}) closed it")

@@ -72,6 +72,11 @@ class PoisonRecordError(UserError):
     """A record cannot be processed and there is no dead-letter topic to set it aside."""
 
 
+class TableRecordError(UserError):
+    """A record of a table's topic (Processor.tables) does not decode: the table would miss its
+    key, and a join against it would be wrong silently."""
+
+
 class NoCommittedOffsetError(UserError):
     """auto.offset.reset=none and some partitions have no committed offset (or an invalid one)."""
 

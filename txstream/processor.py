@@ -1,11 +1,27 @@
 """The class users subclass: what to read, what to write, and the transform in between."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table kept from a compacted topic: the latest value of each key, a tombstone deleting
+    it (Kafka Streams' KTable). `transform` receives it as a DataFrame in the input's columns
+    (`key`, `value`, `topic`, `partition`, `offset`, `timestamp`, `headers`), as of the batch's
+    version: each of the topic's partitions read to its last stable offset when the batch was
+    planned (docs/state.md, "Tables"). `broadcast`: Spark broadcasts it to the join (a table that
+    fits in the executors' memory; False leaves the join's strategy to Spark)."""
+
+    topic: str
+    key_schema: str | None = None       # .avsc path or inline JSON; None: raw bytes
+    value_schema: str | None = None
+    broadcast: bool = True
 
 
 class Processor:
@@ -22,6 +38,10 @@ class Processor:
     """
 
     input_topics: ClassVar[list[str]] = []
+    # Tables kept from compacted topics, by the name of `transform`'s keyword argument that
+    # receives each: `tables = {"customers": Table("customers")}` and
+    # `def transform(self, orders, customers)`.
+    tables: ClassVar[dict[str, Table]] = {}
     output_topic: ClassVar[str | None] = None
     app_id: ClassVar[str | None] = None               # default: derived from the class name
 

@@ -29,7 +29,8 @@ VERSION = "txs1"
 @dataclass(frozen=True)
 class PlanShare:
     """One input partition's share of a wide batch's plan: `txs1;b=<batch>;e=<end>;k=<units>;
-    t=<batch time, ms>[;w=<watermark, ms>][;l=<late rows' watermark, ms>]`. The committed offset is where the batch starts, `e`
+    t=<batch time, ms>[;w=<watermark, ms>][;l=<late rows' watermark, ms>][;v=<tables' version>]`.
+    The committed offset is where the batch starts, `e`
     where it ends: `e` beyond the committed offset is a batch planned and not closed (pending).
     Kafka's `offset.metadata.max.bytes` (4,096 by default) is per partition and a share is ~40
     bytes: the log grows with the partitions, never past the cap."""
@@ -42,12 +43,17 @@ class PlanShare:
     # The watermark its late rows are judged by: the previous batch's (Spark's
     # eventTimeWatermarkForLateEvents); absent in shares written before it was logged.
     late_ms: int | None = None
+    # The version of the processor's tables the batch joins against (task/tables.py
+    # encode_versions: `name:end.end...,name:...`), so that a re-run reads the same.
+    tables: str | None = None
 
     def encode(self) -> str:
         text = f"{VERSION};b={self.batch_id};e={self.end};k={self.units};t={self.timestamp_ms}"
         if self.watermark_ms is not None:
             text += f";w={self.watermark_ms}"
-        return text if self.late_ms is None else f"{text};l={self.late_ms}"
+        if self.late_ms is not None:
+            text += f";l={self.late_ms}"
+        return text if self.tables is None else f"{text};v={self.tables}"
 
     @staticmethod
     def decode(text: str | None) -> PlanShare | None:
@@ -58,7 +64,8 @@ class PlanShare:
         try:
             fields = dict(part.split("=", 1) for part in text.split(";")[1:])
             return PlanShare(int(fields["b"]), int(fields["e"]), int(fields["k"]), int(fields["t"]),
-                             int(fields["w"]) if "w" in fields else None, int(fields["l"]) if "l" in fields else None)
+                             int(fields["w"]) if "w" in fields else None, int(fields["l"]) if "l" in fields else None,
+                             fields.get("v"))
         except (KeyError, ValueError):
             return None
 
@@ -85,6 +92,7 @@ class PendingBatch:
     ranges: dict[tuple[str, int], tuple[int, int]]   # (topic, partition) -> [start, end)
     watermark_ms: int | None = None
     late_ms: int | None = None
+    tables: str | None = None
 
 
 def pending_batch(log: dict[tuple[str, int], LoggedPartition]) -> PendingBatch | None:
@@ -103,7 +111,8 @@ def pending_batch(log: dict[tuple[str, int], LoggedPartition]) -> PendingBatch |
             continue
         in_batch = entry.share is not None and entry.share.batch_id == newest
         ranges[key] = (entry.committed, entry.share.end if in_batch else entry.committed)  # type: ignore[union-attr]
-    return PendingBatch(newest, first.units, first.timestamp_ms, ranges, first.watermark_ms, first.late_ms)
+    return PendingBatch(newest, first.units, first.timestamp_ms, ranges, first.watermark_ms, first.late_ms,
+                        first.tables)
 
 
 def last_batch_id(log: dict[tuple[str, int], LoggedPartition]) -> int:

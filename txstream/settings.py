@@ -17,6 +17,7 @@ from txstream.kafka.config import KafkaClients
 from txstream.processor import Processor
 from txstream.serde.avro import load_schema
 from txstream.serde.registry import RegistryConfig
+from txstream.task.tables import TableSource
 
 OFFSET_RESETS = ("earliest", "latest", "none")
 
@@ -84,6 +85,7 @@ class RunSettings:
     task_slots: int | None = None
     producers_per_slot: int = 4           # transactional.ids per slot (driver/slots.py)
     first_batch_records: int = 10_000     # the run's first batch reads at most this many (driver/pacing.py)
+    tables: tuple[TableSource, ...] = ()  # Processor.tables, their schemas loaded
 
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:
@@ -185,6 +187,25 @@ def _schema(value: str | None, cls: type[Processor]) -> dict | None:
     return load_schema(value)  # raises the clear "not found" error
 
 
+def _tables(cls: type[Processor], inputs: list[str], registry: RegistryConfig | None) -> tuple[TableSource, ...]:
+    from txstream.processor import Table
+
+    found = []
+    for name, table in (cls.tables or {}).items():
+        if not isinstance(table, Table) or not name.isidentifier():
+            raise SettingsError(f"{cls.__name__}.tables maps names of transform's arguments to Table(topic, ...): "
+                                f"got {name!r}: {table!r}")
+        if table.topic in inputs:
+            raise SettingsError(f"the table {name!r} reads {table.topic!r}, which is also an input topic: a topic is "
+                                "read as a stream or kept as a table, not both")
+        if registry is not None and (table.key_schema or table.value_schema):
+            raise SettingsError(f"the table {name!r} declares a schema and the run reads through a schema registry: "
+                                "tables decode with their own .avsc only, not registry-framed records (yet)")
+        found.append(TableSource(name, table.topic, _schema(table.key_schema, cls), _schema(table.value_schema, cls),
+                                 table.broadcast))
+    return tuple(found)
+
+
 def registry_config(cls: type[Processor], extra: dict[str, Any]) -> RegistryConfig | None:
     """The run's schema registry: the command line's options (taken out of `extra`), else the
     processor's attributes; None without a URL."""
@@ -261,6 +282,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     extra["first_batch_records"] = cls.first_batch_records if first is None else first
     if extra["first_batch_records"] < 0:
         raise SettingsError("first batch records must be 0 (the first batch as big as the cap) or positive")
+    extra["tables"] = _tables(cls, topics, extra["schema_registry"])
     return RunSettings(
         processor=cls(),
         bootstrap_servers=bootstrap_servers,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from txstream.classify import understand
@@ -18,6 +18,7 @@ from txstream.driver.checks import check_narrow, check_output, single_chain
 from txstream.driver.range_tag import carry_range_tag
 from txstream.driver.slots import SlotLayout
 from txstream.driver.specs import TaskSpecs
+from txstream.driver.tables import Tables
 from txstream.errors import BatchTimeout, TxstreamError
 from txstream.settings import RunSettings
 from txstream.task.publish import publish_slot
@@ -73,8 +74,10 @@ class _NarrowJob:
 class SparkJobs:
     """Builds and runs the Spark jobs of one run's batches, narrow and wide alike."""
 
-    def __init__(self, spark, settings: RunSettings, specs: TaskSpecs, echo: Callable[[str], None]) -> None:
+    def __init__(self, spark, settings: RunSettings, specs: TaskSpecs, echo: Callable[[str], None],
+                 tables: Tables | None = None) -> None:
         self.spark = spark
+        self.tables = tables                # the processor's tables (driver/tables.py), if it declares any
         self.settings = settings
         self.specs = specs
         self.echo = echo
@@ -89,7 +92,13 @@ class SparkJobs:
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (a narrow plan is checked by `check_narrow` on what is collected)."""
         source = range_frame(self.spark, self.specs.for_reading(batch_id, plans), accounts)
-        return self.to_sink(self.settings.processor.transform(source))
+        return self.to_sink(self.transform(source))
+
+    def transform(self, source):
+        """The processor's transform of `source`, with its tables as keyword arguments."""
+        if self.tables:
+            return self.settings.processor.transform(source, **self.tables.frames(self.spark))
+        return self.settings.processor.transform(source)
 
     def to_sink(self, out):
         """The transform's output, checked and reduced to the sink's columns."""
@@ -100,7 +109,7 @@ class SparkJobs:
         """The transform's output over a narrow job's source (its ranges come with each job)."""
         spec = self.specs.for_reading(batch_id, plans, layout.layout, layout.width)
         source = range_frame(self.spark, spec, None, per_slot, per_slot and self.settings.lineage)
-        return self.to_sink(self.settings.processor.transform(source))
+        return self.to_sink(self.transform(source))
 
     def narrow_job(self, batch_id: int, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool, out=None):
         """A narrow batch's job: built once, run again for every batch of the same shape (the
@@ -149,7 +158,10 @@ class SparkJobs:
 
     def collect(self, frame, job: JobSpec, arrow: bool = False) -> Any:
         """Run a batch's job with its spec as the job's local property (task/spec.py): its rows
-        as dicts, or with `arrow` as one Arrow table. Every batch job is run through here."""
+        as dicts, or with `arrow` as one Arrow table. Every batch job is run through here; a job
+        whose spec names no version of the tables reads them as they are now."""
+        if self.tables and job.tables is None:
+            job = replace(job, tables=self.tables.reads(self.tables.current()))
         sc = self.spark.sparkContext
         sc.setLocalProperty(JOB_SPEC_PROPERTY, encode_job_spec(job))
         try:

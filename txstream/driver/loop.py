@@ -29,6 +29,7 @@ from txstream.driver.poison import PoisonIsolator
 from txstream.driver.report import BatchReport, late_destination
 from txstream.driver.specs import TaskSpecs
 from txstream.driver.stopping import StopSignals
+from txstream.driver.tables import Tables
 from txstream.errors import (
     DataError,
     Decision,
@@ -99,16 +100,17 @@ class Driver:
         return admin_client(self.settings.clients)
 
     def check_topics(self) -> None:
-        """Inputs, the output and the dead-letter topic must exist: txstream never creates them."""
+        """Inputs, tables, the output and the dead-letter topic must exist: txstream never creates them."""
         s = self.settings
         from txstream.kafka.acls import app_needs, check_access
         from txstream.kafka.lookups import cluster_topics
 
         known = cluster_topics(self.admin, timeout=30)  # also the reachability check: one clear line
         # Before "does not exist": a topic the principal may not describe is not listed either.
-        check_access(self.admin, s.clients, app_needs(s.app_id, s.input_topics, s.output_topic, s.dead_letter_topic,
+        read = s.input_topics + [t.topic for t in s.tables]
+        check_access(self.admin, s.clients, app_needs(s.app_id, read, s.output_topic, s.dead_letter_topic,
                                                       s.guarantee), timeout=30)
-        wanted = [("input", t) for t in s.input_topics]
+        wanted = [("input", t) for t in s.input_topics] + [("table", t.topic) for t in s.tables]
         wanted += [("output", s.output_topic)] if s.output_topic else []
         wanted += [("dead-letter", s.dead_letter_topic)] if s.dead_letter_topic else []
         missing = [(role, name) for role, name in wanted if name not in known]
@@ -228,7 +230,7 @@ class Driver:
             self._start_spark()
         s.processor.setup(self.spark)
         self.arrow = ArrowBatches(self.spark)
-        self.jobs = SparkJobs(self.spark, s, self.specs, self.echo)
+        self.jobs = SparkJobs(self.spark, s, self.specs, self.echo, Tables(s, lambda: self.admin, self.specs.read))
         self.validate()
         protocol = self.protocol
         assert protocol is not None

@@ -71,6 +71,7 @@ from txstream.settings import RunSettings
 from txstream.task.reading import ReadAccounts
 from txstream.task.result import TaskResult, result_schema
 from txstream.task.spec import FromJob, JobSpec, PartitionPlan
+from txstream.task.tables import TableVersion, decode_versions, encode_versions
 from txstream.task.units import (
     NONDETERMINISTIC,
     VALUES_DIFFER,
@@ -107,10 +108,12 @@ class WideBatch:
     late_ms: int | None = None        # ... and what its late rows are judged by (the previous batch's)
     state: StateFacts | None = None   # a stateful batch's facts for its record (`txstream verify` reads them)
     merge: Any = None                 # a stateful batch's merge spec (operators/base.py MergeSpec), for its job
+    tables: tuple[TableVersion, ...] | None = None   # the version of the processor's tables it joins against
 
     def share(self, end: int) -> PlanShare:
         """This batch's share of the plan log for a partition ending at `end`."""
-        return PlanShare(self.batch_id, end, self.units, self.timestamp_ms, self.watermark_ms, self.late_ms)
+        return PlanShare(self.batch_id, end, self.units, self.timestamp_ms, self.watermark_ms, self.late_ms,
+                         encode_versions(self.tables) if self.tables else None)
 
     @property
     def plan_id(self) -> str:
@@ -290,7 +293,8 @@ class WideBatches:
         batch_id = max([batch_id] + [m.done_through + 1 for m in markers.values()])
         batch = WideBatch(batch_id, self.plan_units, int(time.time() * 1000), _wide_plans(plans), recovered=False,
                           watermark_ms=self.state.next_watermark(log, markers) if self.state is not None else None,
-                          late_ms=last_watermark(log))
+                          late_ms=last_watermark(log),
+                          tables=self.jobs.tables.current() if self.jobs.tables else None)
         if self._logs_plans:
             # Logged before it runs: after any crash, exactly this batch runs again.
             self._commit([TopicPartition(p.topic, p.partition, p.start, metadata=batch.share(p.end).encode())
@@ -312,7 +316,8 @@ class WideBatches:
         plans = [PartitionPlan(t, p, start, end, start, "") for (t, p), (start, end) in sorted(pending.ranges.items())]
         batch = WideBatch(pending.batch_id, pending.units, pending.timestamp_ms, plans, recovered=True,
                           watermark_ms=pending.watermark_ms,
-                          late_ms=pending.late_ms if pending.late_ms is not None else pending.watermark_ms)
+                          late_ms=pending.late_ms if pending.late_ms is not None else pending.watermark_ms,
+                          tables=decode_versions(pending.tables) if pending.tables else None)
         self.echo(f"batch {batch.batch_id}: re-running its logged plan ({sum(p.size for p in plans)} records over "
                   f"{len(plans)} partitions, {batch.units} units): a previous attempt did not close it")
         return batch
@@ -371,7 +376,9 @@ class WideBatches:
 
     def _job(self, batch: WideBatch, unit: UnitSpec | None = None) -> JobSpec:
         """The batch's spec, which its Spark job carries to its tasks (task/spec.py)."""
-        return JobSpec(self.specs.for_reading(batch.batch_id, batch.plans), self.specs.publish, unit, batch.merge)
+        tables = self.jobs.tables.reads(batch.tables) if self.jobs.tables and batch.tables is not None else None
+        return JobSpec(self.specs.for_reading(batch.batch_id, batch.plans), self.specs.publish, unit, batch.merge,
+                       tables)
 
     def _run_units(self, batch: WideBatch, out: Any, accounts: Any, description: str) -> list[dict]:
         s = self.settings

@@ -207,12 +207,13 @@ class JobSpec:
     publish: PublishSpec | None = None
     unit: Any = None    # a wide batch's unit tasks (task/units.py UnitSpec)
     merge: Any = None   # a stateful batch's merge tasks (operators/base.py MergeSpec)
+    tables: Any = None  # the processor's tables and the batch's version of each (task/tables.py TableReads)
 
 
 @dataclass(frozen=True)
 class FromJob:
     """Stands in a task's closure for the part of its job's `JobSpec` the task reads ("read",
-    "publish", "unit" or "merge"), with what the job's property leaves out: the run's
+    "publish", "unit", "merge" or "tables"), with what the job's property leaves out: the run's
     `KafkaClients` and schema registry settings (credentials, both)."""
 
     part: str

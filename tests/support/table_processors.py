@@ -1,0 +1,39 @@
+"""Processors that join their stream to a table kept from a compacted topic (Processor.tables),
+for tests/driver/test_tables.py. Orders: key = customer id, value = order id; customers: key =
+customer id, value = name. The table's topic comes from TXSTREAM_TEST_TABLE when a test starts
+`txstream run` in a subprocess (a class attribute is read at import)."""
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import functions as F
+
+from txstream import Processor, Table
+
+
+class EnrichFromTable(Processor):
+    """Narrow: each order with its customer's name as of the batch's version ("-" when none)."""
+
+    tables = {"customers": Table(os.environ.get("TXSTREAM_TEST_TABLE", "customers"))}
+    how = "left"
+
+    def transform(self, orders, customers):
+        joined = orders.join(customers.select(F.col("key").alias("c_key"), F.col("value").alias("name")),
+                             orders["key"] == F.col("c_key"), self.how)
+        value = F.concat(orders["value"], F.lit(b"="), F.coalesce(F.col("name"), F.lit(b"-")))
+        return joined.select(orders["key"], value.alias("value"), orders["offset"])
+
+
+class NamesPerBatch(Processor):
+    """Wide (a per-batch aggregation): how many of the batch's orders each customer name has."""
+
+    tables = {"customers": Table(os.environ.get("TXSTREAM_TEST_TABLE", "customers"))}
+    output_mode = "per-batch"
+
+    def transform(self, orders, customers):
+        joined = orders.join(customers.select(F.col("key").alias("c_key"), F.col("value").alias("name")),
+                             orders["key"] == F.col("c_key"), "left")
+        counts = joined.groupBy(F.coalesce(F.col("name"), F.lit(b"-")).alias("name")).count()
+        return counts.select(F.col("name").alias("key"),
+                             F.concat(F.col("name"), F.lit(b"="), F.col("count").cast("string").cast("binary"))
+                             .alias("value"))

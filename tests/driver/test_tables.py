@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.kafka import produce, read_all
 from tests.support.running import App
-from tests.support.table_processors import EnrichFromTable
+from tests.support.table_processors import EnrichFromTable, RunningNames
 from txstream import Table
 from txstream.errors import SettingsError, TransformError
 
@@ -82,3 +82,19 @@ def test_a_wide_batch_run_again_joins_the_version_its_plan_logged(bootstrap_serv
         assert _values(bootstrap_servers, out) == [b"Ann=2", b"Bob=1"]
     finally:
         app.destroy_all()
+
+
+def test_a_stateful_operator_after_the_join_counts_by_the_tables_values(bootstrap_servers, make_topic,
+                                                                        run_processor) -> None:
+    table, orders, out = _table(make_topic), make_topic("orders", partitions=2), make_topic("names", partitions=2)
+    produce(bootstrap_servers, table, [(b"c1", b"Ann"), (b"c2", b"Bob")])
+    produce(bootstrap_servers, orders, [(b"c1", b"o1"), (b"c1", b"o2"), (b"c2", b"o3"), (b"c3", b"o4")])
+    cls = type("Names", (RunningNames,), {"tables": {"customers": Table(table)}})
+    driver = run_processor(cls, inputs=[orders], output=out)
+    assert driver.exit_code == 0, "\n".join(driver.lines)
+    produce(bootstrap_servers, table, [(b"c2", b"Ann"), (b"c1", None)])
+    produce(bootstrap_servers, orders, [(b"c1", b"o5"), (b"c2", b"o6")])
+    again = run_processor(cls, inputs=[orders], output=out, app_id=driver.settings.app_id)
+    assert again.exit_code == 0, "\n".join(again.lines)
+    # Update mode: each batch's changed counts; the state carries across runs.
+    assert _values(bootstrap_servers, out) == [b"-=1", b"-=2", b"Ann=2", b"Ann=3", b"Bob=1"]

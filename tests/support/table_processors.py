@@ -37,3 +37,26 @@ class NamesPerBatch(Processor):
         return counts.select(F.col("name").alias("key"),
                              F.concat(F.col("name"), F.lit(b"="), F.col("count").cast("string").cast("binary"))
                              .alias("value"))
+
+
+class RunningNames(Processor):
+    """Stateful after the join (a table join, then a running aggregate): orders per name so far."""
+
+    tables = {"customers": Table(os.environ.get("TXSTREAM_TEST_TABLE", "customers"))}
+    output_mode = "update"
+
+    def transform(self, orders, customers):
+        joined = orders.join(customers.select(F.col("key").alias("c_key"), F.col("value").alias("name")),
+                             orders["key"] == F.col("c_key"), "left")
+        counts = joined.groupBy(F.coalesce(F.col("name"), F.lit(b"-")).alias("name")).count()
+        return counts.select(F.col("name").alias("key"),
+                             F.concat(F.col("name"), F.lit(b"="), F.col("count").cast("string").cast("binary"))
+                             .alias("value"))
+
+
+class EnrichWide(EnrichFromTable):
+    """EnrichFromTable through the wide protocol (a shuffle by key): each batch's plan, and the
+    table's version with it, logged and re-run after a crash."""
+
+    def transform(self, orders, customers):
+        return super().transform(orders, customers).repartition(3, "key")

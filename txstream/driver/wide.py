@@ -117,7 +117,9 @@ class WideBatch:
 
     @property
     def plan_id(self) -> str:
-        text = ";".join(f"{p.topic}:{p.partition}:{p.start}:{p.end}" for p in self.plans)
+        """The plan's digest, which each unit's marker names. Empty ranges are left out: a re-run
+        from the log lists every partition, also those the first attempt had nothing to read in."""
+        text = ";".join(f"{p.topic}:{p.partition}:{p.start}:{p.end}" for p in self.plans if p.end > p.start)
         return hashlib.sha1(f"{self.batch_id};{self.units};{self.timestamp_ms};{text}".encode()).hexdigest()[:12]
 
 

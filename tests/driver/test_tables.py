@@ -37,6 +37,8 @@ def test_each_batch_joins_the_table_as_of_its_version(bootstrap_servers, make_to
     driver = run_processor(_enricher(table), inputs=[orders], output=out)
     assert driver.exit_code == 0, "\n".join(driver.lines)
     assert _values(bootstrap_servers, out) == [b"o1=Ann", b"o2=Bobby", b"o3=-", b"o4=-"], driver.lines
+    # Each batch's event names the version it joined: the table's 5 records, over its 2 partitions.
+    assert driver.events.batches and all(sum(b["tables"]["customers"]) == 5 for b in driver.events.batches)
 
     # The table changes while nothing is read; the next run's batches see the new version, and
     # what was published stays as it was.

@@ -127,3 +127,27 @@ def test_txstreams_own_topics_are_created_or_checked_in_one_way(admin, names) ->
     assert ensure_topic(admin, name, 3, {}, app_id="ensure", grow=True) is False
     assert topics_now(admin)[name] == 3
     assert ensure_topic(admin, name, 1, {}, app_id="ensure", grow=True) is False   # more than asked: kept
+
+
+def test_a_table_topic_is_created_compacted_and_a_plain_one_is_said_to_differ(admin, names) -> None:  # noqa: ANN001
+    """Processor.tables (docs/joins.md): ensure creates a table's topic with cleanup.policy=compact
+    and says so of an existing one that is not."""
+    from confluent_kafka.admin import NewTopic
+
+    from txstream.tools import topics as tt
+
+    table, plain = names["orders"] + "-table", names["orders"] + "-plain"
+    try:
+        states = tt.plan(admin, tt.declared([names["orders"]], None, None, [table]), partitions=2)
+        assert [(s.role, s.action) for s in states] == [("input", "create"), ("table", "create")]
+        assert "cleanup.policy=compact" in states[1].describe() and "cleanup" not in states[0].describe()
+        tt.create(admin, states)
+        visible(admin, table)
+        assert config_of(admin, table, "cleanup.policy") == "compact"
+        assert config_of(admin, names["orders"], "cleanup.policy") == "delete"
+        admin.create_topics([NewTopic(plain, 1, 1)])[plain].result(30)
+        visible(admin, plain)
+        (state,) = tt.plan(admin, tt.declared([], None, None, [plain]))
+        assert state.differences == ["has cleanup.policy=delete, compact asked"]
+    finally:
+        admin.delete_topics([t for t in (table, plain) if t in admin.list_topics(timeout=30).topics])

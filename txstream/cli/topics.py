@@ -73,7 +73,8 @@ def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], outpu
         resolved = run_settings.resolve(cls, bootstrap_servers=clients.bootstrap_servers, inputs=list(inputs),
                                         output=output, dead_letter=dead_letter_topic)
         admin = admin_client(clients)
-        states = tt.plan(admin, tt.declared(resolved.input_topics, resolved.output_topic, resolved.dead_letter_topic),
+        states = tt.plan(admin, tt.declared(resolved.input_topics, resolved.output_topic, resolved.dead_letter_topic,
+                                            [t.topic for t in resolved.tables]),
                          partitions, replication_factor, pairs(configs, "--config"), timeout)
         width = max(len(s.name) for s in states)
         for s in states:

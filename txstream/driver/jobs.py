@@ -78,6 +78,7 @@ class SparkJobs:
                  tables: Tables | None = None) -> None:
         self.spark = spark
         self.tables = tables                # the processor's tables (driver/tables.py), if it declares any
+        self.last_tables: tuple = ()        # the tables' version the last job read
         self.settings = settings
         self.specs = specs
         self.echo = echo
@@ -162,6 +163,7 @@ class SparkJobs:
         whose spec names no version of the tables reads them as they are now."""
         if self.tables and job.tables is None:
             job = replace(job, tables=self.tables.reads(self.tables.current()))
+        self.last_tables = job.tables.versions if job.tables is not None else ()
         sc = self.spark.sparkContext
         sc.setLocalProperty(JOB_SPEC_PROPERTY, encode_job_spec(job))
         try:

@@ -309,7 +309,8 @@ class Telemetry:
                        transactions_committed=committed, transactions_aborted=aborted, fenced_producers=fenced,
                        task_retries=retried, lag=sum(lags.values()) if lags else None,
                        lag_by_partition=lags or None, log_end_lag_by_partition=self._log_end_lags or None,
-                       batch_cap=cap, totals=dict(totals), **_state_fields(report))
+                       batch_cap=cap, totals=dict(totals), **_state_fields(report),
+                       **({"tables": report.table_ends} if report.tables else {}))
             for topic, partition, count in dead:
                 self._emit("dead_letter", None, topic=topic, partition=partition, stage="decode", count=count,
                            batch=report.batch_id)

@@ -182,7 +182,8 @@ class NarrowBatches:
         else:
             membership.forget()
         self.pacing.learn(rows)
-        return BatchReport(batch_id, plans, rows, time.monotonic() - started, driver_s=driver_s)
+        return BatchReport(batch_id, plans, rows, time.monotonic() - started, driver_s=driver_s,
+                           tables=self.jobs.last_tables)
 
     def abandon(self, plans: list[PartitionPlan]) -> None:
         """Nothing to do: each slot's next attempt fences the failed one's producers."""

@@ -24,6 +24,13 @@ class BatchReport:
     watermark_ms: int | None = None
     # Where its late rows went: the dead-letter topic, or None (dropped, as Spark drops them).
     dead_letter_topic: str | None = None
+    # The version of each of the processor's tables it joined against (task/tables.py TableVersion).
+    tables: tuple = ()
+
+    @property
+    def table_ends(self) -> dict[str, list[int]]:
+        """Each table's version: its partitions' end offsets."""
+        return {v.name: list(v.ends) for v in self.tables}
 
     @property
     def late(self) -> int:
@@ -64,6 +71,8 @@ class BatchReport:
 
             at = datetime.fromtimestamp(self.watermark_ms / 1000, tz=timezone.utc)
             parts.append(f"watermark {at.isoformat(timespec='seconds').replace('+00:00', 'Z')}")
+        for version in self.tables:
+            parts.append(f"table {version.name} at {'/'.join(map(str, version.ends))}")
         if lag is not None:
             parts.append(f"lag {lag}")
         return "  ".join(parts)

@@ -351,7 +351,7 @@ class WideBatches:
             rows = self._run_units(batch, out, accounts, description)
         self.current = None
         return BatchReport(batch.batch_id, batch.plans, rows, time.monotonic() - started, reads=self.last_reads,
-                           driver_s=driver_s, watermark_ms=watermark)
+                           driver_s=driver_s, watermark_ms=watermark, tables=self.jobs.last_tables)
 
     def _output(self, batch: WideBatch, accounts: Any) -> Any:
         """The transform's output over the batch's ranges (its stateful operator merged by the units)."""

@@ -24,7 +24,7 @@ BROKER_DEFAULT = -1   # NewTopic: the broker's num.partitions / default.replicat
 class TopicState:
     """One declared topic: what is asked, what exists, what ensure would do."""
 
-    role: str                          # input | output | dead-letter
+    role: str                          # input | table | output | dead-letter
     name: str
     partitions: int                    # to create with (BROKER_DEFAULT: the broker's)
     replication: int
@@ -49,12 +49,17 @@ class TopicState:
         return f"{parts}{self.why_partitions}, {rf}" + (f", {conf}" if conf else "")
 
 
-def declared(input_topics: Sequence[str], output_topic: str | None, dead_letter_topic: str | None) -> list[tuple[str, str]]:
+# A table's topic (Processor.tables) keeps the latest value per key: compacted.
+TABLE_CONFIG = {"cleanup.policy": "compact"}
+
+
+def declared(input_topics: Sequence[str], output_topic: str | None, dead_letter_topic: str | None,
+             table_topics: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(role, name) of every topic a processor's run reads or writes, in that order, once each."""
     seen: set[str] = set()
     out = []
-    for role, name in [*(("input", t) for t in input_topics), ("output", output_topic),
-                       ("dead-letter", dead_letter_topic)]:
+    for role, name in [*(("input", t) for t in input_topics), *(("table", t) for t in table_topics),
+                       ("output", output_topic), ("dead-letter", dead_letter_topic)]:
         if name and name not in seen:
             seen.add(name)
             out.append((role, name))
@@ -91,11 +96,13 @@ def plan(admin: AdminClient, topics: Sequence[tuple[str, str]], partitions: int 
         default_partitions = partitions
     elif inputs:
         default_partitions, why = len(existing[inputs[0]].partitions), f" (as input {inputs[0]!r})"
-    actual_configs = _configs(admin, [n for _r, n in topics if n in existing], list(config), timeout)
+    keys = sorted({*config, *(TABLE_CONFIG if any(role == "table" for role, _ in topics) else ())})
+    actual_configs = _configs(admin, [n for _r, n in topics if n in existing], keys, timeout)
     states = []
     for role, name in topics:
+        wanted_config = {**config, **TABLE_CONFIG} if role == "table" else config
         state = TopicState(role, name, default_partitions, replication if replication is not None else BROKER_DEFAULT,
-                           config, why_partitions=why)
+                           wanted_config, why_partitions=why)
         meta = existing.get(name)
         if meta is not None:
             state.exists = True
@@ -105,7 +112,7 @@ def plan(admin: AdminClient, topics: Sequence[tuple[str, str]], partitions: int 
                 state.differences.append(f"has {state.actual_partitions} partitions, {partitions} asked")
             if replication is not None and state.actual_replication != replication:
                 state.differences.append(f"has replication {state.actual_replication}, {replication} asked")
-            for key, wanted in sorted(config.items()):
+            for key, wanted in sorted(wanted_config.items()):
                 actual = actual_configs.get(name, {}).get(key)
                 if actual != wanted:
                     state.differences.append(f"has {key}={actual if actual is not None else '(unknown)'}, "

@@ -187,22 +187,29 @@ def _schema(value: str | None, cls: type[Processor]) -> dict | None:
     return load_schema(value)  # raises the clear "not found" error
 
 
-def _tables(cls: type[Processor], inputs: list[str], registry: RegistryConfig | None) -> tuple[TableSource, ...]:
+def _tables(cls: type[Processor], inputs: list[str], registry: RegistryConfig | None,
+            topics: dict[str, str]) -> tuple[TableSource, ...]:
+    """The processor's tables, each topic as the command line's --table NAME=TOPIC names it."""
     from txstream.processor import Table
 
+    unknown = sorted(set(topics) - set(cls.tables or {}))
+    if unknown:
+        raise SettingsError(f"--table {unknown[0]}=...: {cls.__name__} declares no table {unknown[0]!r} "
+                            f"(its tables: {', '.join(sorted(cls.tables or {})) or 'none'})")
     found = []
     for name, table in (cls.tables or {}).items():
         if not isinstance(table, Table) or not name.isidentifier():
             raise SettingsError(f"{cls.__name__}.tables maps names of transform's arguments to Table(topic, ...): "
                                 f"got {name!r}: {table!r}")
-        if table.topic in inputs:
-            raise SettingsError(f"the table {name!r} reads {table.topic!r}, which is also an input topic: a topic is "
+        if topics.get(name, table.topic) in inputs:
+            raise SettingsError(f"the table {name!r} reads {topics.get(name, table.topic)!r}, which is also an input "
+                                "topic: a topic is "
                                 "read as a stream or kept as a table, not both")
         if registry is not None and (table.key_schema or table.value_schema):
             raise SettingsError(f"the table {name!r} declares a schema and the run reads through a schema registry: "
                                 "tables decode with their own .avsc only, not registry-framed records (yet)")
-        found.append(TableSource(name, table.topic, _schema(table.key_schema, cls), _schema(table.value_schema, cls),
-                                 table.broadcast))
+        found.append(TableSource(name, topics.get(name, table.topic), _schema(table.key_schema, cls),
+                                 _schema(table.value_schema, cls), table.broadcast))
     return tuple(found)
 
 
@@ -228,7 +235,8 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
             max_records_per_partition: int | None = None, trigger_interval: float | None = None,
             master: str | None = None, lineage: bool | None = None,
             librdkafka: dict[str, str] | None = None, spark_conf: dict[str, str] | None = None,
-            schemas: dict[str, str] | None = None, **extra: Any) -> RunSettings:
+            schemas: dict[str, str] | None = None, table_topics: dict[str, str] | None = None,
+            **extra: Any) -> RunSettings:
     """Processor declarations, overridden by whatever the command line gives."""
     schemas = schemas or {}
     guarantee = guarantee or cls.guarantee
@@ -282,7 +290,7 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     extra["first_batch_records"] = cls.first_batch_records if first is None else first
     if extra["first_batch_records"] < 0:
         raise SettingsError("first batch records must be 0 (the first batch as big as the cap) or positive")
-    extra["tables"] = _tables(cls, topics, extra["schema_registry"])
+    extra["tables"] = _tables(cls, topics, extra["schema_registry"], table_topics or {})
     return RunSettings(
         processor=cls(),
         bootstrap_servers=bootstrap_servers,

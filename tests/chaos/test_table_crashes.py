@@ -24,7 +24,7 @@ pytestmark = pytest.mark.chaos
 PARTITIONS = 3
 CUSTOMERS = 20
 PROCESSOR = "tests.support.table_processors:EnrichWide"
-EXTRA = ["--output-units", "3", "-X", "consumer.session.timeout.ms=6000"]
+EXTRA = ["--output-units", "3", "-X", "consumer.session.timeout.ms=6000"]   # and --table customers=TOPIC
 
 
 class TableWriter(threading.Thread):
@@ -80,7 +80,7 @@ def test_kills_while_the_table_changes_each_batch_joins_one_version(bootstrap_se
     writer = TableWriter(bootstrap_servers, table)
     faults = "driver.after_plan_log=kill@2,publish.after_commit=kill@4,driver.before_close=kill@7"
     app = App(bootstrap_servers, source, sink, PARTITIONS, processor=PROCESSOR, cap=h.scale(300, 3_000),
-              extra=EXTRA, faults=faults, env_extra={"TXSTREAM_TEST_TABLE": table})
+              extra=[*EXTRA, "--table", f"customers={table}"], faults=faults)
     try:
         writer.log.extend((k, f"c{k}".encode(), k) for k in range(CUSTOMERS))   # offsets 0..CUSTOMERS-1
         writer.start()

@@ -73,7 +73,7 @@ def test_a_wide_batch_run_again_joins_the_version_its_plan_logged(bootstrap_serv
     produce(bootstrap_servers, table, [(b"c1", b"Ann"), (b"c2", b"Bob")])
     produce(bootstrap_servers, orders, [(b"c1", b"o1"), (b"c1", b"o2"), (b"c2", b"o3")])
     app = App(bootstrap_servers, orders, out, 2, processor="tests.support.table_processors:NamesPerBatch",
-              faults="driver.after_plan_log=kill@1", env_extra={"TXSTREAM_TEST_TABLE": table})
+              faults="driver.after_plan_log=kill@1", extra=["--table", f"customers={table}"])
     try:
         first = app.start().wait(240)
         assert first in (-9, 137), app.runs[-1].tail()   # killed once its first batch's plan was logged
@@ -100,3 +100,13 @@ def test_a_stateful_operator_after_the_join_counts_by_the_tables_values(bootstra
     assert again.exit_code == 0, "\n".join(again.lines)
     # Update mode: each batch's changed counts; the state carries across runs.
     assert _values(bootstrap_servers, out) == [b"-=1", b"-=2", b"Ann=2", b"Ann=3", b"Bob=1"]
+
+
+def test_the_command_line_names_a_tables_topic(bootstrap_servers) -> None:
+    from tests.support.running import resolve_settings
+
+    settings = resolve_settings(EnrichFromTable, bootstrap_servers, inputs=["orders"],
+                                table_topics={"customers": "customers-v2"})
+    assert [(t.name, t.topic) for t in settings.tables] == [("customers", "customers-v2")]
+    with pytest.raises(SettingsError, match="declares no table 'people'"):
+        resolve_settings(EnrichFromTable, bootstrap_servers, inputs=["orders"], table_topics={"people": "p"})

@@ -1,10 +1,8 @@
 """Processors that join their stream to a table kept from a compacted topic (Processor.tables),
 for tests/driver/test_tables.py. Orders: key = customer id, value = order id; customers: key =
-customer id, value = name. The table's topic comes from TXSTREAM_TEST_TABLE when a test starts
-`txstream run` in a subprocess (a class attribute is read at import)."""
+customer id, value = name. A test gives the table's topic with `txstream run --table
+customers=TOPIC`, or a subclass's own `tables`."""
 from __future__ import annotations
-
-import os
 
 from pyspark.sql import functions as F
 
@@ -14,7 +12,7 @@ from txstream import Processor, Table
 class EnrichFromTable(Processor):
     """Narrow: each order with its customer's name as of the batch's version ("-" when none)."""
 
-    tables = {"customers": Table(os.environ.get("TXSTREAM_TEST_TABLE", "customers"))}
+    tables = {"customers": Table("customers")}
     how = "left"
 
     def transform(self, orders, customers):
@@ -27,7 +25,7 @@ class EnrichFromTable(Processor):
 class NamesPerBatch(Processor):
     """Wide (a per-batch aggregation): how many of the batch's orders each customer name has."""
 
-    tables = {"customers": Table(os.environ.get("TXSTREAM_TEST_TABLE", "customers"))}
+    tables = {"customers": Table("customers")}
     output_mode = "per-batch"
 
     def transform(self, orders, customers):
@@ -42,7 +40,7 @@ class NamesPerBatch(Processor):
 class RunningNames(Processor):
     """Stateful after the join (a table join, then a running aggregate): orders per name so far."""
 
-    tables = {"customers": Table(os.environ.get("TXSTREAM_TEST_TABLE", "customers"))}
+    tables = {"customers": Table("customers")}
     output_mode = "update"
 
     def transform(self, orders, customers):

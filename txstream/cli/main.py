@@ -39,6 +39,8 @@ def main() -> None:
 @click.option("--app-id", help="Consumer group and transactional.id prefix [default: from the class name].")
 @click.option("--input", "inputs", multiple=True, help="Input topic (repeatable) [default: the processor's].")
 @click.option("--output", help="Output topic [default: the processor's].")
+@click.option("--table", "table_topics", multiple=True, metavar="NAME=TOPIC",
+              help="The topic of the processor's table NAME (repeatable) [default: its Table's].")
 @click.option("--dead-letter-topic", help="Topic for records that cannot be processed.")
 @click.option("--guarantee", type=click.Choice(["exactly-once", "at-least-once", "at-most-once"]),
               help="Delivery guarantee [default: the processor's, exactly-once].")
@@ -117,7 +119,7 @@ def main() -> None:
 @timeout_option("Seconds to wait for Kafka's first answer before the run starts: an unreachable cluster is "
                 "reported after this long.")
 def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tuple[str, ...], output: str | None,
-        dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str | None,
+        table_topics: tuple[str, ...], dead_letter_topic: str | None, guarantee: str | None, auto_offset_reset: str | None, master: str | None,
         max_records_per_partition: int | None, trigger_interval: float | None, until_caught_up: bool,
         max_batches: int | None, batch_timeout: float | None, value_schema: str | None, key_schema: str | None,
         output_value_schema: str | None, output_key_schema: str | None, lineage: bool | None,
@@ -146,7 +148,7 @@ def run(processor: str, bootstrap_servers: str, app_id: str | None, inputs: tupl
         cls = run_settings.load_processor(processor)
         resolved = run_settings.resolve(
             cls, bootstrap_servers=bootstrap_servers, app_id=app_id, inputs=list(inputs), output=output,
-            dead_letter=dead_letter_topic, guarantee=guarantee, auto_offset_reset=auto_offset_reset,
+            table_topics=pairs(table_topics, "--table"), dead_letter=dead_letter_topic, guarantee=guarantee, auto_offset_reset=auto_offset_reset,
             max_records_per_partition=max_records_per_partition, trigger_interval=trigger_interval,
             master=master, lineage=lineage, librdkafka=client_properties,
             spark_conf=pairs(spark_conf, "--conf"),

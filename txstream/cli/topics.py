@@ -47,6 +47,8 @@ def create(name: str, clients: KafkaClients, partitions: int | None, replication
 @kafka_options
 @click.option("--input", "inputs", multiple=True, help="Input topic (repeatable) [default: the processor's].")
 @click.option("--output", help="Output topic [default: the processor's].")
+@click.option("--table", "table_topics", multiple=True, metavar="NAME=TOPIC",
+              help="The topic of the processor's table NAME (repeatable) [default: its Table's].")
 @click.option("--dead-letter-topic", help="Dead-letter topic [default: the processor's].")
 @click.option("--partitions", type=click.IntRange(1), default=None,
               help="Partitions of the topics to create [default: the input topic's, else the broker's default].")
@@ -57,9 +59,10 @@ def create(name: str, clients: KafkaClients, partitions: int | None, replication
 @click.option("--dry-run", is_flag=True, help="Print what would be created; create nothing.")
 @timeout_option()
 def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], output: str | None,
-           dead_letter_topic: str | None, partitions: int | None, replication_factor: int | None,
+           table_topics: tuple[str, ...], dead_letter_topic: str | None, partitions: int | None, replication_factor: int | None,
            configs: tuple[str, ...], dry_run: bool, timeout: float) -> None:
-    """Create PROCESSOR's input (when missing), output and dead-letter topics.
+    """Create PROCESSOR's input and table topics (when missing; tables compacted), output and
+    dead-letter topics.
 
     Prints the plan first; an existing topic is never changed: if it differs from what is asked
     (partitions, replication, the configs given) the command says how and creates nothing."""
@@ -71,7 +74,8 @@ def ensure(processor: str, clients: KafkaClients, inputs: tuple[str, ...], outpu
     try:
         cls = run_settings.load_processor(processor)
         resolved = run_settings.resolve(cls, bootstrap_servers=clients.bootstrap_servers, inputs=list(inputs),
-                                        output=output, dead_letter=dead_letter_topic)
+                                        output=output, dead_letter=dead_letter_topic,
+                                        table_topics=pairs(table_topics, "--table"))
         admin = admin_client(clients)
         states = tt.plan(admin, tt.declared(resolved.input_topics, resolved.output_topic, resolved.dead_letter_topic,
                                             [t.topic for t in resolved.tables]),

@@ -81,6 +81,7 @@ bench: kafka-jars spark-archive
 	$(PY) -m benchmarks --windowed --records 1000000 $(WINDOWED_ARGS)
 	$(PY) -m benchmarks --stateful totals --keys 1000000 $(STATEFUL_ARGS)
 	$(PY) -m benchmarks --stateful dedup --keys 1000000 $(STATEFUL_ARGS)
+	$(PY) -m benchmarks --tables --keys 1000000 $(STATEFUL_ARGS)
 	$(PY) -m benchmarks.restore $(RESTORE_ARGS)
 
 # The same steps at smoke sizes, to check the plumbing (files named -quick; docs/performance.md
@@ -101,6 +102,7 @@ bench-quick: kafka-jars spark-archive
 	$(PY) -m benchmarks --windowed --quick $(WINDOWED_ARGS)
 	$(PY) -m benchmarks --stateful totals --quick $(STATEFUL_ARGS)
 	$(PY) -m benchmarks --stateful dedup --quick $(STATEFUL_ARGS)
+	$(PY) -m benchmarks --tables --quick $(STATEFUL_ARGS)
 	$(PY) -m benchmarks.restore --quick $(RESTORE_ARGS)
 
 clean:

@@ -27,7 +27,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # The order of the section; latency has one kind per rate ("latency@2000", "latency@20000"),
 # in ascending rate, where "latency" stands.
 KINDS = ["throughput", "first-output", "latency", "sweep-batch", "sweep-partitions", "sweep-record-size", "wide",
-         "windowed", "totals", "dedup", "restore"]
+         "windowed", "totals", "dedup", "tables", "restore"]
 
 
 def is_wide(results: dict, path: Path | None = None) -> bool:
@@ -286,7 +286,11 @@ def stateful_section(path: Path, results: dict, base: Path) -> list[str]:
     args = results.get("args") or {}
     inp = results.get("input") or {}
     quick = " (a `--quick` smoke run)" if args.get("quick") else ""
-    if results.get("mode") == "totals":
+    if results.get("mode") == "tables":
+        what = (f"**A stream joined to a table** (`orders.join(customers, ..., \"left\")`, the customers a compacted "
+                f"topic, `python -m benchmarks --tables`){quick}: {inp.get('keys', 0):,} customers, "
+                f"{inp.get('records', 0):,} orders")
+    elif results.get("mode") == "totals":
         what = (f"**Running totals** (`groupBy(customer).agg(count, sum, max)` of orders with amount > 0, update mode, "
                 f"`python -m benchmarks --stateful totals`){quick}: {inp.get('keys', 0):,} customers, "
                 f"{inp.get('records', 0):,} orders")
@@ -301,8 +305,9 @@ def stateful_section(path: Path, results: dict, base: Path) -> list[str]:
               "to the moment they had read all input and their output was complete); steady = from the first output "
               "to completion; txstream vs: txstream's figure / the other's (records/s: > 1 is faster; CPU per "
               "record: > 1 uses more). Output check: "
-              + ("per customer the last update read_committed equals its exact totals."
-                 if results.get("mode") == "totals" else "every id exactly once.")]
+              + {"totals": "per customer the last update read_committed equals its exact totals.",
+                 "tables": "every order exactly once with its customer's name and tier."}.get(
+                  results.get("mode"), "every id exactly once.")]
     return lines
 
 
@@ -456,7 +461,7 @@ def section(directory: Path = RESULTS, base: Path = PAGE.parent) -> str:
                 out += wide_section(path, results, base)
             elif kind == "windowed":
                 out += windowed_section(path, results, base)
-            elif kind in ("totals", "dedup"):
+            elif kind in ("totals", "dedup", "tables"):
                 out += stateful_section(path, results, base)
             elif kind == "restore":
                 out += restore_section(path, results, base)

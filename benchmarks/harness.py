@@ -594,6 +594,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--stateful", choices=("totals", "dedup"), default=None,
                     help="running totals over --keys customers, or dedup over --keys ids, instead "
                          "(benchmarks/stateful.py; `python -m benchmarks --stateful totals --help` lists its options)")
+    ap.add_argument("--tables", action="store_true",
+                    help="orders enriched from a --keys customer table kept in a compacted topic, instead "
+                         "(benchmarks/tables.py; `python -m benchmarks --tables --help` lists its options)")
     ap.add_argument("--sweep", choices=SWEEPS, default=None,
                     help="side-by-side runs over one parameter: batch (records per batch / transaction), "
                          "partitions, record-size; own results files")
@@ -721,6 +724,10 @@ def main(argv=None) -> int:
         from benchmarks import windowed
 
         return windowed.main([a for a in argv if a != "--windowed"])
+    if "--tables" in argv:     # the same harness, a stream joined to a table (benchmarks/tables.py)
+        from benchmarks import tables
+
+        return tables.main([a for a in argv if a != "--tables"])
     if "--stateful" in argv:   # the same harness, other queries (benchmarks/stateful.py)
         from benchmarks import stateful
 

@@ -297,6 +297,9 @@ class Workload:
     def spark_args(self) -> list[str]:
         return []
 
+    def txstream_args(self) -> list[str]:
+        return []
+
     def add_arguments(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--event-ms-per-record", type=float, default=None,
                         help="created_at advances this many ms per order (default 2; 10 with --quick)")
@@ -445,7 +448,8 @@ def _command(contender: str, ctx: dict, out: str, dlq: str, app_id: str, workdir
     if contender.startswith("txstream-"):
         return [sys.executable, "-m", "txstream.cli", "run", work.processor, "-b", ctx["bootstrap"], "--app-id", app_id,
                 "--input", ctx["source"], "--output", out, "--dead-letter-topic", dlq, "--master", MASTER,
-                "--until-caught-up", "--max-records-per-partition", str(args.max_records_per_partition)]
+                "--until-caught-up", "--max-records-per-partition", str(args.max_records_per_partition),
+                *work.txstream_args()]
     return [sys.executable, "-m", work.spark_module, "--bootstrap-servers", ctx["bootstrap"],
             "--input", ctx["source"], "--output", out, "--group", app_id, "--workdir", workdir,
             "--jars", ",".join(ctx["spark_jars"]), "--input-schema", str(ORDER_SCHEMA_PATH),

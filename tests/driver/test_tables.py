@@ -11,7 +11,7 @@ from tests.support.kafka import produce, read_all
 from tests.support.running import App
 from tests.support.table_processors import EnrichFromTable, RunningNames
 from txstream import Table
-from txstream.errors import SettingsError, TransformError
+from txstream.errors import SettingsError, TableRecordError, TransformError
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +110,21 @@ def test_the_command_line_names_a_tables_topic(bootstrap_servers) -> None:
     assert [(t.name, t.topic) for t in settings.tables] == [("customers", "customers-v2")]
     with pytest.raises(SettingsError, match="declares no table 'people'"):
         resolve_settings(EnrichFromTable, bootstrap_servers, inputs=["orders"], table_topics={"people": "p"})
+
+
+def test_a_table_record_that_does_not_decode_stops_the_run_naming_it(bootstrap_servers, make_topic,
+                                                                     run_processor) -> None:
+    from tests.support.kafka import avro_bytes
+    from tests.support.table_processors import EnrichFromAvroTable
+    from txstream.serde.avro import load_schema
+
+    customer = load_schema("schemas/customer.avsc")
+    table, orders, out = _table(make_topic, 1), make_topic("orders"), make_topic("enriched")
+    produce(bootstrap_servers, table, [(b"c1", avro_bytes(customer, {"customer_id": "c1", "name": "Ann", "tier": "x"})),
+                                       (b"c2", b"\xff\xff not avro")])
+    produce(bootstrap_servers, orders, [(b"c1", b"o1")])
+    cls = type("AvroTable", (EnrichFromAvroTable,), {"tables": {"customers": Table(table, value_schema=
+                                                                                   "schemas/customer.avsc")}})
+    with pytest.raises(TableRecordError, match=rf"table 'customers' cannot decode its record {table}\[0\] at offset 1"):
+        run_processor(cls, inputs=[orders], output=out, dead_letter=make_topic("dlq"))
+    assert read_all(bootstrap_servers, out) == []   # nothing joined against a table missing a key

@@ -58,3 +58,15 @@ class EnrichWide(EnrichFromTable):
 
     def transform(self, orders, customers):
         return super().transform(orders, customers).repartition(3, "key")
+
+
+class EnrichFromAvroTable(Processor):
+    """The customers table in Avro (schemas/customer.avsc): each order with its customer's name."""
+
+    tables = {"customers": Table("customers", value_schema="schemas/customer.avsc")}
+
+    def transform(self, orders, customers):
+        c = customers.select(F.col("key").alias("c_key"), F.col("value.name").alias("name"))
+        joined = orders.join(c, orders["key"] == F.col("c_key"), "left")
+        return joined.select(orders["key"], F.concat(orders["value"], F.lit(b"="), F.col("name").cast("binary"))
+                             .alias("value"))

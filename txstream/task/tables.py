@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from txstream.errors import TableRecordError
@@ -89,12 +90,23 @@ def table_arrow_schema(source: TableSource) -> pa.Schema:
 
 class _Kept:
     """A worker's copy of one table partition: the raw latest record per key, read up to
-    `position`, and its decoded batch (None: not decoded since the last change)."""
+    `position`; its decoded rows and their raw keys, as of the last decode; the keys changed
+    since (only those are decoded again)."""
 
     def __init__(self) -> None:
         self.position = 0
         self.latest: dict[bytes, tuple[bytes, int, int, Any]] = {}   # key -> (value, offset, timestamp ms, headers)
-        self.decoded: pa.RecordBatch | None = None
+        self.decoded: pa.Table | None = None
+        self.decoded_keys: pa.Array = pa.array([], pa.binary())
+        self.changed: set[bytes] = set()
+
+    def apply(self, key: bytes, value: bytes | None, offset: int, timestamp_ms: int, headers: Any) -> None:
+        """A record of the partition: a value replaces its key's, a tombstone deletes it."""
+        if value is None:
+            self.latest.pop(key, None)
+        else:
+            self.latest[key] = (value, offset, timestamp_ms, headers)
+        self.changed.add(key)
 
 
 _KEPT: dict[tuple, _Kept] = {}   # per Python worker: (bootstrap, topic, partition, schemas) -> copy
@@ -133,9 +145,8 @@ def _partition_at(read: ReadSpec, source: TableSource, partition: int, end: int)
         finally:
             _release(consumer, config, healthy)
         _KEPT[key] = kept
-    if kept.decoded is None:
-        kept.decoded = _decode(source, partition, kept)
-    return kept.decoded
+    decoded = decode_kept(source, partition, kept)
+    return decoded.combine_chunks().to_batches()[0] if decoded is not None and decoded.num_rows else None
 
 
 def _read_into(consumer: Any, read: ReadSpec, source: TableSource, partition: int, end: int, kept: _Kept) -> None:
@@ -158,12 +169,8 @@ def _read_into(consumer: Any, read: ReadSpec, source: TableSource, partition: in
             if offset >= end:
                 kept.position = end
                 break
-            k, v = msg.key(), msg.value()
-            if k is not None:
-                if v is None:
-                    kept.latest.pop(k, None)
-                else:
-                    kept.latest[k] = (v, offset, msg.timestamp()[1], msg.headers())
+            if msg.key() is not None:
+                kept.apply(msg.key(), msg.value(), offset, msg.timestamp()[1], msg.headers())
             kept.position, moved = offset + 1, True
         if not messages:
             # Control records (a transaction's marker) and aborted records have offsets but are
@@ -172,7 +179,7 @@ def _read_into(consumer: Any, read: ReadSpec, source: TableSource, partition: in
             if position > kept.position:
                 kept.position, moved = min(position, end), True
         if moved:
-            kept.decoded, idle = None, 0.0
+            idle = 0.0
         else:
             idle += FETCH_WAIT_S
             if idle > read.idle_timeout_s:
@@ -180,16 +187,39 @@ def _read_into(consumer: Any, read: ReadSpec, source: TableSource, partition: in
                                    f"{kept.position}, its version ending at {end}, for {read.idle_timeout_s:.0f}s")
 
 
-def _decode(source: TableSource, partition: int, kept: _Kept) -> pa.RecordBatch | None:
-    """The kept records as one decoded batch, in offset order. A record that does not decode
-    stops the batch (as Kafka Streams' default for a source table, LogAndFail): a table missing
-    a key would join wrongly, silently."""
+def decode_kept(source: TableSource, partition: int, kept: _Kept) -> pa.Table | None:
+    """The kept records decoded: the rows decoded before, less the keys changed since, and the
+    changed keys' latest records decoded now. A record that does not decode stops the batch (as
+    Kafka Streams' default for a source table, LogAndFail): a table missing a key would join
+    wrongly, silently."""
+    if kept.decoded is not None and not kept.changed:
+        return kept.decoded
+    if kept.decoded is None:
+        fresh = sorted(kept.latest)
+    else:
+        fresh = sorted(k for k in kept.changed if k in kept.latest)
+    batch = _decode(source, partition, [(k, *kept.latest[k]) for k in fresh])
+    if kept.decoded is not None and kept.decoded.num_rows:
+        stays = pc.invert(pc.is_in(kept.decoded_keys, value_set=pa.array(sorted(kept.changed), pa.binary())))
+        old, old_keys = kept.decoded.filter(stays), kept.decoded_keys.filter(stays)
+    else:
+        old, old_keys = None, pa.array([], pa.binary())
+    parts = [t for t in (old, pa.Table.from_batches([batch]) if batch is not None else None) if t is not None]
+    kept.decoded = pa.concat_tables(parts) if parts else pa.Table.from_batches([], table_arrow_schema(source))
+    kept.decoded_keys = pa.concat_arrays([old_keys, pa.array(fresh, pa.binary())])
+    kept.changed = set()
+    return kept.decoded
+
+
+def _decode(source: TableSource, partition: int,
+            records: list[tuple[bytes, bytes, int, int, Any]]) -> pa.RecordBatch | None:
+    """`records` (key, value, offset, timestamp ms, headers) as one decoded batch, in their order."""
     from txstream.serde.avro import AvroCodec
 
-    if not kept.latest:
+    if not records:
         return None
     rows = _Columns(source.topic, partition)
-    for k, (v, offset, ts, headers) in sorted(kept.latest.items(), key=lambda item: item[1][1]):
+    for k, v, offset, ts, headers in records:
         rows.keys.append(k)
         rows.values.append(v)
         rows.offsets.append(offset)

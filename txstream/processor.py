@@ -24,6 +24,17 @@ class Table:
     broadcast: bool = True
 
 
+@dataclass(frozen=True)
+class Input:
+    """One input stream of a processor that reads several (`Processor.inputs`): its topics and how
+    its keys and values decode. `transform` receives it as a DataFrame in Spark's Kafka source
+    columns, as the single input of other processors."""
+
+    topics: tuple[str, ...] | list[str]
+    key_schema: str | None = None       # .avsc path or inline JSON; None: raw bytes
+    value_schema: str | None = None
+
+
 class Processor:
     """A Kafka-to-Kafka processor whose transform is PySpark DataFrame code.
 
@@ -38,6 +49,10 @@ class Processor:
     """
 
     input_topics: ClassVar[list[str]] = []
+    # Several input streams, each its own DataFrame, by the name of `transform`'s keyword argument:
+    # `inputs = {"orders": Input(["orders"], value_schema=...), "returns": Input(["returns"])}` and
+    # `def transform(self, orders, returns)` (instead of input_topics and the schemas; docs/joins.md).
+    inputs: ClassVar[dict[str, Input]] = {}
     # Tables kept from compacted topics, by the name of `transform`'s keyword argument that
     # receives each: `tables = {"customers": Table("customers")}` and
     # `def transform(self, orders, customers)`.

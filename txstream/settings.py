@@ -17,6 +17,7 @@ from txstream.kafka.config import KafkaClients
 from txstream.processor import Processor
 from txstream.serde.avro import load_schema
 from txstream.serde.registry import RegistryConfig
+from txstream.task.spec import InputSource
 from txstream.task.tables import TableSource
 
 OFFSET_RESETS = ("earliest", "latest", "none")
@@ -86,6 +87,7 @@ class RunSettings:
     producers_per_slot: int = 4           # transactional.ids per slot (driver/slots.py)
     first_batch_records: int = 10_000     # the run's first batch reads at most this many (driver/pacing.py)
     tables: tuple[TableSource, ...] = ()  # Processor.tables, their schemas loaded
+    inputs: tuple[InputSource, ...] = ()  # Processor.inputs, their schemas loaded (empty: one input)
 
     def __post_init__(self) -> None:
         if self.batch_timeout_s is None:
@@ -187,6 +189,30 @@ def _schema(value: str | None, cls: type[Processor]) -> dict | None:
     return load_schema(value)  # raises the clear "not found" error
 
 
+def _inputs(cls: type[Processor], given: list[str] | None) -> tuple[InputSource, ...]:
+    """The processor's several input streams (Processor.inputs), none for a single input."""
+    from txstream.processor import Input
+
+    if not cls.inputs:
+        return ()
+    if given or cls.input_topics or cls.key_schema or cls.value_schema:
+        raise SettingsError(f"{cls.__name__} declares inputs = {{...}}: each Input names its own topics and schemas "
+                            "(input_topics, key_schema, value_schema and --input do not apply)")
+    found, seen = [], set()
+    for name, stream in cls.inputs.items():
+        if not isinstance(stream, Input) or not name.isidentifier() or not stream.topics:
+            raise SettingsError(f"{cls.__name__}.inputs maps names of transform's arguments to Input([topics], ...): "
+                                f"got {name!r}: {stream!r}")
+        twice = seen & set(stream.topics)
+        if twice:
+            raise SettingsError(f"the topic {sorted(twice)[0]!r} is in two of {cls.__name__}'s inputs: a topic is one "
+                                "input's")
+        seen |= set(stream.topics)
+        found.append(InputSource(name, tuple(stream.topics), _schema(stream.key_schema, cls),
+                                 _schema(stream.value_schema, cls)))
+    return tuple(found)
+
+
 def _tables(cls: type[Processor], inputs: list[str], registry: RegistryConfig | None,
             topics: dict[str, str]) -> tuple[TableSource, ...]:
     """The processor's tables, each topic as the command line's --table NAME=TOPIC names it."""
@@ -245,7 +271,8 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     reset = auto_offset_reset or (librdkafka or {}).get("auto.offset.reset") or cls.auto_offset_reset
     if reset not in OFFSET_RESETS:
         raise SettingsError(f"auto.offset.reset must be one of {', '.join(OFFSET_RESETS)}, got {reset!r}")
-    topics = list(inputs or cls.input_topics)
+    streams = _inputs(cls, inputs)
+    topics = [t for s in streams for t in s.topics] if streams else list(inputs or cls.input_topics)
     if not topics:
         raise SettingsError(f"{cls.__name__} declares no input_topics and none were given with --input")
     cap = max_records_per_partition or cls.max_records_per_partition
@@ -290,6 +317,10 @@ def resolve(cls: type[Processor], *, bootstrap_servers: str, app_id: str | None 
     extra["first_batch_records"] = cls.first_batch_records if first is None else first
     if extra["first_batch_records"] < 0:
         raise SettingsError("first batch records must be 0 (the first batch as big as the cap) or positive")
+    extra["inputs"] = streams
+    if streams and extra["schema_registry"] is not None:
+        raise SettingsError(f"{cls.__name__} declares several inputs and the run reads through a schema registry: "
+                            "each input decodes with its own .avsc only (for now)")
     extra["tables"] = _tables(cls, topics, extra["schema_registry"], table_topics or {})
     return RunSettings(
         processor=cls(),

@@ -25,13 +25,13 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
     operator, or an output mode, chooses the stateful protocol."""
     s = settings
     s.processor.batch_timestamp = datetime.now(timezone.utc)
-    topic = s.input_topics[0]
     # Two (empty, never run) ranges: over a single partition Spark plans no shuffle even for
-    # groupBy, and the check below would miss a wide transform.
-    dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for p in (0, 1)]
+    # groupBy, and the check below would miss a wide transform. One topic of each input stream.
+    topics = [i.topics[0] for i in s.inputs] or s.input_topics[:1]
+    dry = [PartitionPlan(topic, p, 0, 0, None, transactional_id(s.app_id, topic, p)) for topic in topics for p in (0, 1)]
 
     def build(recorded: Any = None) -> tuple[Any, Any]:
-        first = first_job(jobs, s, topic_partitions)
+        first = first_job(jobs, s, topic_partitions) if not s.inputs else None
         if first is not None:
             return first, first.out
         if recorded is not None:
@@ -50,14 +50,16 @@ def choose_protocol(settings: RunSettings, specs: TaskSpecs, jobs: SparkJobs, pa
     plan = physical_plan(frame)
     parts = wide_parts(plan)
     protocol: BatchProtocol
-    if not parts:
+    if not parts and not s.inputs:   # several inputs: the wide protocol publishes their union
         protocol = NarrowBatches(s, specs, jobs, pacing, echo, first)
         echo(protocol.describe())
         return protocol
     from txstream.driver.determinism import check_deterministic
     from txstream.driver.wide import WideBatches
 
-    echo(f"the transform is wide: {describe_wide(parts, plan)}")
+    echo(f"the transform is wide: {describe_wide(parts, plan)}" if parts else
+         f"the transform reads {len(s.inputs)} input streams ({', '.join(i.name for i in s.inputs)}): published "
+         "through the wide protocol")
     loose = check_deterministic(frame.drop("offset") if "offset" in frame.columns else frame,
                                 s.allow_nondeterministic)
     for part in loose:

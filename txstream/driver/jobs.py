@@ -19,7 +19,7 @@ from txstream.driver.range_tag import carry_range_tag
 from txstream.driver.slots import SlotLayout
 from txstream.driver.specs import TaskSpecs
 from txstream.driver.tables import Tables
-from txstream.errors import BatchTimeout, TxstreamError
+from txstream.errors import BatchTimeout, TransformError, TxstreamError
 from txstream.settings import RunSettings
 from txstream.task.publish import publish_slot
 from txstream.task.reading import input_struct, read_planned_range
@@ -32,7 +32,7 @@ BATCH_PROGRESS_EVERY_S = 30.0  # a 'still running' line this often while a batch
 
 
 def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = False,
-                tagged: bool = False):  # SparkSession -> DataFrame
+                tagged: bool = False, name: str | None = None):  # SparkSession -> DataFrame
     """The batch's input DataFrame: one Spark partition per planned range, read by task i; with
     `per_slot`, one per slot (`spec.slot_width` consecutive reading tasks), its ranges read
     together in one Python hand-off (Spark pays a hand-off per partition: a slot of many ranges
@@ -53,12 +53,14 @@ def range_frame(spark, spec: ReadSpec, accounts: Any = None, per_slot: bool = Fa
 
     The tasks read the ranges of the spec their job carries (task/spec.py FromJob), not
     `spec`'s, which gives the frame only its shape: a narrow batch's frame serves every batch of
-    that shape. Run it with `SparkJobs.collect`."""
+    that shape. Run it with `SparkJobs.collect`. `name`: one of several input streams', whose
+    tasks read that input's spec (JobSpec.inputs)."""
     n = max(1, len(spec.layout) or len(spec.plans))
     # spark.range splits [0, n) into equal consecutive runs: partition j holds slot j's tasks.
     partitions = n // spec.slot_width if per_slot and spec.slot_width > 1 else n
     frame = spark.range(0, n, 1, partitions).mapInArrow(
-        functools.partial(read_planned_range, FromJob("read", spec.clients, spec.registry), accounts, tagged),
+        functools.partial(read_planned_range, FromJob("inputs" if name else "read", spec.clients, spec.registry,
+                                                      name), accounts, tagged),
         input_struct(spec.key_schema, spec.value_schema, tagged))
     return frame.drop(RANGE_COLUMN) if tagged else frame
 
@@ -92,14 +94,20 @@ class SparkJobs:
     def output_frame(self, batch_id: int, plans: list[PartitionPlan], accounts: Any = None):
         """The processor's transform over the planned ranges, its columns checked and reduced to
         the sink's (a narrow plan is checked by `check_narrow` on what is collected)."""
+        streams = self.specs.for_inputs(batch_id, plans)
+        if streams is not None:
+            frames = {name: range_frame(self.spark, spec, accounts, name=name) for name, spec in streams.items()}
+            return self.to_sink(self.transform(None, frames))
         source = range_frame(self.spark, self.specs.for_reading(batch_id, plans), accounts)
         return self.to_sink(self.transform(source))
 
-    def transform(self, source):
-        """The processor's transform of `source`, with its tables as keyword arguments."""
-        if self.tables:
-            return self.settings.processor.transform(source, **self.tables.frames(self.spark))
-        return self.settings.processor.transform(source)
+    def transform(self, source, streams: dict[str, Any] | None = None):
+        """The processor's transform of `source` (or of several input `streams`, as keyword
+        arguments), with its tables as keyword arguments."""
+        tables = self.tables.frames(self.spark) if self.tables else {}
+        if streams is not None:
+            return self.settings.processor.transform(**streams, **tables)
+        return self.settings.processor.transform(source, **tables)
 
     def to_sink(self, out):
         """The transform's output, checked and reduced to the sink's columns."""
@@ -108,6 +116,8 @@ class SparkJobs:
 
     def narrow_output(self, batch_id: int, plans: list[PartitionPlan], layout: SlotLayout, per_slot: bool):
         """The transform's output over a narrow job's source (its ranges come with each job)."""
+        if self.specs.inputs:
+            raise TransformError("a processor of several inputs runs the wide protocol only")   # driver/choice.py
         spec = self.specs.for_reading(batch_id, plans, layout.layout, layout.width)
         source = range_frame(self.spark, spec, None, per_slot, per_slot and self.settings.lineage)
         return self.to_sink(self.transform(source))
@@ -163,6 +173,8 @@ class SparkJobs:
         whose spec names no version of the tables reads them as they are now."""
         if self.tables and job.tables is None:
             job = replace(job, tables=self.tables.reads(self.tables.current()))
+        if self.specs.inputs and job.inputs is None:
+            job = replace(job, inputs=self.specs.for_inputs(job.read.batch_id, list(job.read.plans)))
         self.last_tables = job.tables.versions if job.tables is not None else ()
         sc = self.spark.sparkContext
         sc.setLocalProperty(JOB_SPEC_PROPERTY, encode_job_spec(job))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import replace
 
 from txstream.settings import RunSettings
 from txstream.task.spec import PartitionPlan, PublishSpec, ReadSpec
@@ -32,6 +33,18 @@ class TaskSpecs:
                                    dead_letter_topic=s.dead_letter_topic, lineage=s.lineage,
                                    refused_topics=frozenset() if s.allow_output_to_input_topics
                                    else frozenset(s.input_topics))
+
+        # Several input streams (Processor.inputs): each one's reader, with its own schemas.
+        self.inputs = {i.name: replace(self.read, key_schema=i.key_schema, value_schema=i.value_schema)
+                       for i in s.inputs}
+        self.input_topics = {i.name: i.topics for i in s.inputs}
+
+    def for_inputs(self, batch_id: int, plans: list[PartitionPlan]) -> dict[str, ReadSpec] | None:
+        """Each input stream's readers' spec for a batch over `plans`: the plans of its topics."""
+        if not self.inputs:
+            return None
+        return {name: spec.with_batch(batch_id, [p for p in plans if p.topic in self.input_topics[name]])
+                for name, spec in self.inputs.items()}
 
     def for_reading(self, batch_id: int, plans: list[PartitionPlan], layout: tuple[int, ...] = (),
                     slot_width: int = 1) -> ReadSpec:

@@ -132,6 +132,17 @@ class ReadSpec:
 
 
 @dataclass(frozen=True)
+class InputSource:
+    """One of a processor's several input streams (Processor.inputs): its name in `transform`'s
+    arguments, its topics, how its keys and values decode."""
+
+    name: str
+    topics: tuple[str, ...]
+    key_schema: dict | None = None
+    value_schema: dict | None = None
+
+
+@dataclass(frozen=True)
 class PublishSpec:
     """What a publishing task needs on top of its reader's spec."""
 
@@ -208,6 +219,8 @@ class JobSpec:
     unit: Any = None    # a wide batch's unit tasks (task/units.py UnitSpec)
     merge: Any = None   # a stateful batch's merge tasks (operators/base.py MergeSpec)
     tables: Any = None  # the processor's tables and the batch's version of each (task/tables.py TableReads)
+    # Several input streams (Processor.inputs): each one's readers' spec, its own plans and schemas.
+    inputs: dict[str, ReadSpec] | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +232,7 @@ class FromJob:
     part: str
     clients: KafkaClients
     registry: RegistryConfig | None = None
+    name: str | None = None   # "inputs": which input stream's spec
 
 
 # What the local property holds in place of the clients and registry settings.
@@ -268,6 +282,8 @@ def resolve(spec: Any) -> Any:
         _last = (text, _with_credentials(pickle.loads(zlib.decompress(base64.b64decode(text))), spec.clients,
                                          spec.registry))
     part = getattr(_last[1], spec.part)
+    if part is not None and spec.name is not None:
+        part = part.get(spec.name)
     if part is None:
         raise InfrastructureError(f"the task's Spark job carries no {spec.part!r} spec: a txstream batch job was "
                                   "run with another kind of batch's spec")

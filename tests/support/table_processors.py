@@ -37,19 +37,10 @@ class NamesPerBatch(Processor):
                              .alias("value"))
 
 
-class RunningNames(Processor):
+class RunningNames(NamesPerBatch):
     """Stateful after the join (a table join, then a running aggregate): orders per name so far."""
 
-    tables = {"customers": Table("customers")}
     output_mode = "update"
-
-    def transform(self, orders, customers):
-        joined = orders.join(customers.select(F.col("key").alias("c_key"), F.col("value").alias("name")),
-                             orders["key"] == F.col("c_key"), "left")
-        counts = joined.groupBy(F.coalesce(F.col("name"), F.lit(b"-")).alias("name")).count()
-        return counts.select(F.col("name").alias("key"),
-                             F.concat(F.col("name"), F.lit(b"="), F.col("count").cast("string").cast("binary"))
-                             .alias("value"))
 
 
 class EnrichWide(EnrichFromTable):

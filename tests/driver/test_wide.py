@@ -254,7 +254,7 @@ def test_a_replay_that_differs_is_caught_by_the_markers(bootstrap_servers, make_
 def test_a_plan_run_again_from_the_log_has_the_first_attempts_plan_id() -> None:
     """The log lists every partition of a re-run, with an empty range where the first attempt
     read nothing (an exhausted partition): the units' markers must still match its plan id."""
-    from txstream.driver.wide import WideBatch
+    from txstream.driver.wide_batch import WideBatch
     from txstream.task.spec import PartitionPlan
 
     first = WideBatch(7, 3, 1_000, [PartitionPlan("t", 0, 10, 20, 10, ""), PartitionPlan("t", 2, 5, 9, 5, "")], False)

@@ -29,7 +29,7 @@ from txstream.constants import EXACTLY_ONCE, UNITS
 from txstream.driver.jobs import SparkJobs
 from txstream.driver.specs import TaskSpecs
 from txstream.driver.stateful_query import BatchContext, recording
-from txstream.driver.wide import WideBatch
+from txstream.driver.wide_batch import WideBatch
 from txstream.errors import InfrastructureError, TransformError, UserError
 from txstream.operators import plan as plan_reading
 from txstream.operators.base import MergeSpec, next_watermark

@@ -20,9 +20,8 @@ driver of the same app: a driver another instance replaced can write neither log
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -44,6 +43,7 @@ from txstream.driver.membership import GroupMembership
 from txstream.driver.planning import Planner
 from txstream.driver.report import BatchReport
 from txstream.driver.specs import TaskSpecs
+from txstream.driver.wide_batch import WideBatch
 from txstream.errors import (
     AbortableError,
     FencedError,
@@ -60,7 +60,6 @@ from txstream.records import (
     LoggedPartition,
     PendingBatch,
     PlanShare,
-    StateFacts,
     last_batch_id,
     last_watermark,
     markers_name,
@@ -71,7 +70,7 @@ from txstream.settings import RunSettings
 from txstream.task.reading import ReadAccounts
 from txstream.task.result import TaskResult, result_schema
 from txstream.task.spec import FromJob, JobSpec, PartitionPlan
-from txstream.task.tables import TableVersion, decode_versions, encode_versions
+from txstream.task.tables import decode_versions
 from txstream.task.units import (
     NONDETERMINISTIC,
     VALUES_DIFFER,
@@ -95,32 +94,6 @@ class InstanceReplacedError(UserError):
 
 class NondeterministicTransformError(UserError):
     """A unit's replay published rows that differ from the committed attempt's."""
-
-
-@dataclass
-class WideBatch:
-    batch_id: int
-    units: int
-    timestamp_ms: int
-    plans: list[PartitionPlan]
-    recovered: bool   # re-running a logged plan found pending at start or after a failure
-    watermark_ms: int | None = None   # a stateful batch's (driver/stateful.py): what its state closes by
-    late_ms: int | None = None        # ... and what its late rows are judged by (the previous batch's)
-    state: StateFacts | None = None   # a stateful batch's facts for its record (`txstream verify` reads them)
-    merge: Any = None                 # a stateful batch's merge spec (operators/base.py MergeSpec), for its job
-    tables: tuple[TableVersion, ...] | None = None   # the version of the processor's tables it joins against
-
-    def share(self, end: int) -> PlanShare:
-        """This batch's share of the plan log for a partition ending at `end`."""
-        return PlanShare(self.batch_id, end, self.units, self.timestamp_ms, self.watermark_ms, self.late_ms,
-                         encode_versions(self.tables) if self.tables else None)
-
-    @property
-    def plan_id(self) -> str:
-        """The plan's digest, which each unit's marker names. Empty ranges are left out: a re-run
-        from the log lists every partition, also those the first attempt had nothing to read in."""
-        text = ";".join(f"{p.topic}:{p.partition}:{p.start}:{p.end}" for p in self.plans if p.end > p.start)
-        return hashlib.sha1(f"{self.batch_id};{self.units};{self.timestamp_ms};{text}".encode()).hexdigest()[:12]
 
 
 class WideBatches:

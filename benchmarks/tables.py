@@ -10,9 +10,9 @@ The work, in Spark's words (processors/orders_with_customer_table.py):
 `orders.join(customers, value.customer_id == customer, "left")`, each order with its customer's
 name and tier, as schemas/order_with_customer.avsc. The input: `--keys` customers (key =
 customer_id, schemaless Avro Customer) in a compacted topic, written before the orders; `--records`
-orders (default: as many as customers), order i's customer i mod (keys + keys/100), so about one
-order in a hundred names a customer the table does not hold (name and tier null). The table does
-not change during the run (Spark SS's static side would not see it).
+orders (default: as many as customers), order i's customer i mod keys, except every hundredth
+order's, a customer the table does not hold (name and tier null). The table does not change
+during the run (Spark SS's static side would not see it).
 
 Contenders: `txstream-tables` (`Table("customers")`, broadcast to the join, read at each batch's
 version), `spark-ss-tables` (contenders/spark_ss_tables.py: the table read once as a batch,
@@ -69,10 +69,9 @@ def seed_tables(bootstrap: str, topic: str, records: int, keys: int, seed: int =
         if (k + 1) % max(1, keys // 5) == 0:
             log(f"  table: {k + 1:,}/{keys:,} customers")
     rng = random.Random(seed)
-    span = keys + max(1, keys // 100)
     for i in range(records):
         order = make_order(rng, i, EVENT_START_MS + i)
-        k = i % span
+        k = keys + i if i % 100 == 99 else i % keys
         order["customer_id"] = f"customer-{k:09d}"
         key, value = order["id"].encode(), encode(ORDER_SCHEMA, order)
         out.records += 1
@@ -162,6 +161,18 @@ class Tables(Stateful):
 
     def weight(self, contender: str, schema):
         return None
+
+    def notes(self, meta: dict) -> list[str]:
+        from benchmarks.windowed import txstream_note
+
+        return [txstream_note(self.processor) + " `--table customers=TOPIC`; the table broadcast to the join.",
+                "- Spark SS: `benchmarks/contenders/spark_ss_tables.py`: the customers topic read once as a batch "
+                "(latest value per key, cached), broadcast to the stream-static left join; Spark's Kafka source and "
+                "sink (at-least-once), from_avro/to_avro, processingTime 0 trigger, maxOffsetsPerTrigger = txstream's "
+                "batch.",
+                f"- Kafka Streams: `benchmarks/contenders/kstreams/src/main/java/txstream/bench/kstreams/"
+                f"{self.kstreams_note}; exactly_once_v2, 2 stream threads.",
+                f"- Check: {self.check_note} CPU: the contender's process tree."]
 
     def title(self, inp: dict) -> tuple[str, str]:
         return (f"Orders enriched from a {inp.get('keys', 0):,}-customer table",

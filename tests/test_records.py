@@ -27,9 +27,11 @@ from txstream.records import (
 def test_a_plan_share_reads_the_metadata_written_before_and_since_watermarks() -> None:
     old = "txs1;b=12;e=3456;k=4;t=1700000000000"          # a wide batch's share (no watermark)
     stateful = "txs1;b=13;e=3500;k=4;t=1700000001000;w=1699999990000"
+    tables = "txs1;b=14;e=3600;k=4;t=1700000002000;w=1699999991000;l=1699999990000;v=customers:12.0.7,rates:3"
     assert PlanShare.decode(old) == PlanShare(12, 3456, 4, 1_700_000_000_000)
     assert PlanShare.decode(stateful) == PlanShare(13, 3500, 4, 1_700_000_001_000, 1_699_999_990_000)
-    for text in (old, stateful):
+    assert PlanShare.decode(tables).tables == "customers:12.0.7,rates:3"   # the tables' version (task/tables.py)
+    for text in (old, stateful, tables):
         assert PlanShare.decode(text).encode() == text    # the wire form unchanged
     for foreign in (None, "", "txs2;b=1", "txs1;b=x;e=1;k=1;t=1", "txs1;b=1;e=2", "some tool's note"):
         assert PlanShare.decode(foreign) is None

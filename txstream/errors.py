@@ -77,6 +77,10 @@ class TableRecordError(UserError):
     key, and a join against it would be wrong silently."""
 
 
+class TableChangedError(UserError):
+    """A table's topic changed its partitions while the run reads it (docs/joins.md)."""
+
+
 class NoCommittedOffsetError(UserError):
     """auto.offset.reset=none and some partitions have no committed offset (or an invalid one)."""
 

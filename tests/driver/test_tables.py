@@ -128,3 +128,28 @@ def test_a_table_record_that_does_not_decode_stops_the_run_naming_it(bootstrap_s
     with pytest.raises(TableRecordError, match=rf"table 'customers' cannot decode its record {table}\[0\] at offset 1"):
         run_processor(cls, inputs=[orders], output=out, dead_letter=make_topic("dlq"))
     assert read_all(bootstrap_servers, out) == []   # nothing joined against a table missing a key
+
+
+def test_a_table_given_partitions_during_the_run_stops_it_saying_so(bootstrap_servers, make_topic, spark,
+                                                                    admin) -> None:
+    from confluent_kafka.admin import NewPartitions
+
+    from tests.support.running import DriverThread, resolve_settings
+    from tests.support.waiting import wait_until
+    from txstream.errors import TableChangedError
+
+    table, orders, out = _table(make_topic, 1), make_topic("orders"), make_topic("enriched")
+    produce(bootstrap_servers, table, [(b"c1", b"Ann")])
+    produce(bootstrap_servers, orders, [(b"c1", b"o1")])
+    run = DriverThread(resolve_settings(_enricher(table), bootstrap_servers, inputs=[orders], output=out,
+                                        trigger_interval=0.2), spark).start()
+    try:
+        assert wait_until(lambda: run.events.batches, 120, "the first batch", every=0.2), run.lines
+        admin.create_partitions([NewPartitions(table, 2)])[table].result(30)
+        produce(bootstrap_servers, orders, [(b"c1", b"o2")])   # the next batch would miss the new partition
+        assert wait_until(lambda: not run.alive(), 120, "the run to stop", every=0.2), run.lines[-5:]
+        assert isinstance(run.outcome.get("error"), TableChangedError), run.outcome
+        assert "has 2 partitions now, 1 when the run started" in str(run.outcome["error"])
+    finally:
+        if run.alive():
+            run.stop()

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from confluent_kafka import IsolationLevel
 from confluent_kafka.admin import OffsetSpec
 
-from txstream.errors import TransformError, TransientKafkaError, topic_missing
+from txstream.errors import TableChangedError, TransformError, TransientKafkaError, topic_missing
 from txstream.kafka.lookups import cluster_topics, list_offsets
 from txstream.settings import RunSettings
 from txstream.task.spec import FromJob, ReadSpec
@@ -49,6 +49,7 @@ class Tables:
         if not self.sources:
             return ()
         counts = self.partitions()
+        self._check_partitions(counts)
         wanted = {(s.topic, p): OffsetSpec.latest() for s in self.sources for p in range(counts[s.name])}
         stable = list_offsets(self.admin(), wanted, IsolationLevel.READ_COMMITTED,
                               "reading the tables' stable offsets", 30, None)
@@ -58,6 +59,17 @@ class Tables:
                                       "(a leader moving?)")
         return tuple(TableVersion(s.name, tuple(stable[(s.topic, p)] for p in range(counts[s.name])))
                      for s in self.sources)
+
+    def _check_partitions(self, counts: dict[str, int]) -> None:
+        """A table topic given partitions during the run would have its new partitions' keys
+        missing from every join: the run stops and says so (a restart reads them all)."""
+        for source in self.sources:
+            found = self.admin().list_topics(topic=source.topic, timeout=30).topics.get(source.topic)
+            now = len(found.partitions) if found is not None and found.error is None else counts[source.name]
+            if now != counts[source.name]:
+                raise TableChangedError(f"the table {source.name!r} ({source.topic}) has {now} partitions now, "
+                                        f"{counts[source.name]} when the run started: restart the run, which reads "
+                                        "every partition of the table")
 
     def reads(self, versions: tuple[TableVersion, ...]) -> TableReads | None:
         return TableReads(self.read, self.sources, versions) if self.sources else None

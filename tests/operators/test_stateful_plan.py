@@ -276,8 +276,9 @@ def _self_join(batch):
 
 @pytest.mark.parametrize("output_mode", [None, "update"])
 def test_a_stream_stream_join_is_refused_at_start(spark, output_mode) -> None:
-    with pytest.raises(TransformError, match=r"joins the batch with itself \(a stream-stream join\): partners that "
-                                             "arrive in different batches would never meet"):
+    with pytest.raises(TransformError, match=r"joins two streams \(the batch with itself, or two of its inputs: a "
+                                             r"stream-stream join\): partners that arrive in different batches "
+                                             "would never meet"):
         _describe_at_start(spark, _self_join, output_mode)
 
 

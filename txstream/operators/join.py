@@ -1,10 +1,11 @@
-"""The room of stream-stream joins (Spark's StreamingSymmetricHashJoinExec): not supported yet.
+"""The room of stream-stream joins (Spark's StreamingSymmetricHashJoinExec): not supported yet,
+refused at start by operators/plan.py `stream_stream_join`, which names the reason.
 
-A join of two streams keeps each side's rows in state until the other side's watermark passes
-the join's time bound. txstream reads one input stream per processor, so there is no second
-side to keep; a join inside a transform is a per-batch join (against a static frame, or within
-the batch) and needs no state. This class is where the operator goes once a processor has two
-keyed inputs: its `late`, `merge` and `owes_batch` follow Spark's per-side watermark predicates.
+A processor reads several input streams (`Processor.inputs`), so a join has its two sides; what
+it lacks is each side's rows kept in state until the other side's watermark passes the join's
+time bound. The operator will go here, its `late`, `merge` and `owes_batch` following Spark's
+per-side watermark predicates (StreamingJoinHelper's state watermarks derived from the
+condition), each side's rows in the units' stores and changelogs as every other kind's state.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Any
 from txstream.errors import TransformError
 from txstream.operators.base import StatefulOperator
 
-REASON = ("a stream-stream join needs two input streams whose rows wait in state for each other; a processor "
-          "reads one: join against a static frame instead (docs/state.md, 'What is refused')")
+REASON = ("a stream-stream join keeps each side's rows in state until the other side's watermark passes the "
+          "join's time bound, and txstream keeps no join state yet: join a stream with a table (Processor.tables) "
+          "or a frame built in setup() instead (docs/joins.md)")
 
 
 class StreamStreamJoin(StatefulOperator):

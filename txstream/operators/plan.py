@@ -150,10 +150,10 @@ def stream_stream_join(frame: Any) -> str | None:
         node = stack.pop()
         children = _seq(node.children())
         if _name(node) == "Join" and len(children) == 2 and all(_reaches_source(c) for c in children):
-            return ("the transform joins the batch with itself (a stream-stream join): partners that arrive in "
-                    "different batches would never meet, and txstream keeps no join state yet. Join the batch "
-                    "with a DataFrame built in setup() or a table (stream-static), or keep the join for when "
-                    "stream-stream joins come (docs/state.md, 'What is refused')")
+            return ("the transform joins two streams (the batch with itself, or two of its inputs: a stream-stream "
+                    "join): partners that arrive in different batches would never meet, and txstream keeps no "
+                    "join state yet. Join a stream with a table (Processor.tables) or a DataFrame built in setup() "
+                    "instead, or keep the join for when stream-stream joins come (docs/joins.md)")
         stack.extend(children)
     return None
 

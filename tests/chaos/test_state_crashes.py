@@ -50,7 +50,17 @@ def test_state_kills_at_each_dangerous_point(bootstrap_servers, make_topic, proc
     began = time.monotonic()
     try:
         codes = app.until_done(8)
-        assert codes.count(0) == 1 and len(codes) >= 4, f"exit codes {codes}: not every kill fired"
+        # A fault fires on its n-th occurrence over all runs, and how many a run reaches depends on
+        # timing (a restore whose tail is empty has no mid point): more input until three kills fired.
+        for _ in range(3):
+            if codes.count(-9) >= 3:
+                break
+            more = h.scale(8_000, 50_000)
+            for _copy in range(2 if processor == "dedup" else 1):
+                seed_numbered(bootstrap_servers, source, PARTITIONS, more, first=records)
+            records += more
+            codes += app.until_done(8)
+        assert codes.count(-9) >= 3 and codes[-1] == 0, f"exit codes {codes}: not every kill fired"
         _check(bootstrap_servers, app, dlq, records, processor if processor in PROCESSORS else "totals",
                f"{processor} faults (exits {codes})", began)
         app.passed()

@@ -416,3 +416,53 @@ def test_state_restored_on_the_other_host_when_its_host_is_lost(spark_standalone
     finally:
         app.destroy_all()
         spark_standalone.restart_worker(1)
+
+
+def test_a_table_join_runs_on_both_hosts_and_survives_a_lost_one(spark_standalone, hosts_kafka, hosts_topic,
+                                                                 app_dir):
+    """A stream joined to a table that changes while it runs (tests/support/table_check.py), on
+    both hosts; once tasks have run on w2, every process of w2's host is killed (its Python
+    workers' copies of the table gone). The run goes on on w1, which reads the table from its
+    topic: every order once, every batch's rows one version of the table. Takes w2 down
+    (restarted after)."""
+    import uuid
+    from collections import Counter
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.support.kafka import produce
+    from tests.support.table_check import TableWriter, versions_by_batch
+
+    table = f"tj-table-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": hosts_kafka})   # kept: a client collected early fails its futures
+    admin.create_topics([NewTopic(table, 1, 1, config={"cleanup.policy": "compact"})])[table].result(30)
+    source, sink = hosts_topic("tj-in", PARTITIONS), hosts_topic("tj-out", 3)
+    writer = TableWriter(hosts_kafka, table)
+    orders = [(f"c{i % writer.customers}".encode(), f"o{i}".encode()) for i in range(h.scale(4_000, 40_000))]
+    produce(hosts_kafka, source, orders)
+    app = cluster_app(spark_standalone, hosts_kafka, source, sink, app_dir, cap=h.scale(150, 1_000),
+                      processor=f"{REPO}/tests/support/table_processors.py:EnrichWide",
+                      extra=["--output-units", "3", "--table", f"customers={table}"],
+                      conf={"spark.locality.wait": "0"})
+    w2 = spark_standalone.host(1).address
+    try:
+        writer.start()
+        run = app.start(until_caught_up=True)
+        _started(spark_standalone, app, run)
+        wait_until(lambda: app.events().batches and any(a["host"] == w2 for a in task_attempts(app_dir)), 240,
+                   "a batch done and tasks on w2", run=run)
+        spark_standalone.kill_host(1)
+        code = run.wait(600)
+        assert code == 0, app.log_text()[-5000:]
+        writer.finish()
+        out = read_all(hosts_kafka, sink, timeout=120)
+        assert Counter(r.value.split(b"=")[0] for r in out) == Counter(v for _, v in orders), \
+            "an order missing or published twice"
+        by_batch, torn = versions_by_batch(out, writer.log)
+        print(f"table join across a lost host: {len(orders)} orders, {len(writer.log)} table writes, "
+              f"{len(by_batch)} batches", flush=True)
+        assert not torn, f"batches whose rows joined different versions of the table: {sorted(torn)[:5]}"
+    finally:
+        writer.finish()
+        app.destroy_all()
+        spark_standalone.restart_worker(1)

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from txstream.errors import TableRecordError
 from txstream.records import DeadLetter
-from txstream.task.reading import _Columns, _consumer, _decoded, _release, input_arrow_schema
+from txstream.task.reading import _Columns, _consumer, _decoded, _passed_undelivered, _release, input_arrow_schema
 from txstream.task.spec import FromJob, ReadSpec
 from txstream.task.spec import resolve as resolve_job_spec
 
@@ -146,7 +146,7 @@ def _partition_at(read: ReadSpec, source: TableSource, partition: int, end: int)
             _release(consumer, config, healthy)
         _KEPT[key] = kept
     decoded = decode_kept(source, partition, kept)
-    return decoded.combine_chunks().to_batches()[0] if decoded is not None and decoded.num_rows else None
+    return decoded.to_batches()[0] if decoded is not None and decoded.num_rows else None
 
 
 def _read_into(consumer: Any, read: ReadSpec, source: TableSource, partition: int, end: int, kept: _Kept) -> None:
@@ -175,9 +175,9 @@ def _read_into(consumer: Any, read: ReadSpec, source: TableSource, partition: in
         if not messages:
             # Control records (a transaction's marker) and aborted records have offsets but are
             # never delivered: the consumer's position passes them.
-            position = consumer.position([TopicPartition(source.topic, partition)])[0].offset
-            if position > kept.position:
-                kept.position, moved = min(position, end), True
+            passed = _passed_undelivered(consumer, {(source.topic, partition): kept})
+            if passed:
+                kept.position, moved = min(passed[(source.topic, partition)], end), True
         if moved:
             idle = 0.0
         else:
@@ -205,7 +205,9 @@ def decode_kept(source: TableSource, partition: int, kept: _Kept) -> pa.Table | 
     else:
         old, old_keys = None, pa.array([], pa.binary())
     parts = [t for t in (old, pa.Table.from_batches([batch]) if batch is not None else None) if t is not None]
-    kept.decoded = pa.concat_tables(parts) if parts else pa.Table.from_batches([], table_arrow_schema(source))
+    # One chunk, combined here once: an unchanged copy is handed over as it is, batch after batch.
+    kept.decoded = (pa.concat_tables(parts).combine_chunks() if parts
+                    else pa.Table.from_batches([], table_arrow_schema(source)))
     kept.decoded_keys = pa.concat_arrays([old_keys, pa.array(fresh, pa.binary())])
     kept.changed = set()
     return kept.decoded

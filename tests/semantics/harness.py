@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from tests.support.state_commit import commit_batch
 from txstream.driver.stateful_query import BatchContext, recording
 from txstream.operators.base import ROUTE, MergeSpec, next_watermark
+from txstream.operators.join import LEFT_ID, RIGHT_ID, StreamStreamJoin, join_watermark
 from txstream.operators.kinds import operator_for
 from txstream.state.memory import MemoryStore
 
@@ -43,6 +44,7 @@ class TxRun:
         self.spark, self.query, self.mode, self.units, self.schema = spark, query, mode, units, schema
         self.stores = [MemoryStore(u) for u in range(units)]
         self.events: list[int | None] = [None] * units
+        self.events_right: list[int | None] = [None] * units   # a join's right side
         self.watermark: int | None = None
         self.ran_with: int | None = None   # the last batch's watermark: this batch's late rows are judged by it
         self.batch_id = 1   # a fresh store is at batch 0
@@ -54,9 +56,52 @@ class TxRun:
         late_ids: set[int] = set()
         batch_id, watermark = self.batch_id, self.watermark
 
-        def merge_spec(description, group_names, partial_names, out_schema, event_column):
+        def merge_spec(description, group_names, partial_names, out_schema, event_column, join=None):
             return MergeSpec(APP, None, "", batch_id, description, group_names, partial_names, out_schema,
-                             watermark, "memory", 60.0, event_column)
+                             watermark, "memory", 60.0, event_column, join=join)
+
+        probes: dict[int, Any] = {}
+
+        def join_probe(unit_input: Any, spec: MergeSpec) -> Any:
+            routed = unit_input.repartition(spec.description.units, ROUTE).withColumn(_UNIT, F.spark_partition_id())
+            collected = routed._collect_as_arrow()  # noqa: SLF001
+            table = pa.Table.from_batches(collected) if collected else None
+            pairs = []
+            for unit, store in enumerate(self.stores):
+                part = None if table is None else table.filter(pc.equal(table[_UNIT], unit)).drop_columns([_UNIT])
+                found, probes[unit] = StreamStreamJoin().probe(spec, store, part if part is not None and part.num_rows
+                                                               else None)
+                # The unit in the ids' high bits: the matches come back from Spark as one frame.
+                ids = [pc.add(found[c], unit << 40) for c in (LEFT_ID, RIGHT_ID)]
+                pairs.append(found.set_column(found.schema.get_field_index(LEFT_ID), LEFT_ID, ids[0])
+                             .set_column(found.schema.get_field_index(RIGHT_ID), RIGHT_ID, ids[1]))
+            rows = pa.concat_tables(pairs)
+            return self.spark.createDataFrame(rows, schema=_spark_schema(spec.join.pairs_schema))
+
+        def join_finish(matches: Any, spec: MergeSpec, out_schema: Any) -> Any:
+            table = matches.toArrow()
+            outs = []
+            for unit, store in enumerate(self.stores):
+                mine = table.filter(pc.equal(pc.shift_right(table[LEFT_ID], 40), unit))
+                mine = mine.set_column(mine.schema.get_field_index(LEFT_ID), LEFT_ID,
+                                       pc.bit_wise_and(mine[LEFT_ID], (1 << 40) - 1))
+                mine = mine.set_column(mine.schema.get_field_index(RIGHT_ID), RIGHT_ID,
+                                       pc.bit_wise_and(mine[RIGHT_ID], (1 << 40) - 1))
+                merged, changes = StreamStreamJoin().finish(spec, probes[unit], mine)
+                for key, value in changes.items():
+                    if value is None:
+                        store.delete(key)
+                    else:
+                        store.put(key, value)
+                commit_batch(store, batch_id)
+                for side_events, seen in ((self.events, merged.events), (self.events_right, merged.events_right)):
+                    if seen is not None:
+                        side_events[unit] = max(side_events[unit] or seen, seen)
+                late_ids.update(_row_id(json.loads(late.row)) for late in merged.late)
+                if merged.out is not None and merged.out.num_rows:
+                    outs.append(merged.out)
+            rows = pa.concat_tables(outs) if outs else spec.out_schema.empty_table()
+            return self.spark.createDataFrame(rows, schema=out_schema)
 
         def merge_frame(grouped: Any, spec: MergeSpec, out_schema: Any) -> Any:
             routed = grouped.repartition(spec.description.units, ROUTE).withColumn(_UNIT, F.spark_partition_id())
@@ -71,16 +116,19 @@ class TxRun:
                 commit_batch(store, batch_id)
                 if merged.events is not None:
                     self.events[unit] = max(self.events[unit] or merged.events, merged.events)
-                late_ids.update(json.loads(late.row)["id"] for late in merged.late)
+                late_ids.update(_row_id(json.loads(late.row)) for late in merged.late)
                 if merged.out is not None and merged.out.num_rows:
                     outs.append(merged.out)
             rows = pa.concat_tables(outs) if outs else spec.out_schema.empty_table()
             return self.spark.createDataFrame(rows, schema=out_schema)
 
         context = BatchContext(APP, self.units, self.mode, batch_id, watermark, merge_spec, merge_frame,
-                               late_ms=self.ran_with)
+                               late_ms=self.ran_with, is_source=_is_source, join_probe=join_probe,
+                               join_finish=join_finish)
         frame = self.spark.createDataFrame(cut if cut is not None else self.schema.empty_table(),
                                            schema=_spark_schema(self.schema))
+        # An opaque source, as a run's (a MapInArrow): the optimizer cannot see an empty side through it.
+        frame = frame.mapInArrow(_identity, frame.schema)
         with recording(context) as recorded:
             out = self.query(frame)
             rows = out.toArrow().to_pylist()
@@ -88,7 +136,10 @@ class TxRun:
         self.batch_id += 1
         self.ran_with = watermark
         delay = (self.description.watermark or {}).get("delay_ms") if self.description else None
-        if delay is not None:
+        if self.description is not None and self.description.join is not None:
+            self.watermark = join_watermark(self.watermark, (self.events, self.events_right),
+                                            self.description.join["watermarks"])
+        elif delay is not None:
             self.watermark = next_watermark(self.watermark, self.events, delay)
         return TxBatch(batch_id, rows, watermark, index, late_ids)
 
@@ -110,6 +161,19 @@ def run_txstream(spark: Any, query: Callable[[Any], Any], mode: str, units: int,
     while run.owes_batch(batches[-1].watermark_ms):
         batches.append(run.batch(None, None))
     return batches
+
+
+def _row_id(row: dict) -> int:
+    """A late row's input id: `id`, or a join's right side's `rid`."""
+    return row["id"] if "id" in row else row["rid"]
+
+
+def _identity(batches: Any) -> Any:
+    yield from batches
+
+
+def _is_source(node: Any) -> bool:
+    return node.getClass().getSimpleName() in ("MapInArrow", "PythonMapInArrow")
 
 
 def _spark_schema(schema: pa.Schema) -> Any:

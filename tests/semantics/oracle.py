@@ -89,9 +89,10 @@ _lock = threading.Lock()
 
 
 def run_spark(spark: Any, query: Callable[[Any], Any], mode: str, cuts: list[pa.Table], late: Late | None,
-              timeout_s: float = 120.0) -> list[Batch]:
+              timeout_s: float = 120.0, reads: int = 1) -> list[Batch]:
     """Every micro-batch Spark runs for `query` over `cuts` (one batch per cut, and the no-data
-    batches between), in order."""
+    batches between), in order. `reads`: how often the query reads its source (a join of the
+    stream with itself reads it once per side, and Spark counts each read's rows)."""
     root = tempfile.mkdtemp(prefix="txs-oracle-")
     source, checkpoint = os.path.join(root, "in"), os.path.join(root, "chk")
     os.makedirs(source)
@@ -128,7 +129,7 @@ def run_spark(spark: Any, query: Callable[[Any], Any], mode: str, cuts: list[pa.
         b = Batch(p["batchId"], emitted.get(p["batchId"], []), _watermark_ms(p), inputs,
                   sum(int(op.get("numRowsDroppedByWatermark") or 0) for op in p.get("stateOperators") or []))
         if inputs:
-            if inputs != cuts[cut].num_rows:
+            if inputs != cuts[cut].num_rows * reads:
                 raise AssertionError(f"Spark's batch {b.batch_id} read {inputs} rows, cut {cut} has {cuts[cut].num_rows}")
             b.cut = cut
             if late is not None:

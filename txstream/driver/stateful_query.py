@@ -25,13 +25,16 @@ from typing import Any, Callable, Iterator
 
 from txstream.driver.range_tag import carry_reader_columns
 from txstream.errors import TransformError
+from txstream.operators import join_plan
 from txstream.operators import plan as plan_reading
 from txstream.operators.aggregate import aggregation_partials
 from txstream.operators.base import INPUT, INPUT_RECORD, ROUTE, MergeSpec
 from txstream.operators.dedup import Deduplicate
+from txstream.operators.join import LEFT_ID, RIGHT_ID, ROWS_OF, JoinRun, StreamStreamJoin, flat_names
 from txstream.operators.kinds import operator_for
 from txstream.state.operator import AGGREGATE, OperatorDescription
 from txstream.task.spec import FromJob
+from txstream.task.join_unit import finish_unit, probe_unit
 from txstream.task.state_unit import merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,
@@ -68,6 +71,12 @@ class BatchContext:
     # What late rows are judged by: the previous batch's watermark, as Spark 3.4+ judges them
     # (eventTimeWatermarkForLateEvents); by default the batch's own.
     late_ms: int | None = _SAME
+    # What a plan node that reads the batch is (operators/plan.py's by default): a harness's own source.
+    is_source: Callable[[Any], bool] | None = None
+    # A stream-stream join's two steps in a unit (operators/join.py): (frame, spec) -> DataFrame each.
+    # None: Spark's tasks run them (task/join_unit.py); a test harness plugs its own.
+    join_probe: Callable[[Any, MergeSpec], Any] | None = None
+    join_finish: Callable[[Any, MergeSpec, Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.late_ms is _SAME:
@@ -80,6 +89,7 @@ class Recorded:
 
     watermark: tuple[str, int] | None = None          # (column, delay ms)
     watermarked: Any = None                           # the frame withWatermark returned
+    watermarks: list[tuple[Any, str, int]] = field(default_factory=list)   # every (frame, column, delay ms)
     description: OperatorDescription | None = None
     refusals: list[str] = field(default_factory=list)
 
@@ -100,7 +110,7 @@ def recording(context: BatchContext) -> Iterator[Recorded]:
     recorded = Recorded()
     originals = {(DataFrame, name): getattr(DataFrame, name)
                  for name in ("withWatermark", "groupBy", "groupby", "dropDuplicates", "drop_duplicates",
-                              "dropDuplicatesWithinWatermark")}
+                              "dropDuplicatesWithinWatermark", "join")}
     originals.update({(GroupedData, name): getattr(GroupedData, name)
                       for name in ("agg", "count", "sum", "min", "max", "avg", "mean", *plan_reading.ARBITRARY_STATE)
                       if hasattr(GroupedData, name)})
@@ -142,7 +152,15 @@ def _patches(originals: dict) -> dict:
         marked = originals[(DataFrame, "withWatermark")](self, eventTime, delayThreshold)
         if _context() is not None:
             _context()[1].watermarked = marked
+            _context()[1].watermarks.append((marked, eventTime, duration_ms(delayThreshold)))
         return marked
+
+    def join(self, other, on=None, how=None):
+        original = originals[(DataFrame, "join")]
+        context = _context()
+        if context is None or not join_plan.is_stream_stream(self, other, context[0].is_source):
+            return original(self, other, on, how)   # a stream-static join (a table, a frame of setup())
+        return _stateful_join(self, other, original(self, other, on, how))
 
     def group_by(self, *cols):
         grouped = originals[(DataFrame, "groupBy")](self, *cols)
@@ -185,7 +203,8 @@ def _patches(originals: dict) -> dict:
                (DataFrame, "groupby"): group_by, (GroupedData, "agg"): agg,
                (DataFrame, "dropDuplicates"): drop_duplicates(False, "dropDuplicates"),
                (DataFrame, "drop_duplicates"): drop_duplicates(False, "drop_duplicates"),
-               (DataFrame, "dropDuplicatesWithinWatermark"): drop_duplicates(True, "dropDuplicatesWithinWatermark")}
+               (DataFrame, "dropDuplicatesWithinWatermark"): drop_duplicates(True, "dropDuplicatesWithinWatermark"),
+               (DataFrame, "join"): join}
     for name, function in (("count", F.count), ("sum", F.sum), ("min", F.min), ("max", F.max), ("avg", F.avg),
                            ("mean", F.avg)):
         if (GroupedData, name) in originals:
@@ -268,6 +287,88 @@ def _stateful_dedup(source: Any, subset: list[str], within: bool) -> Any:
     spec = context.merge_spec(description, tuple(subset), (), _arrow_schema(source.schema),
                               watermark[0] if watermark else None)
     return (context.merge_frame or _unit_merge)(grouped, spec, source.schema)
+
+
+def _side_watermark(side: Any, recorded: Recorded, which: str) -> dict[str, Any] | None:
+    """The watermark on one side of a join ({"column" at the side's output, "delay_ms"}), or None."""
+    with _ours():
+        found = [(frame, column, delay) for frame, column, delay in recorded.watermarks
+                 if plan_reading._contains(side._jdf.queryExecution().analyzed(),  # noqa: SLF001
+                                           frame._jdf.queryExecution().analyzed())]
+        if len(found) > 1:
+            raise TransformError(f"the join's {which} side has {len(found)} watermarks: call withWatermark once per "
+                                 "side of a stream-stream join")
+        if not found:
+            return None
+        frame, column, delay = found[0]
+        return {"column": plan_reading.watermark_column_at(side, frame, column, "join"), "delay_ms": delay}
+
+
+def _stateful_join(left: Any, right: Any, real: Any) -> Any:
+    """A stream-stream join: each side's rows kept by the units until Spark's state watermark for
+    that side passes them (operators/join.py)."""
+    context, recorded = _context()
+    _second_operator(recorded)
+    watermarks = (_side_watermark(left, recorded, "left"), _side_watermark(right, recorded, "right"))
+    with _ours():
+        plan = join_plan.JoinPlan(real, tuple({w["column"]: w["delay_ms"]} if w else {} for w in watermarks),
+                                  context.is_source)
+    operator = StreamStreamJoin()
+    description = operator.describe(context.units, context.output_mode, plan, watermarks)
+    recorded.description = description
+    if context.merge_spec is None:
+        return real
+    import pyarrow as pa
+
+    with _ours():
+        unit_input = operator.unit_input(plan, context.late_ms)
+        types = tuple(_arrow_schema(unit_input.schema).field(name).type for name in ROWS_OF)
+        pair_columns = [*flat_names(0, len(plan.left_attrs)), *flat_names(1, len(plan.right_attrs))]
+        fields = [pa.field(name, f.type) for name, f in zip(pair_columns, [*types[0], *types[1]], strict=True)]
+        pairs_schema = pa.schema([*fields, pa.field(LEFT_ID, pa.int64()), pa.field(RIGHT_ID, pa.int64())])
+        out_schema = pa.schema(fields if plan.join_type != "leftsemi" else fields[:len(plan.left_attrs)])
+        run = JoinRun(plan.join_type, plan.evictions(context.watermark_ms), types, pairs_schema,
+                      tuple(kind is not None for kind in plan.eviction_kinds()))
+        spec = context.merge_spec(description, (), (), out_schema, None, join=run)
+        probed = (context.join_probe or _unit_probe)(unit_input, spec)
+        finished = (context.join_finish or _unit_finish)(_matches(plan, probed, pair_columns), spec,
+                                                          _spark_schema(out_schema))
+        return plan.output(finished)
+
+
+def _matches(plan: Any, probed: Any, pair_columns: list[str]) -> Any:
+    """The candidate pairs the join's condition keeps: evaluated by Spark over the join's own
+    attributes (the pairs' columns under them), back under the pairs' names, with their ids."""
+    from pyspark.sql import functions as F
+
+    attributes = plan.pair_attributes()
+    ids = [F.lit(0).cast("long").alias(LEFT_ID), F.lit(0).cast("long").alias(RIGHT_ID)]
+    typed = plan.with_attributes(probed, attributes, ids)
+    condition = plan.condition_column()
+    kept = typed.filter(condition) if condition is not None else typed
+    return kept.select(*[plan.column(a).alias(name) for a, name in zip(attributes, pair_columns, strict=True)],
+                       F.col(LEFT_ID), F.col(RIGHT_ID))
+
+
+def _unit_probe(unit_input: Any, spec: MergeSpec) -> Any:
+    """The join's first step in Spark's tasks: both sides' rows routed to the K units, each unit's
+    candidate pairs (task/join_unit.py)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    task = functools.partial(probe_unit, FromJob("merge", spec.clients))
+    return unit_input.repartition(spec.description.units, ROUTE).mapInArrow(
+        task, from_arrow_schema(spec.join.pairs_schema))
+
+
+def _unit_finish(matches: Any, spec: MergeSpec, out_schema: Any) -> Any:
+    """The join's second step, in the same tasks: the matches, the unit's output and state changes."""
+    return matches.mapInArrow(functools.partial(finish_unit, FromJob("merge", spec.clients)), out_schema)
+
+
+def _spark_schema(schema: Any) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
 
 
 def _watermark_at(source: Any, recorded: Recorded, call: str) -> tuple[str, int] | None:

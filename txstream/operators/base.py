@@ -55,6 +55,7 @@ class MergeSpec:
     event_column: str | None = None       # deduplication: the watermark's column in the rows
     # A snapshot once the changelog has grown this many records past the newest one (docs/state.md).
     snapshot_every: int = 200_000
+    join: Any = None                      # a stream-stream join: operators/join.py JoinRun
 
     @property
     def operator(self) -> str:
@@ -72,6 +73,7 @@ class Merged:
     rows: int                         # input rows the partials merge
     # Deduplication with a watermark: each emitted row's expiry (ms), aligned with `emitted`.
     expires: list[int | None] = field(default_factory=list)
+    events_right: int | None = None   # a stream-stream join: the latest event time of its right side's rows
 
 
 @dataclass

@@ -135,10 +135,10 @@ def _is_source(node: Any) -> bool:
     return _SOURCE_COLUMNS <= {str(a.name()) for a in _seq(node.output())}
 
 
-def _reaches_source(node: Any) -> bool:
-    if _is_source(node):
+def _reaches_source(node: Any, is_source: Any = None) -> bool:
+    if (is_source or _is_source)(node):
         return True
-    return any(_reaches_source(child) for child in _seq(node.children()))
+    return any(_reaches_source(child, is_source) for child in _seq(node.children()))
 
 
 def stream_stream_join(frame: Any) -> str | None:

@@ -18,6 +18,7 @@ AGGREGATE = "aggregate"     # groupBy().agg() without a window: running aggregat
 WINDOW = "window"           # groupBy(window(...), ...).agg()
 SESSION = "session"         # groupBy(session_window(...), ...).agg()
 DEDUP = "dedup"             # dropDuplicates / dropDuplicatesWithinWatermark
+JOIN = "join"               # a stream-stream join (each side's rows, until its state watermark passes them)
 
 STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 
@@ -66,6 +67,9 @@ class OperatorDescription:
     # watermark) rather than dropDuplicates (kept, unless the event time is a key). Outside the
     # fingerprint, as the output mode: a state written before it was recorded reads as False.
     within_watermark: bool = False
+    # A stream-stream join (operators/join_plan.py JoinPlan.describe): its type, sides, keys,
+    # condition, which sides expire, and each side's watermark ({"column", "delay_ms"} or None).
+    join: dict[str, Any] | None = None
 
     @property
     def windowed(self) -> bool:
@@ -82,6 +86,10 @@ class OperatorDescription:
             kept["window"] = {**self.window, "start_ms": self.window.get("start_ms", 0)}
         if self.watermark is not None:
             kept["watermark_column"] = self.watermark.get("column")
+        if self.join is not None:   # the delays, as the watermark's, change only when rows expire
+            kept["join"] = {**self.join, "watermarks": [w and w.get("column") for w in self.join.get("watermarks") or []]}
+        else:
+            kept.pop("join", None)
         return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> bytes:
@@ -100,7 +108,8 @@ class OperatorDescription:
         """What differs between the stored description (`self`) and a new one, for the message
         that refuses the restart."""
         said = []
-        for name in ("kind", "units", "keys", "aggregates", "window", "watermark", "state_schema", "state_format"):
+        for name in ("kind", "units", "keys", "aggregates", "window", "watermark", "state_schema", "state_format",
+                     "join"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if name == "watermark":
                 mine, theirs = (mine or {}).get("column"), (theirs or {}).get("column")

@@ -141,6 +141,7 @@ class MergeResult:
     changes: dict[bytes, bytes | None] = field(default_factory=dict)   # state key -> row (None: removed)
     late: list[tuple[bytes, int]] = field(default_factory=list)        # the late rows (JSON) and their event times
     events: int | None = None           # the latest event time among the partials
+    events_right: int | None = None     # a stream-stream join: its right side's latest event time
     emitted: list[bytes] = field(default_factory=list)               # the state key of each row emitted, in order
     expires: list[int | None] = field(default_factory=list)          # ... a deduplicated key's expiry (ms), aligned
     rows: int = 0                       # input rows the partials merged
@@ -163,3 +164,17 @@ def write_state(side_dir: str, batch_id: int, result: MergeResult) -> None:
 def take_state(side_dir: str, batch_id: int) -> MergeResult | None:
     """The merge's result for this task attempt, consumed; None when the merge left none."""
     return _take(state_file(side_dir, batch_id, current_task_attempt()))
+
+
+def probe_file(side_dir: str, batch_id: int) -> Path:
+    """Where a join unit's probe leaves what its finish needs, later in the same task attempt
+    (task/join_unit.py)."""
+    return run_directory(side_dir) / f"b{batch_id}-a{current_task_attempt()}.probe"
+
+
+def write_probe(side_dir: str, batch_id: int, content: Any) -> None:
+    _write(probe_file(side_dir, batch_id), content)
+
+
+def take_probe(side_dir: str, batch_id: int) -> Any:
+    return _take(probe_file(side_dir, batch_id))

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from tests.semantics.oracle import AGGREGATE, DEDUP, SESSION, WINDOW, Late
+from tests.semantics.oracle import AGGREGATE, DEDUP, JOIN, SESSION, WINDOW, Late
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 SECOND = 1_000_000   # µs
@@ -40,6 +40,7 @@ class Family:
     late: bool = True                   # rows behind the watermark (whose state may still be open)
     features: frozenset[str] = field(default_factory=frozenset)   # nan, decimal, binary, micros, nulls, gap
     keep: Callable[[dict], bool] | None = None   # the query's filter, in Python (what reaches the operator)
+    reads: int = 1                      # how often the query reads its input (a join: once per side)
 
     def late_rule(self) -> Late | None:
         if self.delay_s is None:
@@ -125,7 +126,69 @@ def families() -> dict[str, Family]:
         Family("dedup_within_watermark", DEDUP, ("append",),
                lambda df: wm(df, 5).dropDuplicatesWithinWatermark(["k"]), delay_s=5, late=False),
     ]
+    fams += _join_families(F)
     return {f.name: f for f in fams}
+
+
+# A join of the stream with itself: the left side is the rows with v in (1, 3), the right v in (2, 5).
+_LEFT, _RIGHT = (1, 3), (2, 5)
+_RANGE = "lk = rk AND rts BETWEEN lts - interval 3 seconds AND lts + interval 3 seconds"
+
+
+def _join_query(F, how: str, condition: str, delays: tuple[int | None, int | None] = (5, 5)) -> Callable:
+    def query(df):
+        left = df.where(F.col("v").isin(*_LEFT)).select("id", F.col("k").alias("lk"), F.col("ts").alias("lts"),
+                                                         F.col("v").alias("lv"))
+        right = df.where(F.col("v").isin(*_RIGHT)).select(F.col("id").alias("rid"), F.col("k").alias("rk"),
+                                                           F.col("ts").alias("rts"))
+        if delays[0] is not None:
+            left = left.withWatermark("lts", f"{delays[0]} seconds")
+        if delays[1] is not None:
+            right = right.withWatermark("rts", f"{delays[1]} seconds")
+        joined = left.join(right, F.expr(condition), how)
+        if how == "leftsemi":
+            return joined.select(left["id"], "lk", "lts", "lv")
+        return joined.select(left["id"], right["rid"], "lk", F.col("lts"), right.rts, "lv")
+    return query
+
+
+def _join_keep(how: str) -> Callable[[dict], bool]:
+    """The rows that reach the join's sides (those Spark may drop as late): a side no outer join
+    keeps loses its null keys first (Spark infers isnotnull there, below the watermark)."""
+    preserved = {"inner": (), "leftsemi": (), "leftouter": (0,), "rightouter": (1,), "fullouter": (0, 1)}[how]
+
+    def keep(row: dict) -> bool:
+        side = 0 if row["v"] in _LEFT else 1 if row["v"] in _RIGHT else None
+        return side is not None and (row["k"] is not None or side in preserved)
+    return keep
+
+
+def _join_families(F) -> list[Family]:
+    out = []
+    for how in ("inner", "leftouter", "rightouter", "fullouter", "leftsemi"):
+        out.append(Family(f"join_{how}_range", JOIN, ("append",), _join_query(F, how, _RANGE), delay_s=5,
+                          keep=_join_keep(how), reads=2, features=frozenset({"nulls"})))
+    out += [
+        # The event time among the join keys: a key's rows expire with the watermark (a key predicate).
+        Family("join_inner_time_key", JOIN, ("append",), _join_query(F, "inner", "lk = rk AND lts = rts"), delay_s=5,
+               keep=_join_keep("inner"), reads=2),
+        Family("join_leftouter_time_key", JOIN, ("append",), _join_query(F, "leftouter", "lk = rk AND lts = rts"),
+               delay_s=5, keep=_join_keep("leftouter"), reads=2),
+        # Conjuncts over one side alone: the left's (preserved) pads its failing rows at once, the right's is pushed.
+        Family("join_leftouter_side_conditions", JOIN, ("append",),
+               _join_query(F, "leftouter", _RANGE + " AND lv != 3 AND rid % 3 != 0"), delay_s=5,
+               keep=_join_keep("leftouter"), reads=2),
+        # No watermark at all: an inner join keeps every row (nothing is late, nothing expires).
+        Family("join_inner_no_watermark", JOIN, ("append",), _join_query(F, "inner", "lk = rk", (None, None)),
+               reads=2, late=False),
+        # One side's watermark only: the other side's rows never expire.
+        Family("join_inner_one_watermark", JOIN, ("append",), _join_query(F, "inner", _RANGE, (5, None)), delay_s=5,
+               keep=_join_keep("inner"), reads=2),
+        # Spark refuses an outer join whose nullable side has no watermark: txstream too.
+        Family("join_leftouter_no_watermark", JOIN, ("append",), _join_query(F, "leftouter", "lk = rk", (None, None)),
+               reads=2, late=False),
+    ]
+    return out
 
 
 def make_cuts(family: Family, seed: int) -> list[pa.Table]:

@@ -75,7 +75,7 @@ class TxRun:
                 ids = [pc.add(found[c], unit << 40) for c in (LEFT_ID, RIGHT_ID)]
                 pairs.append(found.set_column(found.schema.get_field_index(LEFT_ID), LEFT_ID, ids[0])
                              .set_column(found.schema.get_field_index(RIGHT_ID), RIGHT_ID, ids[1]))
-            rows = pa.concat_tables(pairs)
+            rows = pa.concat_tables(pairs).combine_chunks()   # createDataFrame drops the rows after an empty chunk
             return self.spark.createDataFrame(rows, schema=_spark_schema(spec.join.pairs_schema))
 
         def join_finish(matches: Any, spec: MergeSpec, out_schema: Any) -> Any:

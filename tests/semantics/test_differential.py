@@ -144,7 +144,7 @@ def _emits_what_spark_emits(semantic_spark: Any, name: str, mode: str, units: in
     family = FAMILIES[name]
     cuts = make_cuts(family, seed)
     try:
-        spark_batches = run_spark(semantic_spark, family.query, mode, cuts, _late_rule(family, mode))
+        spark_batches = run_spark(semantic_spark, family.query, mode, cuts, _late_rule(family, mode), reads=family.reads)
     except AnalysisException as refused:
         # What Spark refuses (a DISTINCT aggregate, a session window in update mode) txstream
         # must refuse too, at its first batch, rather than run it as something else.

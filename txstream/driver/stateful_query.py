@@ -337,17 +337,9 @@ def _stateful_join(left: Any, right: Any, real: Any) -> Any:
 
 
 def _matches(plan: Any, probed: Any, pair_columns: list[str]) -> Any:
-    """The candidate pairs the join's condition keeps: evaluated by Spark over the join's own
-    attributes (the pairs' columns under them), back under the pairs' names, with their ids."""
-    from pyspark.sql import functions as F
-
-    attributes = plan.pair_attributes()
-    ids = [F.lit(0).cast("long").alias(LEFT_ID), F.lit(0).cast("long").alias(RIGHT_ID)]
-    typed = plan.with_attributes(probed, attributes, ids)
-    condition = plan.condition_column()
-    kept = typed.filter(condition) if condition is not None else typed
-    return kept.select(*[plan.column(a).alias(name) for a, name in zip(attributes, pair_columns, strict=True)],
-                       F.col(LEFT_ID), F.col(RIGHT_ID))
+    """The candidate pairs the join's condition keeps, evaluated by Spark over the pairs' columns."""
+    condition = plan.condition_over(pair_columns)
+    return probed.filter(condition) if condition is not None else probed
 
 
 def _unit_probe(unit_input: Any, spec: MergeSpec) -> Any:

@@ -280,12 +280,10 @@ class StreamStreamJoin(StatefulOperator):
                                     strict=True):
                     late.append(LateRow(text.encode(), ms))
                 part = part.filter(pc.invert(is_late))
-                null_key = null_key.filter(pc.invert(is_late))
                 if not part.num_rows:
                     continue
                 struct_rows = part[ROWS_OF[side]].combine_chunks()
                 key_struct = part[KEY].combine_chunks()
-                nulls = null_key.to_pylist()
                 keys = encode_keys([key_struct.field(i) for i in range(key_struct.type.num_fields)], part.num_rows)
                 encoded = _encode_rows(struct_rows)
                 evicts = part[EVICT].to_pylist()
@@ -303,8 +301,9 @@ class StreamStreamJoin(StatefulOperator):
                                 and evicts[j] <= eviction.watermark_ms * 1000)
                     i = sides[side].add((src, j), _row_key(side, keys[j], spec.batch_id, n), encoded[j], evicts[j],
                                         True, kept, False, False)
-                    if not nulls[j]:   # a null key equals no key
-                        new_by_key[side].setdefault(keys[j], []).append(i)
+                    # A null key meets a null key, as Spark's state keys (rows) compare: on a side no outer
+                    # join keeps there are none (Spark infers isnotnull there).
+                    new_by_key[side].setdefault(keys[j], []).append(i)
         # The state's rows of every key the batch's other side holds, and the rows that expire.
         stored_by_key: tuple[dict[bytes, list[int]], dict[bytes, list[int]]] = ({}, {})
         seen: tuple[dict[bytes, int], dict[bytes, int]] = ({}, {})

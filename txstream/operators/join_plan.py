@@ -217,8 +217,23 @@ class JoinPlan:
         conjuncts = [self.column(c) for c in self.side_only[side]]
         return functools.reduce(lambda a, b: a & b, conjuncts) if conjuncts else None
 
-    def condition_column(self) -> Any:
-        return self.column(self.condition) if self.condition is not None else None
+    def condition_over(self, names: list[str]) -> Any:
+        """The join's condition as a Column over a frame whose columns `names` hold the pair's
+        attributes (left then right), by name (None: no condition beyond the keys)."""
+        if self.condition is None:
+            return None
+        by_id = {int(a.exprId().id()): name for a, name in zip(self.pair_attributes(), names, strict=True)}
+        unresolved = self.jvm.org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute
+
+        def renamed(expression: Any) -> Any:
+            if _name(expression) == "AttributeReference":
+                return unresolved.quoted(by_id[int(expression.exprId().id())])
+            children = _seq(expression.children())
+            if not children:
+                return expression
+            return expression.withNewChildren(_scala_seq(self.jvm, [renamed(c) for c in children]))
+
+        return self.column(renamed(self.condition))
 
     def pair_attributes(self) -> list[Any]:
         return self.left_attrs + self.right_attrs

@@ -141,7 +141,7 @@ def markers_name(app_id: str) -> str:
 class Marker:
     """A unit's marker: `offset` is the next batch it has to publish; the metadata describes the
     last one it published: `p=<plan id>;r=<rows>;h=<routing digest>;v=<values digest>`, then
-    `;x=<latest event time, ms>`, `;a=<merge attempt>` and `;m=<rows merged>;l=<rows late>` for a
+    `;x=<latest event time, ms>` (a join's left side; `;y=` its right side's), `;a=<merge attempt>` and `;m=<rows merged>;l=<rows late>` for a
     stateful unit."""
 
     offset: int | None
@@ -153,6 +153,7 @@ class Marker:
     merged: int = -1            # a stateful unit: input rows its batch merged into the state
     late: int = -1              # ... and rows behind the watermark
     attempt: str = ""           # ... and which merge attempt's changes it committed (task/state_unit.py)
+    events_right: int | None = None   # a stream-stream join's unit: its right side's latest event time (ms)
 
     @property
     def done_through(self) -> int:
@@ -164,6 +165,8 @@ class Marker:
         text = f"p={self.plan_id};r={self.rows};h={self.content};v={self.values}"
         if self.events is not None:
             text += f";x={self.events}"
+        if self.events_right is not None:
+            text += f";y={self.events_right}"
         if self.attempt:
             text += f";a={self.attempt}"
         return text if self.merged < 0 else f"{text};m={self.merged};l={self.late}"
@@ -179,11 +182,12 @@ class Marker:
             rows = -1
         try:
             events = int(fields["x"]) if "x" in fields else None
+            events_right = int(fields["y"]) if "y" in fields else None
             merged, late = int(fields.get("m", -1)), int(fields.get("l", -1))
         except ValueError:
-            events, merged, late = None, -1, -1
+            events, events_right, merged, late = None, None, -1, -1
         return Marker(offset, fields.get("p", ""), rows, fields.get("h", ""), fields.get("v", ""), events, merged, late,
-                      fields.get("a", ""))
+                      fields.get("a", ""), events_right)
 
 
 def read_markers(clients: Any, app_id: str, units: int, timeout: float = 30.0) -> dict[int, Marker]:

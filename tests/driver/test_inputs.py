@@ -1,6 +1,6 @@
 """Several input streams (Processor.inputs, issue 61): each decoded with its own schema and handed
 to the transform as its own DataFrame, published exactly once through the wide protocol; a
-stateful operator over their union; a join of two streams refused at start."""
+stateful operator over their union; a left outer join of two streams without a watermark refused at start."""
 from __future__ import annotations
 
 import uuid
@@ -53,7 +53,7 @@ def test_a_stateful_operator_counts_over_the_union_of_the_inputs(bootstrap_serve
 def test_a_join_of_two_input_streams_and_misdeclared_inputs_are_refused(bootstrap_servers, make_topic,
                                                                         run_processor) -> None:
     orders, returns, out = make_topic("orders"), make_topic("returns"), make_topic("out")
-    with pytest.raises(TransformError, match="stream-stream join"):
+    with pytest.raises(TransformError, match="stream-stream leftouter join needs a watermark"):
         run_processor(_streams(JoinsItsStreams, orders, returns), output=out)
     with pytest.raises(SettingsError, match="do not apply"):
         run_processor(_streams(OrdersAndReturns, orders, returns), inputs=[orders], output=out)

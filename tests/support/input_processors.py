@@ -35,10 +35,11 @@ class EventsPerOrder(Processor):
 
 
 class JoinsItsStreams(Processor):
-    """A join of the two streams: refused at start (no join state yet)."""
+    """A left outer join of the two streams with no watermark: refused at start, as Structured
+    Streaming refuses it (its rows would wait forever for a partner)."""
 
     inputs = {"orders": Input(["orders"], value_schema="schemas/order.avsc"), "returns": Input(["returns"])}
 
     def transform(self, orders, returns):
-        joined = orders.join(returns, orders["key"] == returns["key"])
+        joined = orders.join(returns, orders["key"] == returns["key"], "leftOuter")
         return joined.select(orders["key"], returns["value"])

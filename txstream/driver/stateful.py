@@ -33,6 +33,7 @@ from txstream.driver.wide_batch import WideBatch
 from txstream.errors import InfrastructureError, TransformError, UserError
 from txstream.operators import plan as plan_reading
 from txstream.operators.base import MergeSpec, next_watermark
+from txstream.operators.join import join_watermark
 from txstream.operators.kinds import operator_for
 from txstream.records import LoggedPartition, StateFacts, last_watermark
 from txstream.settings import RunSettings
@@ -55,7 +56,7 @@ def describe_operator(settings: RunSettings, units: int, build: Callable[[], Any
     with recording(context) as recorded:
         built = build(recorded)
     joined = plan_reading.stream_stream_join(built[1])   # built: (first job, output frame)
-    if joined is not None:
+    if joined is not None and (recorded.description is None or recorded.description.join is None):
         raise TransformError(joined)
     if recorded.description is None and settings.output_mode is None:
         return None, built
@@ -96,7 +97,7 @@ class StatefulUnits:
     def describe(self) -> str:
         d = self.description
         what = {"aggregate": "running aggregates", "window": "windowed aggregates", "session": "session windows",
-                "dedup": "deduplication"}[d.kind]
+                "dedup": "deduplication", "join": f"a stream-stream {(d.join or {}).get('type')} join"}[d.kind]
         watermark = f", watermark {d.watermark['column']} - {d.watermark['delay_ms']} ms" if d.watermark else ""
         return (f"protocol: stateful, {what} in {d.output_mode} mode{watermark}, {self.units} state units "
                 f"(changelog {changelog_topic(self.settings.app_id, self.operator)}; docs/state.md)")
@@ -176,6 +177,9 @@ class StatefulUnits:
         if watermark is None:
             return None
         last = last_watermark(log)
+        if self.description.join is not None:   # the least of its sides' (Spark's "min" policy)
+            return join_watermark(last, ([m.events for m in markers.values()],
+                                         [m.events_right for m in markers.values()]), self.description.join["watermarks"])
         computed = next_watermark(last, [m.events for m in markers.values()], watermark["delay_ms"])
         known = [computed] if computed is not None else []
         idle_s = self.settings.watermark_idle_s
@@ -208,12 +212,13 @@ class StatefulUnits:
     # -- running ----------------------------------------------------------------------------------
 
     def _merge_spec(self, batch: WideBatch, description: OperatorDescription, group_names: tuple[str, ...],
-                    partial_names: tuple[str, ...], out_schema: Any, event_column: str | None) -> MergeSpec:
+                    partial_names: tuple[str, ...], out_schema: Any, event_column: str | None,
+                    join: Any = None) -> MergeSpec:
         spec = self.specs.publish
         description = replace(description, epoch=self.description.epoch)
         batch.merge = MergeSpec(self.settings.app_id, spec.clients, spec.read.side_dir, batch.batch_id, description,
                                 group_names, partial_names, out_schema, batch.watermark_ms, self.store_kind,
-                                spec.timeout_s, event_column, self.settings.state_snapshot_every)
+                                spec.timeout_s, event_column, self.settings.state_snapshot_every, join)
         return batch.merge
 
     def output(self, batch: WideBatch, accounts: Any) -> Any:
@@ -241,6 +246,7 @@ class StatefulUnits:
         d = self.description
         # A hopping window counts a row in each window that holds it: its rows merged exceed the rows read.
         hopping = bool(d.window and d.window.get("slide_ms", 0) < d.window.get("size_ms", 0))
+        hopping = hopping or d.join is not None   # a join's units merge each side's rows: a record read twice is two
         # The epoch: after a `txstream state reset` keys start over, and their second emission is no duplicate.
         return StateFacts(d.operator, d.kind, d.output_mode, d.epoch, batch.watermark_ms, not hopping,
                           {i: m.merged for i, m in done.items()}, {i: m.late for i, m in done.items()})

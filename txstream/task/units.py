@@ -102,7 +102,8 @@ def publish_unit(spec: UnitSpec | FromJob, batches: Iterator[pa.RecordBatch]) ->
             result.restore_s, result.restore_records = merged.restore_s, merged.restore_records
     if merged is not None and merged.skip:
         result.status = ALREADY_DONE   # the merge found the unit's marker at the batch: published before
-    elif not pending and not (merged and (merged.changes or merged.late or merged.events is not None)):
+    elif not pending and not (merged and (merged.changes or merged.late or merged.events is not None
+                                          or merged.events_right is not None)):
         # Nothing to publish: no producer, no marker (a skipped unit). A stateful unit that saw rows
         # (duplicates only, say) still moves its marker: their event time advances the watermark.
         result.status = EMPTY
@@ -158,6 +159,7 @@ class _UnitTransaction(Transaction):
         self.spec, self.unit, self.batches, self.result = spec, unit, batches, result
         self.merged = merged            # a stateful unit's merge result (task/state_unit.py)
         self.events: int | None = None  # the marker's event time before this batch
+        self.events_right: int | None = None   # ... a join's right side's
         self.collector: RecordCollector | None = None
 
     def _marker(self) -> Marker:
@@ -168,7 +170,7 @@ class _UnitTransaction(Transaction):
         # After init_transactions no older attempt of this unit can commit: the marker is final.
         spec, result = self.spec, self.result
         marker = self._marker()
-        self.events = marker.events
+        self.events, self.events_right = marker.events, marker.events_right
         if marker.done_through < spec.batch_id:
             return None
         result.status, result.committed = ALREADY_DONE, marker.offset or -1
@@ -245,16 +247,18 @@ class _UnitTransaction(Transaction):
         from confluent_kafka import TopicPartition
 
         spec, sent = self.spec, self.collector.sent
-        events = self.events
+        events, events_right = self.events, self.events_right
         if self.merged is not None and self.merged.events is not None:
             events = max(events or self.merged.events, self.merged.events)
+        if self.merged is not None and self.merged.events_right is not None:
+            events_right = max(events_right or self.merged.events_right, self.merged.events_right)
         merged = late = -1
         attempt = ""
         if self.merged is not None:
             merged, late = self.merged.rows, len(self.merged.late)
             attempt = self.merged.attempt
         marker = Marker(spec.batch_id + 1, spec.plan_id, len(sent), *content_hash(sent), events=events,
-                        merged=merged, late=late, attempt=attempt)
+                        merged=merged, late=late, attempt=attempt, events_right=events_right)
         return ([TopicPartition(markers_name(spec.app_id), self.unit, marker.offset, metadata=marker.encode())],
                 spec.markers_metadata)
 

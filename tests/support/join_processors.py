@@ -2,6 +2,8 @@
 their payments (schemas/payment.avsc) within an hour, as Structured Streaming code writes it."""
 from __future__ import annotations
 
+import os
+
 from pyspark.sql import functions as F
 
 from txstream import Input, Processor
@@ -26,3 +28,11 @@ class OrdersWithPayments(Processor):
             F.expr("o_id = p_id AND p_ts BETWEEN o_ts AND o_ts + interval 1 hour"), self.how)
         return joined.select(F.col("o_id").cast("binary").alias("key"),
                              F.to_json(F.struct("o_id", "p_amount")).cast("binary").alias("value"))
+
+
+class OrdersWithPaymentsFromEnv(OrdersWithPayments):
+    """The same join, its topics named by TXSTREAM_TEST_ORDERS / TXSTREAM_TEST_PAYMENTS (a
+    `txstream run` subprocess of a chaos test)."""
+
+    inputs = {"orders": Input([os.environ.get("TXSTREAM_TEST_ORDERS", "orders")], value_schema=ORDER_SCHEMA),
+              "payments": Input([os.environ.get("TXSTREAM_TEST_PAYMENTS", "payments")], value_schema=PAYMENT_SCHEMA)}

@@ -314,7 +314,7 @@ class App:
     events (and Spark's own lines) into one log file."""
 
     bootstrap: str
-    input: str
+    input: str | None   # None: the processor names its inputs (Processor.inputs)
     output: str
     partitions: int
     app_id: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:10]}")
@@ -332,7 +332,7 @@ class App:
     def command(self, until_caught_up: bool) -> list[str]:
         args = [sys.executable, "-m", "txstream.cli", "run", self.processor,
                 "--bootstrap-servers", self.bootstrap, "--app-id", self.app_id,
-                "--input", self.input, "--output", self.output, "--master", self.master,
+                *(["--input", self.input] if self.input else []), "--output", self.output, "--master", self.master,
                 "--max-records-per-partition", str(self.cap), "--log-format", "json", *self.extra]
         return args + (["--until-caught-up"] if until_caught_up else [])
 

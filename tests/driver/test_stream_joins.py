@@ -5,6 +5,7 @@ null-padded and only after the watermark passed its hour."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -74,3 +75,20 @@ def test_a_left_outer_join_emits_every_match_once_and_every_unmatched_order_once
             expected[f"o{i}"] = {"o_id": f"o{i}", "p_amount": paid[f"o{i}"]}
     assert dict(got) == expected
     assert any("stream-stream leftouter join" in line for line in first.lines), first.lines
+
+
+def test_state_show_lists_a_joins_buffered_rows(bootstrap_servers, make_topic, run_processor) -> None:
+    from txstream.kafka.config import KafkaClients
+    from txstream.tools.state_view import show_state
+
+    orders, payments, out = make_topic("orders"), make_topic("payments"), make_topic("out")
+    _seed(bootstrap_servers, orders, payments, 0, 6)
+    app_id = f"joined-{uuid.uuid4().hex[:8]}"
+    driver = run_processor(_processor(orders, payments), output=out, app_id=app_id)
+    assert driver.exit_code == 0, "\n".join(driver.lines)
+    view = show_state(KafkaClients(bootstrap_servers), app_id, limit=0)
+    entries = [e for op in view.operators for e in op.entries]
+    sides = Counter(e.key[0] for e in entries)
+    assert sides == {"left": 6, "right": 4}, [e.key for e in entries]   # nothing expired yet
+    assert {e.key[1] for e in entries if e.key[0] == "left"} == {f"o{i}" for i in range(6)}
+    assert all(e.value["matched"] == (int(e.key[1][1:]) % 3 != 0) for e in entries if e.key[0] == "left")

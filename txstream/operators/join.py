@@ -447,3 +447,13 @@ def join_watermark(last_ms: int | None, events: tuple[list[int | None], list[int
     if not sides:
         return last_ms
     return max(min(sides), last_ms) if last_ms is not None else min(sides)
+
+
+def shown(key: bytes, value: bytes) -> tuple[list[Any], dict[str, Any]]:
+    """A join state entry as `txstream state show` lists it: (side and join key values, the row
+    and whether it ever matched)."""
+    side, rest = key[:1], key[1:]
+    keys = json.loads(rest[:rest.index(_SEP)])
+    matched, evict_us, row = _parse_value(value)
+    return ["left" if side == SIDES[0] else "right", *keys], {"matched": matched, "expires_by_us": evict_us,
+                                                              "row": json.loads(row)}

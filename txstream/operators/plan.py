@@ -143,17 +143,16 @@ def _reaches_source(node: Any, is_source: Any = None) -> bool:
 
 def stream_stream_join(frame: Any) -> str | None:
     """Why `frame` (the transform's output) must be refused: a join whose two sides both read
-    the batch (a stream-stream join) would meet partners only within one batch; None when it has
-    none (a join with a DataFrame built in setup() or a table is stream-static, and allowed)."""
+    the batch that DataFrame.join did not record as a stream-stream join (operators/join.py)
+    would meet partners only within one batch; None when it has none."""
     stack = [frame._jdf.queryExecution().analyzed()]
     while stack:
         node = stack.pop()
         children = _seq(node.children())
         if _name(node) == "Join" and len(children) == 2 and all(_reaches_source(c) for c in children):
-            return ("the transform joins two streams (the batch with itself, or two of its inputs: a stream-stream "
-                    "join): partners that arrive in different batches would never meet, and txstream keeps no "
-                    "join state yet. Join a stream with a table (Processor.tables) or a DataFrame built in setup() "
-                    "instead, or keep the join for when stream-stream joins come (docs/joins.md)")
+            return ("the transform joins two streams in a way txstream does not see as a join of DataFrames (SQL text, "
+                    "or a join its stateful rewrite did not record): write it as left.join(right, condition, how) "
+                    "(docs/joins.md)")
         stack.extend(children)
     return None
 

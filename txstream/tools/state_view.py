@@ -31,7 +31,8 @@ from txstream.state.codec import StateCodec
 from txstream.state.errors import MarkerMovedDuringRestore, StateAheadOfMarker, StateDecodeError
 from txstream.state.keys import EXPIRY, EXPIRY_END, decode_key
 from txstream.state.memory import MemoryStore
-from txstream.state.operator import OperatorDescription, state_topic
+from txstream.operators.join import shown as join_shown
+from txstream.state.operator import JOIN, OperatorDescription, state_topic
 from txstream.state.restore import RestoreReport, restore
 
 DEFAULT_LIMIT = 100
@@ -423,7 +424,8 @@ def _operator_state(clients: KafkaClients, app_id: str, description: OperatorDes
     undecodable = 0
     for key, unit, value in rows:
         state.keys += 1
-        values, window = decode_key(key, description.windowed)
+        joined = description.kind == JOIN   # a side's row: (side, join keys), its values and matched flag
+        values, window = (join_shown(key, value)[0], None) if joined else decode_key(key, description.windowed)
         if window_start is not None and (window is None or window[0] != window_start):
             continue
         if match_key is not None and not match_key(values):
@@ -434,7 +436,8 @@ def _operator_state(clients: KafkaClients, app_id: str, description: OperatorDes
         if limit and len(state.entries) >= limit:
             continue
         try:
-            decoded: Any = codec.decode(value) if codec is not None else {"bytes": value.hex()}
+            decoded: Any = join_shown(key, value)[1] if joined else \
+                codec.decode(value) if codec is not None else {"bytes": value.hex()}
         except StateDecodeError:
             decoded, undecodable = {"undecodable": value.hex()}, undecodable + 1
         state.entries.append(Entry(unit, values, None if window is None else {"start": window[0], "end": window[1]},

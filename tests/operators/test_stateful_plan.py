@@ -274,12 +274,12 @@ def _self_join(batch):
     return orders.join(payments, "id")
 
 
-@pytest.mark.parametrize("output_mode", [None, "update"])
-def test_a_stream_stream_join_is_refused_at_start(spark, output_mode) -> None:
-    with pytest.raises(TransformError, match=r"joins two streams \(the batch with itself, or two of its inputs: a "
-                                             r"stream-stream join\): partners that arrive in different batches "
-                                             "would never meet"):
-        _describe_at_start(spark, _self_join, output_mode)
+def test_a_stream_stream_join_is_a_join_operator_in_append_mode_only(spark) -> None:
+    description, (_, frame) = _describe_at_start(spark, _self_join)
+    assert description.kind == "join" and description.join["type"] == "inner"
+    assert description.join["left_keys"] == ["id"] and frame.columns == ["id", "order", "value"]   # USING's shape
+    with pytest.raises(TransformError, match="a stream-stream join runs in append mode only"):
+        _describe_at_start(spark, _self_join, "update")
 
 
 def test_a_join_with_a_static_frame_is_allowed(spark) -> None:

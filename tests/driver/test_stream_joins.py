@@ -5,8 +5,8 @@ null-padded and only after the watermark passed its hour."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 import uuid
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 

@@ -33,8 +33,8 @@ from txstream.operators.dedup import Deduplicate
 from txstream.operators.join import LEFT_ID, RIGHT_ID, ROWS_OF, JoinRun, StreamStreamJoin, flat_names
 from txstream.operators.kinds import operator_for
 from txstream.state.operator import AGGREGATE, OperatorDescription
-from txstream.task.spec import FromJob
 from txstream.task.join_unit import finish_unit, probe_unit
+from txstream.task.spec import FromJob
 from txstream.task.state_unit import merge_unit
 
 _UNITS_MS = {"millisecond": 1, "milliseconds": 1, "ms": 1, "second": 1000, "seconds": 1000, "sec": 1000,

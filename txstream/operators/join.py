@@ -355,15 +355,15 @@ class StreamStreamJoin(StatefulOperator):
         if run.join_type == "leftsemi":
             # A new left row with a match among the old right rows is emitted and never kept; the
             # others are emitted (once) by their first match with a new right row, unless matched before.
-            met_old = {l for l, r in zip(li, ri, strict=True) if not right.new[r]}
-            emit = sorted(l for l in met_old if left.new[l])
-            later = {l for l, r in zip(li, ri, strict=True) if right.new[r] and not left.matched[l]
-                     and not (left.new[l] and l in met_old)}
+            met_old = {a for a, b in zip(li, ri, strict=True) if not right.new[b]}
+            emit = sorted(a for a in met_old if left.new[a])
+            later = {a for a, b in zip(li, ri, strict=True) if right.new[b] and not left.matched[a]
+                     and not (left.new[a] and a in met_old)}
             emit += sorted(later - set(emit))
-            matched = ({l for l in later}, set(ri))
-            for l in met_old:
-                if left.new[l]:
-                    left.kept[l] = False
+            matched = (set(later), set(ri))
+            for a in met_old:
+                if left.new[a]:
+                    left.kept[a] = False
             if emit:
                 outs.append(_flat(left.take(emit), spec.out_schema, 0, None))
         else:

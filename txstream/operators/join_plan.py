@@ -79,7 +79,9 @@ class JoinPlan:
             raise TransformError("a stream-stream join needs an equality between the two sides in its condition "
                                  "(Structured Streaming refuses a stream-stream join without one)")
         found = extracted.get()
-        kind = _name(found._1()).rstrip("$")
+        # A Scala Tuple8: (type, left keys, right keys, the rest of the condition, ...).
+        join_type, left_keys, right_keys, condition = (getattr(found, f"_{i}")() for i in range(1, 5))
+        kind = _name(join_type).rstrip("$")
         if kind not in _TYPES:
             raise TransformError(f"a stream-stream {kind} join is not supported (Structured Streaming runs inner, "
                                  "leftOuter, rightOuter, fullOuter and leftSemi)")
@@ -90,9 +92,8 @@ class JoinPlan:
         self.left_attrs = [self._marked(a, 0) for a in _seq(self.left_plan.output())]
         self.right_attrs = [self._marked(a, 1) for a in _seq(self.right_plan.output())]
         self._by_id = {int(a.exprId().id()): a for a in self.left_attrs + self.right_attrs}
-        self.left_keys = [self._rebuilt(k) for k in _seq(found._2())]
-        self.right_keys = [self._rebuilt(k) for k in _seq(found._3())]
-        condition = found._4()
+        self.left_keys = [self._rebuilt(k) for k in _seq(left_keys)]
+        self.right_keys = [self._rebuilt(k) for k in _seq(right_keys)]
         self.condition = self._rebuilt(condition.get()) if condition.isDefined() else None
         # JoinConditionSplitPredicates: deterministic conjuncts over one side's attributes only.
         left_ids = {int(a.exprId().id()) for a in self.left_attrs}

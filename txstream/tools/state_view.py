@@ -24,6 +24,7 @@ from uuid import UUID
 from txstream.errors import UserError
 from txstream.kafka import lookups as kofs
 from txstream.kafka.config import KafkaClients
+from txstream.operators.join import shown as join_shown
 from txstream.records import Marker, PlanShare, read_markers
 from txstream.state import partition
 from txstream.state.changelog import HeaderReader, changelog_topic, snapshot_topic
@@ -31,7 +32,6 @@ from txstream.state.codec import StateCodec
 from txstream.state.errors import MarkerMovedDuringRestore, StateAheadOfMarker, StateDecodeError
 from txstream.state.keys import EXPIRY, EXPIRY_END, decode_key
 from txstream.state.memory import MemoryStore
-from txstream.operators.join import shown as join_shown
 from txstream.state.operator import JOIN, OperatorDescription, state_topic
 from txstream.state.restore import RestoreReport, restore
 

@@ -65,11 +65,14 @@ def test_a_marker_reads_each_form_a_unit_wrote() -> None:
     wide = "p=0123456789ab;r=3;h=00000000000000ff;v=1111111111111111"
     stateful = wide + ";x=1700000000000;m=10;l=2"
     with_events = wide + ";x=1700000000000"    # a stateful unit before rows merged were recorded
+    joined = wide + ";x=1700000000000;y=1699999999000;a=attempt1;m=4;l=0"   # a join's unit: each side's time
     assert Marker.decode(8, wide) == Marker(8, "0123456789ab", 3, "00000000000000ff", "1111111111111111")
     assert Marker.decode(8, stateful) == Marker(8, "0123456789ab", 3, "00000000000000ff", "1111111111111111",
                                                 1_700_000_000_000, 10, 2)
     assert Marker.decode(8, with_events).events == 1_700_000_000_000
-    for text in (wide, stateful, with_events):
+    assert (Marker.decode(8, joined).events, Marker.decode(8, joined).events_right) == (1_700_000_000_000,
+                                                                                       1_699_999_999_000)
+    for text in (wide, stateful, with_events, joined):
         assert Marker.decode(8, text).encode() == text    # the wire form unchanged
     assert Marker.decode(8, stateful).done_through == 7
 

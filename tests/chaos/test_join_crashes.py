@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from tests.chaos import harness as h
-from tests.driver.test_stream_joins import _seed
+from tests.support.join_processors import seed_orders_and_payments
 from tests.support.kafka import read_all
 from tests.support.running import App
 
@@ -24,8 +24,8 @@ def test_kills_of_a_left_outer_join_emit_every_match_and_every_unmatched_order_o
                                                                                      make_topic) -> None:
     count = h.scale(1_500, 30_000)
     orders, payments, sink = make_topic("jc-orders", 3), make_topic("jc-payments", 2), make_topic("jc-out", 3)
-    paid = _seed(bootstrap_servers, orders, payments, 0, count)
-    paid.update(_seed(bootstrap_servers, orders, payments, count + 300, 3))   # far later: every hour passes
+    paid = seed_orders_and_payments(bootstrap_servers, orders, payments, 0, count)
+    paid.update(seed_orders_and_payments(bootstrap_servers, orders, payments, count + 300, 3))   # far later: every hour passes
     faults = "driver.after_plan_log=kill@2,publish.after_commit=kill@4,driver.before_close=kill@7"
     app = App(bootstrap_servers, None, sink, 3, processor=PROCESSOR, cap=h.scale(60, 2_000),
               extra=["--output-units", "3", "-X", "consumer.session.timeout.ms=6000"], faults=faults,

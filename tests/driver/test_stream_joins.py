@@ -7,20 +7,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
-from tests.support.join_processors import ORDER_SCHEMA, PAYMENT_SCHEMA, OrdersWithPayments
-from tests.support.kafka import avro_bytes, produce, read_all
+from tests.support.join_processors import ORDER_SCHEMA, PAYMENT_SCHEMA, OrdersWithPayments, seed_orders_and_payments
+from tests.support.kafka import read_all
 from txstream import Input
-from txstream.serde.avro import load_schema
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
-T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 
 
 def _processor(orders: str, payments: str, how: str = "leftOuter") -> type:
@@ -29,40 +23,20 @@ def _processor(orders: str, payments: str, how: str = "leftOuter") -> type:
     return type(f"Joined{uuid.uuid4().hex[:6]}", (OrdersWithPayments,), {"inputs": inputs, "how": how})
 
 
-def _order(i: int, at: datetime) -> dict:
-    return {"id": f"o{i}", "customer_id": "c", "amount": float(i), "currency": "EUR", "created_at": at, "items": 1,
-            "note": None}
-
-
-def _seed(bootstrap: str, orders: str, payments: str, first: int, count: int) -> dict[str, float]:
-    """Orders a minute apart; two in three paid 20 minutes after (their amount i + 0.5)."""
-    order_schema, payment_schema = load_schema(str(ROOT / ORDER_SCHEMA)), load_schema(str(ROOT / PAYMENT_SCHEMA))
-    made, paid = [], {}
-    for i in range(first, first + count):
-        at = T0 + timedelta(minutes=i)
-        made.append((f"o{i}".encode(), avro_bytes(order_schema, _order(i, at))))
-        if i % 3:
-            paid[f"o{i}"] = i + 0.5
-    produce(bootstrap, orders, made)
-    produce(bootstrap, payments, [(o.encode(), avro_bytes(payment_schema, {"order_id": o, "amount": amount,
-                                   "paid_at": T0 + timedelta(minutes=int(o[1:]) + 20)})) for o, amount in paid.items()])
-    return paid
-
-
 def test_a_left_outer_join_emits_every_match_once_and_every_unmatched_order_once_after_its_hour(
         bootstrap_servers, make_topic, run_processor) -> None:
     orders, payments, out = make_topic("orders", partitions=2), make_topic("payments", 2), make_topic("out", 2)
     cls = _processor(orders, payments)
-    paid = _seed(bootstrap_servers, orders, payments, 0, 60)
+    paid = seed_orders_and_payments(bootstrap_servers, orders, payments, 0, 60)
     app_id = f"joined-{uuid.uuid4().hex[:8]}"
     first = run_processor(cls, output=out, max_records_per_partition=25, app_id=app_id)
     assert first.exit_code == 0, "\n".join(first.lines)
     seen_first = {r.key.decode() for r in read_all(bootstrap_servers, out)}
     # Nothing unpaid is padded before the watermark passed its hour: the last orders' hour is open.
     assert not any(o in seen_first for o in (f"o{i}" for i in range(40, 60) if i % 3 == 0)), seen_first
-    paid.update(_seed(bootstrap_servers, orders, payments, 60, 30))
+    paid.update(seed_orders_and_payments(bootstrap_servers, orders, payments, 60, 30))
     # Far later events on both sides move the watermark past every order's hour (the flush's own stay).
-    paid.update(_seed(bootstrap_servers, orders, payments, 400, 2))
+    paid.update(seed_orders_and_payments(bootstrap_servers, orders, payments, 400, 2))
     second = run_processor(cls, output=out, max_records_per_partition=25, app_id=app_id)   # state from Kafka
     assert second.exit_code == 0, "\n".join(second.lines)
     got = [(r.key.decode(), json.loads(r.value)) for r in read_all(bootstrap_servers, out)]
@@ -82,7 +56,7 @@ def test_state_show_lists_a_joins_buffered_rows(bootstrap_servers, make_topic, r
     from txstream.tools.state_view import show_state
 
     orders, payments, out = make_topic("orders"), make_topic("payments"), make_topic("out")
-    _seed(bootstrap_servers, orders, payments, 0, 6)
+    seed_orders_and_payments(bootstrap_servers, orders, payments, 0, 6)
     app_id = f"joined-{uuid.uuid4().hex[:8]}"
     driver = run_processor(_processor(orders, payments), output=out, app_id=app_id)
     assert driver.exit_code == 0, "\n".join(driver.lines)

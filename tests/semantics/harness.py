@@ -51,7 +51,6 @@ class TxRun:
         self.description = None
 
     def batch(self, cut: pa.Table | None, index: int | None) -> TxBatch:
-        from pyspark.sql import functions as F
 
         late_ids: set[int] = set()
         batch_id, watermark = self.batch_id, self.watermark
@@ -63,14 +62,9 @@ class TxRun:
         probes: dict[int, Any] = {}
 
         def join_probe(unit_input: Any, spec: MergeSpec) -> Any:
-            routed = unit_input.repartition(spec.description.units, ROUTE).withColumn(_UNIT, F.spark_partition_id())
-            collected = routed._collect_as_arrow()  # noqa: SLF001
-            table = pa.Table.from_batches(collected) if collected else None
             pairs = []
-            for unit, store in enumerate(self.stores):
-                part = None if table is None else table.filter(pc.equal(table[_UNIT], unit)).drop_columns([_UNIT])
-                found, probes[unit] = StreamStreamJoin().probe(spec, store, part if part is not None and part.num_rows
-                                                               else None)
+            for unit, (store, part) in enumerate(zip(self.stores, _per_unit(unit_input, self.units), strict=True)):
+                found, probes[unit] = StreamStreamJoin().probe(spec, store, part)
                 # The unit in the ids' high bits: the matches come back from Spark as one frame.
                 ids = [pc.add(found[c], unit << 40) for c in (LEFT_ID, RIGHT_ID)]
                 pairs.append(found.set_column(found.schema.get_field_index(LEFT_ID), LEFT_ID, ids[0])
@@ -93,34 +87,13 @@ class TxRun:
                         store.delete(key)
                     else:
                         store.put(key, value)
-                commit_batch(store, batch_id)
-                for side_events, seen in ((self.events, merged.events), (self.events_right, merged.events_right)):
-                    if seen is not None:
-                        side_events[unit] = max(side_events[unit] or seen, seen)
-                late_ids.update(_row_id(json.loads(late.row)) for late in merged.late)
-                if merged.out is not None and merged.out.num_rows:
-                    outs.append(merged.out)
-            rows = pa.concat_tables(outs) if outs else spec.out_schema.empty_table()
-            return self.spark.createDataFrame(rows, schema=out_schema)
+                outs.append(self._merged(unit, store, merged, late_ids))
+            return self._frame(outs, spec, out_schema)
 
         def merge_frame(grouped: Any, spec: MergeSpec, out_schema: Any) -> Any:
-            routed = grouped.repartition(spec.description.units, ROUTE).withColumn(_UNIT, F.spark_partition_id())
-            # Arrow batches as Spark's tasks get them (toArrow's cast refuses the late rows' null FIRST).
-            collected = routed._collect_as_arrow()  # noqa: SLF001
-            table = pa.Table.from_batches(collected) if collected else None
-            outs = []
-            for unit, store in enumerate(self.stores):
-                part = None if table is None else table.filter(pc.equal(table[_UNIT], unit)).drop_columns([_UNIT])
-                merged = operator_for(spec.description.kind).merge(spec, store, part if part is not None and
-                                                                   part.num_rows else None)
-                commit_batch(store, batch_id)
-                if merged.events is not None:
-                    self.events[unit] = max(self.events[unit] or merged.events, merged.events)
-                late_ids.update(_row_id(json.loads(late.row)) for late in merged.late)
-                if merged.out is not None and merged.out.num_rows:
-                    outs.append(merged.out)
-            rows = pa.concat_tables(outs) if outs else spec.out_schema.empty_table()
-            return self.spark.createDataFrame(rows, schema=out_schema)
+            outs = [self._merged(unit, store, operator_for(spec.description.kind).merge(spec, store, part), late_ids)
+                    for unit, (store, part) in enumerate(zip(self.stores, _per_unit(grouped, self.units), strict=True))]
+            return self._frame(outs, spec, out_schema)
 
         context = BatchContext(APP, self.units, self.mode, batch_id, watermark, merge_spec, merge_frame,
                                late_ms=self.ran_with, is_source=_is_source, join_probe=join_probe,
@@ -143,6 +116,21 @@ class TxRun:
             self.watermark = next_watermark(self.watermark, self.events, delay)
         return TxBatch(batch_id, rows, watermark, index, late_ids)
 
+    def _merged(self, unit: int, store: MemoryStore, merged: Any, late_ids: set[int]) -> pa.Table | None:
+        """A unit's merge taken: its batch committed, its event times and late rows noted; its output."""
+        commit_batch(store, self.batch_id)
+        for side_events, seen in ((self.events, merged.events), (self.events_right, merged.events_right)):
+            if seen is not None:
+                side_events[unit] = max(side_events[unit] or seen, seen)
+        late_ids.update(_row_id(json.loads(late.row)) for late in merged.late)
+        return merged.out if merged.out is not None and merged.out.num_rows else None
+
+    def _frame(self, outs: list[pa.Table | None], spec: MergeSpec, out_schema: Any) -> Any:
+        """The units' outputs back in Spark, for the rest of the user's transform."""
+        kept = [o for o in outs if o is not None]
+        rows = pa.concat_tables(kept).combine_chunks() if kept else spec.out_schema.empty_table()
+        return self.spark.createDataFrame(rows, schema=out_schema)
+
     def owes_batch(self, last_watermark: int | None) -> bool:
         """The driver's question (driver/stateful.py): does the operator owe a batch with no
         records at the watermark the next batch would run with?"""
@@ -161,6 +149,19 @@ def run_txstream(spark: Any, query: Callable[[Any], Any], mode: str, units: int,
     while run.owes_batch(batches[-1].watermark_ms):
         batches.append(run.batch(None, None))
     return batches
+
+
+def _per_unit(frame: Any, units: int) -> list[pa.Table | None]:
+    """`frame` routed to the units as Spark's tasks get it (Arrow batches: toArrow's cast refuses
+    the late rows' null FIRST): each unit's rows, None where it has none."""
+    from pyspark.sql import functions as F
+
+    routed = frame.repartition(units, ROUTE).withColumn(_UNIT, F.spark_partition_id())
+    collected = routed._collect_as_arrow()  # noqa: SLF001
+    table = pa.Table.from_batches(collected) if collected else None
+    parts = [None if table is None else table.filter(pc.equal(table[_UNIT], unit)).drop_columns([_UNIT])
+             for unit in range(units)]
+    return [p if p is not None and p.num_rows else None for p in parts]
 
 
 def _row_id(row: dict) -> int:

@@ -3,12 +3,18 @@ their payments (schemas/payment.avsc) within an hour, as Structured Streaming co
 from __future__ import annotations
 
 import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from pyspark.sql import functions as F
 
+from tests.support.kafka import avro_bytes, produce
 from txstream import Input, Processor
+from txstream.serde.avro import load_schema
 
 ORDER_SCHEMA, PAYMENT_SCHEMA = "schemas/order.avsc", "schemas/payment.avsc"
+ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 
 
 class OrdersWithPayments(Processor):
@@ -36,3 +42,23 @@ class OrdersWithPaymentsFromEnv(OrdersWithPayments):
 
     inputs = {"orders": Input([os.environ.get("TXSTREAM_TEST_ORDERS", "orders")], value_schema=ORDER_SCHEMA),
               "payments": Input([os.environ.get("TXSTREAM_TEST_PAYMENTS", "payments")], value_schema=PAYMENT_SCHEMA)}
+
+
+def _order(i: int, at: datetime) -> dict:
+    return {"id": f"o{i}", "customer_id": "c", "amount": float(i), "currency": "EUR", "created_at": at, "items": 1,
+            "note": None}
+
+
+def seed_orders_and_payments(bootstrap: str, orders: str, payments: str, first: int, count: int) -> dict[str, float]:
+    """Orders a minute apart; two in three paid 20 minutes after (their amount i + 0.5)."""
+    order_schema, payment_schema = load_schema(str(ROOT / ORDER_SCHEMA)), load_schema(str(ROOT / PAYMENT_SCHEMA))
+    made, paid = [], {}
+    for i in range(first, first + count):
+        at = T0 + timedelta(minutes=i)
+        made.append((f"o{i}".encode(), avro_bytes(order_schema, _order(i, at))))
+        if i % 3:
+            paid[f"o{i}"] = i + 0.5
+    produce(bootstrap, orders, made)
+    produce(bootstrap, payments, [(o.encode(), avro_bytes(payment_schema, {"order_id": o, "amount": amount,
+                                   "paid_at": T0 + timedelta(minutes=int(o[1:]) + 20)})) for o, amount in paid.items()])
+    return paid

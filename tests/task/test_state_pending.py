@@ -21,7 +21,7 @@ def test_a_failed_attempts_pending_changes_are_not_applied_after_another_attempt
     path = tmp_path / "agg-epoch-0"
     merged = MemoryStore(0)
     merged.put(b"k", b"A's value")
-    state_unit._save_pending(_spec(3), path, merged, "attempt-A")  # noqa: SLF001
+    state_unit.save_pending(_spec(3), path, merged.changes(), merged.version.batch, "attempt-A")
     assert state_unit._pending_file(path).exists()  # noqa: SLF001
 
     copy = MemoryStore(0)   # the local copy, still at the state A merged into

@@ -244,11 +244,12 @@ class StatefulUnits:
         and per unit that published the batch the rows it merged and the rows that were late."""
         done = {i: m for i, m in markers.items() if m.done_through == batch.batch_id and m.merged >= 0}
         d = self.description
-        # A hopping window counts a row in each window that holds it: its rows merged exceed the rows read.
+        # A hopping window counts a row in each window that holds it, a join each side's row (one record can
+        # be read by both sides): their rows merged exceed the rows read.
         hopping = bool(d.window and d.window.get("slide_ms", 0) < d.window.get("size_ms", 0))
-        hopping = hopping or d.join is not None   # a join's units merge each side's rows: a record read twice is two
+        rows_once = not hopping and d.join is None
         # The epoch: after a `txstream state reset` keys start over, and their second emission is no duplicate.
-        return StateFacts(d.operator, d.kind, d.output_mode, d.epoch, batch.watermark_ms, not hopping,
+        return StateFacts(d.operator, d.kind, d.output_mode, d.epoch, batch.watermark_ms, rows_once,
                           {i: m.merged for i, m in done.items()}, {i: m.late for i, m in done.items()})
 
 

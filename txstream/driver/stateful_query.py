@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import pyarrow as pa
+
 from txstream.driver.range_tag import carry_reader_columns
 from txstream.errors import TransformError
 from txstream.operators import join_plan
@@ -318,8 +320,6 @@ def _stateful_join(left: Any, right: Any, real: Any) -> Any:
     recorded.description = description
     if context.merge_spec is None:
         return real
-    import pyarrow as pa
-
     with _ours():
         unit_input = operator.unit_input(plan, context.late_ms)
         types = tuple(_arrow_schema(unit_input.schema).field(name).type for name in ROWS_OF)
@@ -328,7 +328,7 @@ def _stateful_join(left: Any, right: Any, real: Any) -> Any:
         pairs_schema = pa.schema([*fields, pa.field(LEFT_ID, pa.int64()), pa.field(RIGHT_ID, pa.int64())])
         out_schema = pa.schema(fields if plan.join_type != "leftsemi" else fields[:len(plan.left_attrs)])
         run = JoinRun(plan.join_type, plan.evictions(context.watermark_ms), types, pairs_schema,
-                      tuple(kind is not None for kind in plan.eviction_kinds()))
+                      tuple(kind is not None for kind in plan.expiring))
         spec = context.merge_spec(description, (), (), out_schema, None, join=run)
         probed = (context.join_probe or _unit_probe)(unit_input, spec)
         finished = (context.join_finish or _unit_finish)(_matches(plan, probed, pair_columns), spec,

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstream.errors import TransformError
-from txstream.operators.base import LATE, LATE_MS, LATE_RECORD, ROUTE, LateRow, Merged, MergeSpec, StatefulOperator
+from txstream.operators.base import LATE, LATE_MS, ROUTE, LateRow, Merged, MergeSpec, StatefulOperator
 from txstream.operators.join_plan import PRESERVED, Eviction, JoinPlan
 from txstream.state import values
 from txstream.state.keys import EXPIRY, EXPIRY_VALUE, _plain, encode_keys, window_prefix
@@ -133,7 +133,8 @@ class SideRows:
     matched: list[bool] = field(default_factory=list)        # stored: matched before this batch
     expires: list[bool] = field(default_factory=list)        # stored: removed by this batch's watermark
     _stored: list[int] = field(default_factory=list)         # rows whose values are still only `encoded`
-    _table: pa.StructArray | None = None
+    _table: pa.StructArray | None = None   # `sources` concatenated, and where each starts in it
+    _offsets: list[int] = field(default_factory=list)
 
     def source(self, rows: pa.StructArray) -> int:
         self.sources.append(rows.cast(self.typ))
@@ -214,7 +215,7 @@ class StreamStreamJoin(StatefulOperator):
         """Both sides' rows as the units take them, routed by their join keys."""
         from pyspark.sql import functions as F
 
-        evicts = plan.eviction_kinds()
+        evicts = plan.expiring
         frames = []
         for side in (0, 1):
             frame = plan.side_frame(side)
@@ -232,8 +233,7 @@ class StreamStreamJoin(StatefulOperator):
                        (F.coalesce(pre, F.lit(False)) if pre is not None else F.lit(True)).alias(PRE),
                        F.when(late, F.to_json(row)).alias(LATE),
                        F.when(late, F.unix_millis(event.cast("timestamp")) if event is not None else F.lit(None))
-                       .cast("long").alias(LATE_MS),
-                       F.lit(None).cast("string").alias(LATE_RECORD)]
+                       .cast("long").alias(LATE_MS)]
             frames.append(frame.select(*columns))
         unioned = frames[0].unionByName(frames[1])
         return unioned.withColumn(ROUTE, F.hash(F.col(KEY)))

@@ -109,6 +109,7 @@ class JoinPlan:
                 self.side_only[1].append(conjunct)
         self.watermarked = [next((a for a in attrs if a.metadata().contains(DELAY_KEY)), None)
                             for attrs in (self.left_attrs, self.right_attrs)]
+        self.expiring = self._eviction_kinds()
         self._check_supported()
 
     # -- what Spark decides --------------------------------------------------------------------
@@ -152,8 +153,8 @@ class JoinPlan:
             out.append(Eviction("key" if "Key" in _name(p) else "value", int(p.stateWatermark())))
         return out[0], out[1]
 
-    def eviction_kinds(self) -> tuple[str | None, str | None]:
-        """Which sides' rows ever expire, and how: asked at a watermark far from any data's time."""
+    def _eviction_kinds(self) -> tuple[str | None, str | None]:
+        """Which sides' rows ever expire, and how (`expiring`): asked at a watermark far from any data's time."""
         left, right = self.evictions(10**15)
         return (left.kind if left else None), (right.kind if right else None)
 
@@ -162,7 +163,7 @@ class JoinPlan:
         checkForStreamStreamJoinWatermark): an outer or semi join needs its rows' state to expire."""
         if self.join_type == "inner":
             return
-        left, right = self.eviction_kinds()
+        left, right = self.expiring
         needed = {"leftouter": (left,), "leftsemi": (left,), "rightouter": (right,), "fullouter": (left, right)}
         if any(kind is None for kind in needed[self.join_type]):
             raise TransformError(
@@ -271,7 +272,7 @@ class JoinPlan:
                 "left_keys": [str(k.sql()) for k in self.left_keys],
                 "right_keys": [str(k.sql()) for k in self.right_keys],
                 "condition": str(self.condition.sql()) if self.condition is not None else None,
-                "evicts": list(self.eviction_kinds())}
+                "evicts": list(self.expiring)}
 
 
 def _find_join(node: Any, is_source: Any) -> Any:

@@ -19,6 +19,7 @@ import os
 import pickle
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -83,39 +84,50 @@ def _take_pending(spec: MergeSpec, unit: int, store: StateStore, path: Path | No
     return True
 
 
-def _save_pending(spec: MergeSpec, path: Path | None, store: StateStore, attempt: str) -> None:
-    if path is None or not store.changes():
+def save_pending(spec: MergeSpec, path: Path | None, changes: dict[bytes, bytes | None], base_batch: int,
+                 attempt: str) -> None:
+    """Keep the batch's `changes`, merged into the state at `base_batch`, for the next batch's
+    `_take_pending`."""
+    if path is None or not changes:
         return
     pending = _pending_file(path)
     with open(pending.with_suffix(".tmp"), "wb") as out:
-        pickle.dump({"batch": spec.batch_id, "base": store.version.batch, "attempt": attempt,
-                     "changes": dict(store.changes())}, out,
+        pickle.dump({"batch": spec.batch_id, "base": base_batch, "attempt": attempt, "changes": dict(changes)}, out,
                     protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(pending.with_suffix(".tmp"), pending)
 
 
-def merge_unit(spec: MergeSpec | FromJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: unit `partitionId`'s merge (`FromJob`: the job carries the spec, task/spec.py)."""
-    worker_heap.settle()
-    from pyspark import TaskContext
+@dataclass
+class OpenedUnit:
+    """A unit's store brought to its marker (`open_unit`), and how it got there."""
 
-    spec = resolve(spec)
+    store: StateStore
+    path: Path | None
+    report: Any            # state/restore.py RestoreReport
+    restored_s: float
+    snapshot_s: float
+
+
+def unit_to_merge(spec: MergeSpec, unit: int, what: str) -> Any:
+    """The unit's marker, or None when an earlier attempt published the batch (its state is in the
+    changelog already: nothing to merge). Refuses a second merge in one task: something after the
+    stateful operator (a coalesce) put two units' rows in one task, whose partition id names one
+    unit, and its store would take both."""
     from txstream.records import read_markers
 
-    unit = TaskContext.get().partitionId()
     if state_file(spec.side_dir, spec.batch_id, current_task_attempt()).exists():
-        # This task merged a unit already: something after the stateful operator (a coalesce) put two
-        # units' partials in one task, whose partition id names one unit: its store would take both.
         raise TransformError(f"batch {spec.batch_id}: a second state merge in the task of unit {unit}: the transform "
-                             "merges partitions after its stateful operator (a coalesce?); keep what follows the "
-                             "aggregation to selects and filters")
-    received = list(batches)
-    markers = read_markers(spec.clients, spec.app_id, spec.description.units, spec.timeout_s)
-    marker = markers[unit]
-    if marker.done_through >= spec.batch_id:
-        # Published by an earlier attempt: its state is in the changelog already, nothing to merge.
-        write_state(spec.side_dir, spec.batch_id, MergeResult.skipped())
-        return
+                             f"merges partitions after its stateful operator (a coalesce?); keep what follows the "
+                             f"{what} to selects and filters")
+    marker = read_markers(spec.clients, spec.app_id, spec.description.units, spec.timeout_s)[unit]
+    return None if marker.done_through >= spec.batch_id else marker
+
+
+def open_unit(spec: MergeSpec, unit: int, marker: Any) -> OpenedUnit:
+    """The unit's store (`_store`) with this executor's pending changes, restored to `marker`
+    (a snapshot written when due); the caller closes it."""
+    from txstream.records import read_markers
+
     store, path = _store(spec, unit)
     try:
         started = time.perf_counter()
@@ -125,7 +137,27 @@ def merge_unit(spec: MergeSpec | FromJob, batches: Iterator[pa.RecordBatch]) -> 
                                                             spec.timeout_s)[unit],
                          timeout=spec.timeout_s)
         restored_s = time.perf_counter() - started
-        snapshot_s = _snapshot_if_due(spec, unit, store, report)
+        return OpenedUnit(store, path, report, restored_s, _snapshot_if_due(spec, unit, store, report))
+    except BaseException:
+        store.close()
+        raise
+
+
+def merge_unit(spec: MergeSpec | FromJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: unit `partitionId`'s merge (`FromJob`: the job carries the spec, task/spec.py)."""
+    worker_heap.settle()
+    from pyspark import TaskContext
+
+    spec = resolve(spec)
+    unit = TaskContext.get().partitionId()
+    received = list(batches)
+    marker = unit_to_merge(spec, unit, "aggregation")
+    if marker is None:
+        write_state(spec.side_dir, spec.batch_id, MergeResult.skipped())
+        return
+    opened = open_unit(spec, unit, marker)
+    store, report = opened.store, opened.report
+    try:
         operator = operator_for(spec.description.kind)
         # This attempt's name, in the side file (so in the marker its publisher commits) and in the
         # pending file: a later batch applies the pending changes only if this attempt committed.
@@ -134,9 +166,9 @@ def merge_unit(spec: MergeSpec | FromJob, batches: Iterator[pa.RecordBatch]) -> 
         write_state(spec.side_dir, spec.batch_id, MergeResult(
             changes=dict(store.changes()), attempt=attempt, late=merged.late, events=merged.events,
             emitted=merged.emitted, expires=merged.expires, rows=merged.rows, keys=operator.user_keys(store),
-            restore_source=report.source, restore_records=report.changelog_records, restore_s=restored_s,
-            snapshot_s=snapshot_s))
-        _save_pending(spec, path, store, attempt)
+            restore_source=report.source, restore_records=report.changelog_records, restore_s=opened.restored_s,
+            snapshot_s=opened.snapshot_s))
+        save_pending(spec, opened.path, store.changes(), store.version.batch, attempt)
         store.abort()
     finally:
         store.close()
